@@ -1,0 +1,160 @@
+"""Client datasets served to TFF as a dataset computation over file keys.
+
+Materialising each client's `tf.data.Dataset` in Python and passing it into a
+TFF computation serialises the whole dataset into the call every round. Here
+each client's arrays are written once, as serialised tensors, and the round's
+datasets are built *inside* the TFF runtime from a short string key
+
+    "<client_id>|<seed>|<round>"
+
+by `dataset_computation`, which is composed in front of a learning process
+(`tff.simulation.compose_dataset_computation_with_learning_process`). The key
+carries the shuffle seed, so every round sees a fresh, reproducible shuffle
+(FedGen's reference code trained on an unshuffled loader, which inflated its
+gains), and a resumed run replays exactly the same batches.
+
+Local work is either a number of optimiser steps (FedGen, FedAvg papers) or a
+number of full epochs (DaFKD, FedDF): see `LocalWork`.
+"""
+
+import collections
+import json
+import os
+from typing import NamedTuple, Sequence
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+_MANIFEST = 'manifest.json'
+LOCAL_UNITS = ('steps', 'epochs')
+
+
+class LocalWork(NamedTuple):
+  """How much local training a client does per round.
+
+  Attributes:
+    unit: 'steps' (a fixed number of mini-batches, cycling through the data)
+      or 'epochs' (full passes, the last batch may be partial).
+    amount: Number of steps or epochs, >= 1.
+    batch_size: Mini-batch size, >= 1.
+  """
+
+  unit: str
+  amount: int
+  batch_size: int
+
+  def validate(self) -> 'LocalWork':
+    if self.unit not in LOCAL_UNITS:
+      raise ValueError(f"local work unit {self.unit!r} is unknown; choose one "
+                       f"of {', '.join(LOCAL_UNITS)}")
+    if self.amount < 1 or self.batch_size < 1:
+      raise ValueError(f'local work needs amount >= 1 and batch_size >= 1, '
+                       f'got amount={self.amount}, '
+                       f'batch_size={self.batch_size}')
+    return self
+
+
+def element_spec(image_shape: Sequence[int]) -> collections.OrderedDict:
+  """The batch structure every client dataset yields."""
+  return collections.OrderedDict(
+      x=tf.TensorSpec([None, *image_shape], tf.float32),
+      y=tf.TensorSpec([None], tf.int32))
+
+
+def shuffled_batches(x: tf.Tensor, y: tf.Tensor, seed: tf.Tensor,
+                     local: LocalWork) -> tf.data.Dataset:
+  """One client's round of batches, reshuffled every epoch from `seed`."""
+  num = tf.shape(y, out_type=tf.int64)[0]
+  ds = tf.data.Dataset.from_tensor_slices(collections.OrderedDict(x=x, y=y))
+  ds = ds.shuffle(num, seed=seed, reshuffle_each_iteration=True)
+  if local.unit == 'epochs':
+    return ds.repeat(local.amount).batch(local.batch_size)
+  return ds.repeat().batch(local.batch_size).take(local.amount)
+
+
+class FileClientData:
+  """Per-client arrays on disk plus the TFF computation that reads them."""
+
+  def __init__(self, directory: str):
+    """Opens client data previously written by `FileClientData.create`.
+
+    Args:
+      directory: Folder holding `manifest.json` and the tensor files.
+
+    Raises:
+      FileNotFoundError: if the manifest is missing.
+    """
+    self.directory = os.path.abspath(directory)
+    with open(os.path.join(self.directory, _MANIFEST)) as f:
+      manifest = json.load(f)
+    self.client_ids: list[str] = manifest['client_ids']
+    self.num_examples: list[int] = manifest['num_examples']
+    self.image_shape: tuple[int, ...] = tuple(manifest['image_shape'])
+
+  @classmethod
+  def create(cls, directory: str, x: np.ndarray, y: np.ndarray,
+             partitions: Sequence[np.ndarray]) -> 'FileClientData':
+    """Writes one `<id>.x` / `<id>.y` tensor-file pair per client.
+
+    Args:
+      directory: Output folder (created).
+      x: All training images, float32 NHWC.
+      y: All training labels, integer.
+      partitions: Index arrays, one per client.
+
+    Returns:
+      The opened `FileClientData`.
+    """
+    os.makedirs(directory, exist_ok=True)
+    ids = [str(i) for i in range(len(partitions))]
+    for cid, idx in zip(ids, partitions):
+      for suffix, arr in (('x', x[idx].astype(np.float32)),
+                          ('y', y[idx].astype(np.int32))):
+        tf.io.write_file(
+            os.path.join(directory, f'{cid}.{suffix}'),
+            tf.io.serialize_tensor(tf.convert_to_tensor(arr)))
+    manifest = dict(client_ids=ids,
+                    num_examples=[int(len(p)) for p in partitions],
+                    image_shape=list(x.shape[1:]))
+    # Written last, so a half-written folder is never mistaken for a full one.
+    with open(os.path.join(directory, _MANIFEST), 'w') as f:
+      json.dump(manifest, f)
+    return cls(directory)
+
+  @property
+  def element_spec(self) -> collections.OrderedDict:
+    return element_spec(self.image_shape)
+
+  def read_arrays(self, client_id: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """Reads one client's images and labels (graph- or eager-mode)."""
+    prefix = tf.strings.join([self.directory, '/', client_id])
+    x = tf.io.parse_tensor(tf.io.read_file(prefix + '.x'), tf.float32)
+    y = tf.io.parse_tensor(tf.io.read_file(prefix + '.y'), tf.int32)
+    x.set_shape([None, *self.image_shape])
+    y.set_shape([None])
+    return x, y
+
+  def dataset_from_key(self, key: tf.Tensor,
+                       local: LocalWork) -> tf.data.Dataset:
+    """The round's dataset for a `"<id>|<seed>|<round>"` key."""
+    parts = tf.strings.split(key, '|')
+    seed = (tf.strings.to_number(parts[1], tf.int64) * 1_000_003 +
+            tf.strings.to_number(parts[2], tf.int64))
+    x, y = self.read_arrays(parts[0])
+    return shuffled_batches(x, y, seed, local)
+
+  def dataset_computation(self, local: LocalWork) -> tff.Computation:
+    """A TFF computation mapping a key string to the client's dataset."""
+    local = local.validate()
+
+    @tff.tensorflow.computation(np.str_)
+    def client_dataset(key):
+      return self.dataset_from_key(key, local)
+
+    return client_dataset
+
+  def keys(self, client_indices: Sequence[int], *, seed: int,
+           round_num: int) -> list[str]:
+    """Keys for `dataset_computation`, one per sampled client."""
+    return [f'{self.client_ids[i]}|{seed}|{round_num}' for i in client_indices]

@@ -1,0 +1,253 @@
+"""TFF building blocks for Keras classifiers: client work, finalizer, composer.
+
+One round of the composed process (`build_keras_learning_process`):
+
+1. distributor: broadcast the server `ModelWeights` to the sampled clients;
+2. client work (`build_client_work`): each client runs
+   `tff_kd.core.local_training.train_locally` with this round's learning rate
+   `lr * decay**round`, and returns the trainable delta and its final
+   BatchNorm statistics, weighted by its number of examples;
+3. aggregator: example-weighted mean of those updates;
+4. finalizer (`build_weights_finalizer`): a `tff.learning.optimizers` server
+   optimiser applies the mean delta (server lr 1 and plain SGD is FedAvg);
+   the non-trainable statistics are replaced by their client mean.
+
+Every stage is a real TFF computation and no stage chooses an execution
+context, so the same process runs under the local C++ context, a test context
+or a remote/multi-worker one. Measurements are grouped by stage
+(`client_work/...`, `finalizer/...`) and include the bytes each round moves
+down to and up from the clients.
+"""
+
+import collections
+from typing import Callable
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_kd.core import local_training
+
+ModelFn = Callable[[], tf.keras.Model]
+
+
+def _unplaced_weights_type(model_fn: ModelFn) -> tff.Type:
+  # Built in a throwaway graph so no variables leak into the caller's context.
+  with tf.Graph().as_default():
+    weights = local_training.model_weights(model_fn())
+  return spec_to_type(weights)
+
+
+def spec_to_type(structure) -> tff.Type:
+  """TFF type of a structure of `tf.TensorSpec`s, tensors or variables."""
+  return tff.to_type(tf.nest.map_structure(
+      lambda v: tff.TensorType(v.dtype.as_numpy_dtype, v.shape.as_list()),
+      structure))
+
+
+def payload_bytes(type_spec: tff.Type) -> int:
+  """Bytes of all tensors in an unplaced TFF type (fully defined shapes)."""
+  total = 0
+  leaves = (tff.structure.flatten(type_spec)
+            if isinstance(type_spec, tff.StructType) else [type_spec])
+  for leaf in leaves:
+    total += int(np.prod(leaf.shape)) * np.dtype(leaf.dtype).itemsize
+  return total
+
+
+def build_initial_weights_fn(model_fn: ModelFn) -> tff.Computation:
+  """A no-arg TFF computation returning a freshly initialised model's weights."""
+
+  @tff.tensorflow.computation
+  def initial_weights():
+    return local_training.model_weights(model_fn())
+
+  return initial_weights
+
+
+def build_client_work(
+    model_fn: ModelFn,
+    element_spec: collections.OrderedDict,
+    client_optimizer: tff.learning.optimizers.Optimizer,
+    *,
+    learning_rate: float,
+    learning_rate_decay: float = 1.0,
+    proximal_strength: float = 0.0,
+) -> tff.learning.templates.ClientWorkProcess:
+  """Local (proximal) training as a `ClientWorkProcess`.
+
+  The client-work state is the round number, placed at the server; it drives
+  the client learning-rate schedule and is checkpointed with the rest of the
+  state, so a resumed run continues the schedule.
+
+  Args:
+    model_fn: No-arg callable building the Keras classifier (logits).
+    element_spec: Batch structure of the client datasets.
+    client_optimizer: A `tff.learning.optimizers` optimizer.
+    learning_rate: Client learning rate at round 0.
+    learning_rate_decay: Multiplicative decay per round.
+    proximal_strength: FedProx mu (0 for FedAvg).
+
+  Returns:
+    A `tff.learning.templates.ClientWorkProcess`.
+  """
+  weights_type = _unplaced_weights_type(model_fn)
+  data_type = tff.SequenceType(spec_to_type(element_spec))
+  # Per client: the broadcast weights down; the update plus its weight up.
+  bytes_down = float(payload_bytes(weights_type))
+  bytes_up = bytes_down + np.dtype(np.float32).itemsize
+
+  @tff.tensorflow.computation(weights_type, data_type, np.float32)
+  def client_update(initial_weights, dataset, lr):
+    model = model_fn()
+    result = local_training.train_locally(
+        model, client_optimizer, initial_weights, dataset, lr,
+        proximal_strength=proximal_strength)
+    client_result = tff.learning.templates.ClientResult(
+        update=result.weights_delta, update_weight=result.num_examples)
+    measurements = collections.OrderedDict(
+        loss_sum=result.loss_sum,
+        num_examples=result.num_examples,
+        num_steps=tf.cast(result.num_steps, tf.float32))
+    return client_result, measurements
+
+  @tff.tensorflow.computation(np.int32)
+  def round_learning_rate(round_num):
+    return tf.constant(learning_rate, tf.float32) * tf.pow(
+        tf.constant(learning_rate_decay, tf.float32),
+        tf.cast(round_num, tf.float32))
+
+  @tff.tensorflow.computation(np.float32)
+  def traffic(num_clients):
+    return collections.OrderedDict(bytes_down=num_clients * bytes_down,
+                                   bytes_up=num_clients * bytes_up)
+
+  @tff.tensorflow.computation(np.int32)
+  def increment(round_num):
+    return round_num + 1
+
+  @tff.federated_computation
+  def init_fn():
+    return tff.federated_value(np.int32(0), tff.SERVER)
+
+  @tff.federated_computation(
+      tff.FederatedType(np.int32, tff.SERVER),
+      tff.FederatedType(weights_type, tff.CLIENTS),
+      tff.FederatedType(data_type, tff.CLIENTS))
+  def next_fn(round_num, weights, data):
+    lr = tff.federated_map(round_learning_rate, round_num)
+    client_results, stats = tff.federated_map(
+        client_update, (weights, data, tff.federated_broadcast(lr)))
+    totals = tff.federated_sum(stats)
+    num_clients = tff.federated_sum(tff.federated_value(1.0, tff.CLIENTS))
+    comm = tff.federated_map(traffic, num_clients)
+    measurements = tff.federated_zip(collections.OrderedDict(
+        bytes_down=comm.bytes_down,
+        bytes_up=comm.bytes_up,
+        train_loss_sum=totals.loss_sum,
+        num_examples=totals.num_examples,
+        num_steps=totals.num_steps,
+        learning_rate=lr,
+        num_clients=num_clients))
+    return tff.templates.MeasuredProcessOutput(
+        state=tff.federated_map(increment, round_num),
+        result=client_results,
+        measurements=measurements)
+
+  return tff.learning.templates.ClientWorkProcess(init_fn, next_fn)
+
+
+def build_weights_finalizer(
+    weights_type: tff.Type,
+    server_optimizer: tff.learning.optimizers.Optimizer,
+) -> tff.learning.templates.FinalizerProcess:
+  """Applies the mean trainable delta with a server optimiser.
+
+  Non-trainable weights (BatchNorm moving statistics) are set to the clients'
+  example-weighted mean: TFF's stock finalizer would leave them at their
+  initial values, which breaks inference-mode evaluation.
+
+  Args:
+    weights_type: Unplaced `ModelWeights` type.
+    server_optimizer: A `tff.learning.optimizers` optimizer (SGD lr 1 is
+      FedAvg; Adam gives FedAdam).
+
+  Returns:
+    A `tff.learning.templates.FinalizerProcess`.
+  """
+  trainable_type = weights_type.trainable
+  specs = tf.nest.map_structure(
+      lambda t: tf.TensorSpec(t.shape, t.dtype),
+      tff.structure.to_odict_or_tuple(trainable_type))
+  specs = tuple(specs)
+
+  @tff.tensorflow.computation
+  def init_tf():
+    return server_optimizer.initialize(specs)
+
+  opt_state_type = init_tf.type_signature.result
+
+  @tff.tensorflow.computation(opt_state_type, weights_type, weights_type)
+  def apply_tf(opt_state, weights, update):
+    opt_state, trainable = server_optimizer.next(
+        opt_state, tuple(weights.trainable), tuple(update.trainable))
+    new_weights = tff.learning.models.ModelWeights(
+        trainable=list(trainable), non_trainable=list(update.non_trainable))
+    return opt_state, new_weights
+
+  @tff.federated_computation
+  def init_fn():
+    return tff.federated_eval(init_tf, tff.SERVER)
+
+  @tff.federated_computation(
+      tff.FederatedType(opt_state_type, tff.SERVER),
+      tff.FederatedType(weights_type, tff.SERVER),
+      tff.FederatedType(weights_type, tff.SERVER))
+  def next_fn(opt_state, weights, update):
+    new_state, new_weights = tff.federated_map(
+        apply_tf, (opt_state, weights, update))
+    return tff.templates.MeasuredProcessOutput(
+        state=new_state, result=new_weights,
+        measurements=tff.federated_value((), tff.SERVER))
+
+  return tff.learning.templates.FinalizerProcess(init_fn, next_fn)
+
+
+def build_keras_learning_process(
+    model_fn: ModelFn,
+    element_spec: collections.OrderedDict,
+    *,
+    client_optimizer: tff.learning.optimizers.Optimizer,
+    server_optimizer: tff.learning.optimizers.Optimizer,
+    learning_rate: float,
+    learning_rate_decay: float = 1.0,
+    proximal_strength: float = 0.0,
+) -> tff.learning.templates.LearningProcess:
+  """Composes broadcast, client work, weighted mean and finalizer.
+
+  Args:
+    model_fn: No-arg callable building the Keras classifier (logits).
+    element_spec: Batch structure of the client datasets.
+    client_optimizer: Client `tff.learning.optimizers` optimizer.
+    server_optimizer: Server `tff.learning.optimizers` optimizer.
+    learning_rate: Client learning rate at round 0.
+    learning_rate_decay: Multiplicative client lr decay per round.
+    proximal_strength: FedProx mu (0 for FedAvg).
+
+  Returns:
+    A `tff.learning.templates.LearningProcess` whose `next` takes
+    `(state, {element_spec*}@CLIENTS)`.
+  """
+  weights_type = _unplaced_weights_type(model_fn)
+  client_work = build_client_work(
+      model_fn, element_spec, client_optimizer,
+      learning_rate=learning_rate, learning_rate_decay=learning_rate_decay,
+      proximal_strength=proximal_strength)
+  aggregator = tff.aggregators.MeanFactory().create(
+      weights_type, tff.TensorType(np.float32))
+  return tff.learning.templates.compose_learning_process(
+      build_initial_weights_fn(model_fn),
+      tff.learning.templates.build_broadcast_process(weights_type),
+      client_work,
+      aggregator,
+      build_weights_finalizer(weights_type, server_optimizer))

@@ -1,0 +1,102 @@
+"""TFF execution contexts whose `worker_binary` child cannot outlive Python.
+
+TFF 0.87's local C++ context launches a `worker_binary` subprocess and only
+stops it from a `__del__`. When Python exits abruptly (or is SIGKILLed) the
+child survives, keeps the parent's stdout/stderr open, and pipelines such as
+`pytest | tee log` never finish. `install_worker_reaper` closes both holes:
+
+* every `worker_binary` is started with `PR_SET_PDEATHSIG=SIGKILL`, so the
+  kernel kills it as soon as its parent dies, even on SIGKILL;
+* an `atexit` hook first drops TFF's default context while modules are
+  still alive (so TFF's own `__del__` stops its worker instead of printing a
+  traceback during interpreter teardown), then kills and waits for any child
+  that is left.
+
+The reaper is installed when `tff_kd` is imported, so binaries, tests and
+notebook kernels all get it. Builders in this library never set a context
+themselves; callers pick one (`set_local_context` for simulation), which keeps
+the processes runnable under any future multi-worker context.
+"""
+
+import atexit
+import ctypes
+import gc
+import ctypes.util
+import signal
+import subprocess
+import sys
+import threading
+import types
+from typing import Any
+
+_PR_SET_PDEATHSIG = 1
+_children: list[subprocess.Popen] = []
+_lock = threading.Lock()
+_installed = False
+
+
+def _die_with_parent() -> None:
+  """Runs in the forked child before exec; Linux only, best effort."""
+  libc = ctypes.CDLL(ctypes.util.find_library('c') or 'libc.so.6',
+                     use_errno=True)
+  libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+class _ReapedPopen(subprocess.Popen):
+  """`subprocess.Popen` that registers the child for reaping."""
+
+  def __init__(self, *args: Any, **kwargs: Any):
+    if sys.platform.startswith('linux'):
+      kwargs.setdefault('preexec_fn', _die_with_parent)
+    super().__init__(*args, **kwargs)
+    with _lock:
+      _children.append(self)
+
+
+def reap_workers() -> int:
+  """Kills every worker started by this process; returns how many were alive."""
+  killed = 0
+  with _lock:
+    children = list(_children)
+    _children.clear()
+  for child in children:
+    if child.poll() is None:
+      killed += 1
+      child.kill()
+    try:
+      child.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+      pass
+  return killed
+
+
+def shutdown() -> None:
+  """Stops TFF's default context and every worker; safe to call twice."""
+  if _installed:
+    from tensorflow_federated.python.core.impl.context_stack import set_default_context  # pylint: disable=g-import-not-at-top
+    set_default_context.set_no_default_context()
+    gc.collect()
+  reap_workers()
+
+
+def install_worker_reaper() -> None:
+  """Makes TFF's local executor factory start reaped `worker_binary`s."""
+  global _installed
+  if _installed:
+    return
+  # Imported lazily: TFF import is slow and not every tff_kd user needs it.
+  from tensorflow_federated.python.core.impl.executor_stacks import executor_factory  # pylint: disable=g-import-not-at-top
+
+  # Only the module's own reference is replaced; `subprocess` elsewhere is
+  # untouched.
+  executor_factory.subprocess = types.SimpleNamespace(Popen=_ReapedPopen)
+  atexit.register(shutdown)
+  _installed = True
+
+
+def set_local_context() -> None:
+  """Installs TFF's synchronous local C++ context, with the reaper."""
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+
+  install_worker_reaper()
+  tff.backends.native.set_sync_local_cpp_execution_context()
