@@ -14,6 +14,7 @@ setuptools.setup(
     description='Federated knowledge distillation (DaFKD, FedD3A, FedDF, '
     'FedGen, FedFTG) as TensorFlow Federated learning processes.',
     python_requires='>=3.11,<3.12',
-    packages=setuptools.find_packages(include=['tff_kd', 'tff_kd.*', 'binaries']),
+    packages=setuptools.find_packages(
+        include=['tff_kd', 'tff_kd.*', 'binaries', 'configs']),
     entry_points={'console_scripts': ['train = binaries.train:run']},
 )

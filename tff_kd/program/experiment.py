@@ -1,0 +1,373 @@
+"""The training program shared by the `train` binary and notebooks.
+
+`run(config, root_dir)` does, in order:
+
+1. validate the whole config (`validate_config`), then load the dataset and
+   partition it: every user error surfaces here, before any TFF computation;
+2. write the clients' arrays once under `root_dir/client_data/<fingerprint>`
+   and compose the method's learning process with the dataset computation
+   that reads them (`tff_kd.federated.client_data`);
+3. resume from the newest checkpoint in `root_dir/checkpoints` (a
+   `tff.program.FileProgramStateManager`; no pickle) or initialise from the
+   seeded Keras model;
+4. per round: sample clients from (seed, round), run `process.next`,
+   evaluate the global model on the whole test set, release metrics to CSV,
+   TensorBoard and the log (`tff.program` release managers), checkpoint;
+5. export the final global model as a Keras SavedModel that plain
+   TensorFlow can load (`tff_kd.program.export`).
+
+Because the client sample and every client's shuffle depend only on (seed,
+round), an interrupted run that is restarted with the same root_dir replays
+exactly the rounds it lost.
+"""
+
+import asyncio
+import functools
+import hashlib
+import json
+import math
+import os
+import time
+from typing import Any, NamedTuple, Optional
+
+from absl import logging
+import ml_collections
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+import tqdm
+
+from tff_kd import data as data_lib
+from tff_kd import errors
+from tff_kd import models
+from tff_kd.algorithms import registry
+from tff_kd.federated import client_data as client_data_lib
+from tff_kd.program import evaluation
+from tff_kd.program import export
+from tff_kd.program import sampling
+
+PARTITIONS = ('dirichlet', 'iid', 'fedgen')
+_CONFIG_FILE = 'config.json'
+# Keys that may change between a run and its resumption.
+_RESUMABLE_KEYS = ('rounds', 'eval_every', 'checkpoint_every', 'export',
+                   'keep_checkpoints')
+
+
+class Experiment(NamedTuple):
+  """Everything a round loop needs, built by `prepare`.
+
+  Attributes:
+    config: The validated config.
+    dataset: The loaded `tff_kd.data.Dataset`.
+    client_data: The clients' on-disk data.
+    process: The method's `LearningProcess`, composed with the dataset
+      computation, so `next` takes `(state, keys)`.
+    model_fn: No-arg callable building the seeded Keras classifier.
+    evaluator: Whole-test-set `Evaluator`.
+    slice_evaluator: For the FedGen recipe only: evaluation on the union of
+      the per-user test slices the reference code reports.
+  """
+
+  config: ml_collections.ConfigDict
+  dataset: data_lib.Dataset
+  client_data: client_data_lib.FileClientData
+  process: tff.learning.templates.LearningProcess
+  model_fn: registry.learning.ModelFn
+  evaluator: evaluation.Evaluator
+  slice_evaluator: Optional[evaluation.Evaluator]
+
+
+class RunResult(NamedTuple):
+  history: list[dict[str, Any]]
+  final: dict[str, Any]
+  export_dir: Optional[str]
+
+
+def _check_keys(config: ml_collections.ConfigDict,
+                reference: ml_collections.ConfigDict, prefix: str = '') -> None:
+  for key, value in config.items():
+    if key not in reference:
+      raise errors.ConfigError(f"config key '{prefix}{key}' does not exist")
+    if isinstance(value, ml_collections.ConfigDict) and isinstance(
+        reference[key], ml_collections.ConfigDict):
+      _check_keys(value, reference[key], f'{prefix}{key}.')
+
+
+def validate_config(config: ml_collections.ConfigDict) -> None:
+  """Checks every setting that can be checked without loading data.
+
+  Args:
+    config: An experiment config derived from `configs/base.py`.
+
+  Raises:
+    ConfigError: naming the first bad value.
+  """
+  from configs import base  # pylint: disable=g-import-not-at-top
+  _check_keys(config, base.get_config())
+  registry.get_method(config.method)
+  if config.dataset.name not in data_lib.DATASETS:
+    raise errors.ConfigError(
+        f"dataset {config.dataset.name!r} is unknown; choose one of "
+        f"{', '.join(data_lib.DATASETS)}")
+  if config.model.name not in models.MODELS:
+    raise errors.ConfigError(
+        f"model {config.model.name!r} is unknown; choose one of "
+        f"{', '.join(models.MODELS)}")
+  if config.partition.kind not in PARTITIONS:
+    raise errors.ConfigError(
+        f"partition.kind {config.partition.kind!r} is unknown; choose one of "
+        f"{', '.join(PARTITIONS)}")
+  if config.partition.kind in ('dirichlet', 'fedgen') and not (
+      config.partition.alpha > 0):
+    raise errors.ConfigError(
+        f'partition.alpha must be > 0, got {config.partition.alpha}')
+  if config.partition.kind == 'fedgen' and config.partition.per_class < 1:
+    raise errors.ConfigError('partition.per_class must be >= 1 for the fedgen '
+                             f'recipe, got {config.partition.per_class}')
+  sampling.check_sampling(config.partition.num_clients,
+                          config.clients_per_round)
+  try:
+    _local_work(config).validate()
+  except ValueError as e:
+    raise errors.ConfigError(str(e)) from None
+  for key in ('rounds', 'eval_every', 'checkpoint_every', 'eval_batch_size'):
+    if config[key] < 1:
+      raise errors.ConfigError(f'{key} must be >= 1, got {config[key]}')
+
+
+def _local_work(config: ml_collections.ConfigDict) -> client_data_lib.LocalWork:
+  return client_data_lib.LocalWork(config.local.unit, config.local.amount,
+                                   config.local.batch_size)
+
+
+def _partition(config: ml_collections.ConfigDict, dataset: data_lib.Dataset):
+  """Client index arrays and, for the FedGen recipe, their test slices."""
+  p = config.partition
+  if p.kind == 'iid':
+    return data_lib.iid_partition(len(dataset.y_train), p.num_clients,
+                                  seed=config.seed), None
+  if p.kind == 'fedgen':
+    return data_lib.fedgen_partition(
+        dataset.y_train, p.num_clients, p.alpha, per_class=p.per_class,
+        seed=config.seed, test_labels=dataset.y_test, min_size=p.min_size)
+  return data_lib.dirichlet_partition(
+      dataset.y_train, p.num_clients, p.alpha, seed=config.seed,
+      min_size=p.min_size), None
+
+
+def _fingerprint(config: ml_collections.ConfigDict) -> str:
+  key = json.dumps(dict(dataset=config.dataset.to_dict(),
+                        partition=config.partition.to_dict(),
+                        seed=config.seed), sort_keys=True)
+  return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def prepare(config: ml_collections.ConfigDict, root_dir: str) -> Experiment:
+  """Validates, loads and partitions data, and builds the process.
+
+  Args:
+    config: Experiment config.
+    root_dir: Output folder of the run.
+
+  Returns:
+    An `Experiment`.
+
+  Raises:
+    UserError: for any bad setting, data file or partition request.
+  """
+  validate_config(config)
+  method = registry.get_method(config.method)
+  dataset = data_lib.load_dataset(
+      config.dataset.name,
+      data_dir=os.path.expanduser(config.dataset.data_dir) or None,
+      manual_dir=config.dataset.manual_dir or None,
+      train_limit=config.dataset.train_limit or None)
+  parts, test_slices = _partition(config, dataset)
+
+  data_dir = os.path.join(root_dir, 'client_data', _fingerprint(config))
+  if os.path.exists(os.path.join(data_dir, 'manifest.json')):
+    clients = client_data_lib.FileClientData(data_dir)
+  else:
+    clients = client_data_lib.FileClientData.create(
+        data_dir, dataset.x_train, dataset.y_train, parts)
+
+  model_fn = functools.partial(
+      lambda **kw: models.build_classifier(**kw).model,
+      name=config.model.name, input_shape=dataset.x_train.shape[1:],
+      num_classes=dataset.num_classes, norm=config.model.norm,
+      seed=config.seed)
+  inputs = registry.ProcessInputs(model_fn, clients.element_spec,
+                                  dataset.num_classes)
+  process = tff.simulation.compose_dataset_computation_with_learning_process(
+      clients.dataset_computation(_local_work(config)),
+      method.build(inputs, config))
+
+  evaluator = evaluation.Evaluator(model_fn(), dataset.x_test, dataset.y_test,
+                                   batch_size=config.eval_batch_size)
+  slice_evaluator = None
+  if test_slices is not None:
+    idx = np.concatenate(test_slices)
+    slice_evaluator = evaluation.Evaluator(
+        model_fn(), dataset.x_test[idx], dataset.y_test[idx],
+        batch_size=config.eval_batch_size)
+  return Experiment(config, dataset, clients, process, model_fn, evaluator,
+                    slice_evaluator)
+
+
+def _check_resumable(config: ml_collections.ConfigDict, root_dir: str) -> None:
+  """Refuses to resume a root_dir written by a different experiment."""
+  path = os.path.join(root_dir, _CONFIG_FILE)
+  current = {k: v for k, v in config.to_dict().items()
+             if k not in _RESUMABLE_KEYS}
+  if os.path.exists(path):
+    try:
+      with open(path) as f:
+        saved = json.load(f)
+    except (OSError, ValueError) as e:
+      raise errors.CheckpointError(
+          f'{path} is unreadable ({e}); use a new --root_dir') from None
+    saved = {k: v for k, v in saved.items() if k not in _RESUMABLE_KEYS}
+    for key in sorted(set(saved) | set(current)):
+      if saved.get(key) != current.get(key):
+        raise errors.CheckpointError(
+            f'{root_dir} holds a run with a different {key!r} '
+            f'({saved.get(key)!r} there, {current.get(key)!r} now); '
+            'use a new --root_dir')
+  with open(path, 'w') as f:
+    json.dump(config.to_dict(), f, indent=2, sort_keys=True)
+
+
+def _seeded_initial_weights(model_fn) -> tff.learning.models.ModelWeights:
+  model = model_fn()
+  return tff.learning.models.ModelWeights(
+      trainable=[v.numpy() for v in model.trainable_weights],
+      non_trainable=[v.numpy() for v in model.non_trainable_weights])
+
+
+def _load_or_initialize(exp: Experiment,
+                        manager: tff.program.FileProgramStateManager):
+  """Returns (state, completed_rounds)."""
+  initial = exp.process.initialize()
+  initial = exp.process.set_model_weights(
+      initial, _seeded_initial_weights(exp.model_fn))
+  try:
+    state, version = asyncio.run(manager.load_latest(initial))
+  except Exception as e:  # pylint: disable=broad-except
+    # TFF raises a mix of TF, IO and structure errors here.
+    message = str(e).strip().splitlines()[0] if str(e).strip() else type(e)
+    raise errors.CheckpointError(
+        f'checkpoint in {manager._root_dir} is unreadable or incompatible '  # pylint: disable=protected-access
+        f'with this experiment: {message}') from None
+  if state is None:
+    return initial, 0
+  return state, int(version)
+
+
+def _round_metrics(output, config) -> dict[str, Any]:
+  cw = output.metrics['client_work']
+  examples = float(cw['num_examples'])
+  return {
+      'train/loss': float(cw['train_loss_sum']) / max(examples, 1.0),
+      'train/num_examples': examples,
+      'train/num_steps': float(cw['num_steps']),
+      'train/learning_rate': float(cw['learning_rate']),
+      'comm/bytes_down': float(cw['bytes_down']),
+      'comm/bytes_up': float(cw['bytes_up']),
+      'clients_per_round': config.clients_per_round,
+  }
+
+
+def _release(manager: tff.program.ReleaseManager, value: dict,
+             key: int) -> None:
+  asyncio.run(manager.release(value, key=key))
+
+
+def run(config: ml_collections.ConfigDict, root_dir: str, *,
+        progress: bool = True) -> RunResult:
+  """Trains, evaluates, checkpoints and exports one experiment.
+
+  Args:
+    config: Experiment config (see `configs/base.py`).
+    root_dir: Output folder; restarting with the same folder resumes.
+    progress: Show a tqdm progress bar.
+
+  Returns:
+    A `RunResult` with the per-round metrics of the rounds run in this call,
+    the final metrics and the SavedModel directory.
+
+  Raises:
+    UserError: for bad input (before any training) or a non-finite loss.
+  """
+  exp = prepare(config, root_dir)
+  os.makedirs(root_dir, exist_ok=True)
+  _check_resumable(config, root_dir)
+  manager = tff.program.FileProgramStateManager(
+      os.path.join(root_dir, 'checkpoints'),
+      keep_total=config.keep_checkpoints)
+  state, start = _load_or_initialize(exp, manager)
+  if start == 0:
+    asyncio.run(manager.save(state, 0))
+  else:
+    logging.info('Resuming %s after round %d', root_dir, start)
+
+  releaser = tff.program.GroupingReleaseManager([
+      tff.program.CSVFileReleaseManager(
+          os.path.join(root_dir, 'metrics.csv'), key_fieldname='round'),
+      tff.program.TensorBoardReleaseManager(os.path.join(root_dir, 'tb')),
+      tff.program.LoggingReleaseManager(),
+  ])
+  history = []
+  num_clients = config.partition.num_clients
+  bar = tqdm.tqdm(total=config.rounds, initial=start, disable=not progress,
+                  desc=config.method, unit='round')
+  for round_num in range(start, config.rounds):
+    clients = sampling.sample_clients(num_clients, config.clients_per_round,
+                                      seed=config.seed, round_num=round_num)
+    keys = exp.client_data.keys(clients, seed=config.seed,
+                                round_num=round_num)
+    t0 = time.perf_counter()
+    output = exp.process.next(state, keys)
+    t_train = time.perf_counter() - t0
+    metrics = _round_metrics(output, config)
+    if not math.isfinite(metrics['train/loss']):
+      raise errors.TrainingError(
+          f"round {round_num + 1}: training loss is {metrics['train/loss']}; "
+          f'the last good state (round {start}) stays in {root_dir}; lower '
+          'the learning rate')
+    state = output.state
+    metrics['time/train_s'] = t_train
+
+    last = round_num + 1 == config.rounds
+    if (round_num + 1) % config.eval_every == 0 or last:
+      t0 = time.perf_counter()
+      weights = exp.process.get_model_weights(state)
+      result = exp.evaluator(weights)
+      metrics['test/loss'], metrics['test/accuracy'] = result
+      if exp.slice_evaluator is not None:
+        sliced = exp.slice_evaluator(weights)
+        metrics['test_slices/accuracy'] = sliced.accuracy
+      metrics['time/eval_s'] = time.perf_counter() - t0
+
+    if (round_num + 1) % config.checkpoint_every == 0 or last:
+      t0 = time.perf_counter()
+      asyncio.run(manager.save(state, round_num + 1))
+      start = round_num + 1
+      metrics['time/checkpoint_s'] = time.perf_counter() - t0
+    _release(releaser, metrics, round_num + 1)
+    history.append(dict(metrics, round=round_num + 1))
+    bar.set_postfix(acc=f"{metrics.get('test/accuracy', float('nan')):.4f}")
+    bar.update(1)
+  bar.close()
+
+  weights = exp.process.get_model_weights(state)
+  final = dict(round=config.rounds)
+  final['test/loss'], final['test/accuracy'] = exp.evaluator(weights)
+  export_dir = None
+  if config.export:
+    model = exp.model_fn()
+    weights.assign_weights_to(model)
+    export_dir = export.export_saved_model(
+        model, os.path.join(root_dir, 'export'))
+  with open(os.path.join(root_dir, 'final.json'), 'w') as f:
+    json.dump(final, f, indent=2)
+  return RunResult(history, final, export_dir)
