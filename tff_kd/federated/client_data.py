@@ -69,7 +69,8 @@ def shuffled_batches(x: tf.Tensor, y: tf.Tensor, seed: tf.Tensor,
   ds = tf.data.Dataset.from_tensor_slices(collections.OrderedDict(x=x, y=y))
   ds = ds.shuffle(num, seed=seed, reshuffle_each_iteration=True)
   if local.unit == 'epochs':
-    return ds.repeat(local.amount).batch(local.batch_size)
+    # Batch before repeating so that no batch straddles two epochs.
+    return ds.batch(local.batch_size).repeat(local.amount)
   return ds.repeat().batch(local.batch_size).take(local.amount)
 
 

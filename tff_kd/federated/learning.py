@@ -189,8 +189,10 @@ def build_weights_finalizer(
 
   @tff.tensorflow.computation(opt_state_type, weights_type, weights_type)
   def apply_tf(opt_state, weights, update):
+    # The mean delta points downhill; optimisers expect a gradient.
+    pseudo_gradient = tuple(-u for u in update.trainable)
     opt_state, trainable = server_optimizer.next(
-        opt_state, tuple(weights.trainable), tuple(update.trainable))
+        opt_state, tuple(weights.trainable), pseudo_gradient)
     new_weights = tff.learning.models.ModelWeights(
         trainable=list(trainable), non_trainable=list(update.non_trainable))
     return opt_state, new_weights

@@ -1,0 +1,50 @@
+"""Session-wide test setup: TFF's local context, and no leaked workers.
+
+The session installs TFF's local C++ context once (with tff_kd's reaper) and,
+when it ends, shuts the context down and fails the run if any
+`worker_binary` child of this process is still alive.
+"""
+
+import os
+
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+
+import psutil  # pylint: disable=g-import-not-at-top
+import pytest
+
+SHARED_DATA = os.path.abspath(
+    os.path.join(os.path.dirname(__file__), '..', '..', 'shared', 'data'))
+
+
+def live_workers(parent: psutil.Process | None = None) -> list[psutil.Process]:
+  """`worker_binary` processes that are not zombies (optionally: children)."""
+  procs = (parent.children(recursive=True) if parent is not None
+           else psutil.process_iter())
+  found = []
+  for p in procs:
+    try:
+      if 'worker_binary' in p.name() and p.status() != psutil.STATUS_ZOMBIE:
+        found.append(p)
+    except psutil.Error:
+      pass
+  return found
+
+
+@pytest.fixture(scope='session', autouse=True)
+def tff_context():
+  from tff_kd.program import context  # pylint: disable=g-import-not-at-top
+  context.set_local_context()
+  yield
+  context.shutdown()
+
+
+def pytest_sessionfinish(session, exitstatus):
+  from tff_kd.program import context  # pylint: disable=g-import-not-at-top
+  context.shutdown()
+  leaked = live_workers(psutil.Process())
+  if leaked:
+    print(f'\nERROR: worker_binary processes survived the test session: '
+          f'{[p.pid for p in leaked]}')
+    for p in leaked:
+      p.kill()
+    session.exitstatus = 1
