@@ -11,7 +11,14 @@ import sys
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
-from absl import app  # pylint: disable=g-import-not-at-top
+# tff_kd (and with it TensorFlow Federated) is imported before absl runs
+# `main`: importing TFF inside `app.run` leaves Keras building graph-mode
+# SymbolicTensors instead of KerasTensors, which breaks functional models.
+from tff_kd import errors  # pylint: disable=g-import-not-at-top
+from tff_kd.program import context
+from tff_kd.program import experiment
+
+from absl import app  # pylint: disable=g-bad-import-order
 from absl import flags
 from absl import logging
 from ml_collections import config_flags
@@ -34,10 +41,6 @@ _PROGRESS = flags.DEFINE_bool('progress', True, 'Show a progress bar.')
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
-  from tff_kd import errors  # pylint: disable=g-import-not-at-top
-  from tff_kd.program import context  # pylint: disable=g-import-not-at-top
-  from tff_kd.program import experiment  # pylint: disable=g-import-not-at-top
-
   config = _CONFIG.value
   with config.unlocked():
     if _METHOD.value is not None:

@@ -22,3 +22,7 @@ class CheckpointError(UserError):
 
 class TrainingError(UserError):
   """Training produced a non-finite loss or weights."""
+
+
+class DataError(UserError):
+  """A dataset that is unknown, missing, corrupt or cannot be downloaded."""
