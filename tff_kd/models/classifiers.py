@@ -78,7 +78,9 @@ class _Seeds:
 
 def _norm(norm: str, channels: int) -> tf.keras.layers.Layer:
   if norm == 'batch':
-    return tf.keras.layers.BatchNormalization()
+    # PyTorch's defaults (momentum 0.1 there is 0.9 here): with Keras' 0.99
+    # the moving statistics barely move in a round of 20 local steps.
+    return tf.keras.layers.BatchNormalization(momentum=0.9, epsilon=1e-5)
   if norm == 'group':
     groups = max(g for g in range(1, 9) if channels % g == 0)
     return tf.keras.layers.GroupNormalization(groups=groups)
