@@ -2,8 +2,9 @@ r"""Trains one federated method: `train --method=fedavg --config=configs/mnist.p
 
 Kept short on purpose: everything lives in `tff_kd.program.experiment`, so a
 notebook runs the same code. Restarting with the same --root_dir resumes
-from the last checkpoint. Bad input ends the program with a one-line error
-and exit code 2 before any training starts.
+from the last checkpoint. Bad input (an unknown method, dataset or config
+key, an impossible setting, a missing or corrupt data file or checkpoint)
+ends the program with a one-line error and exit code 2 before any training.
 """
 
 import os
@@ -38,10 +39,39 @@ _SEED = flags.DEFINE_integer('seed', None, 'Seed (overrides config.seed).')
 _PROGRESS = flags.DEFINE_bool('progress', True, 'Show a progress bar.')
 
 
+def _fail(message: str) -> None:
+  print(f'train: error: {message}', file=sys.stderr)
+  sys.exit(2)
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+  """absl's parser, with config-override errors as one-line messages."""
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    _fail(str(e).strip().splitlines()[0])
+  except (AttributeError, KeyError, OSError) as e:
+    # ml_collections raises these for `--config.<unknown key>=...`, and for
+    # any override when the config file itself failed to load.
+    files = [a.split('=', 1)[1] for a in argv[1:] if a.startswith('--config=')]
+    if isinstance(e, OSError) or (files and not os.path.isfile(files[-1])):
+      _fail(f'cannot load the config file {(files or ["?"])[-1]!r}')
+    key = str(e).strip('\'"')
+    bad = [a for a in argv[1:] if a.startswith('--config.')]
+    _fail(f"config key {key!r} does not exist (in {' '.join(bad)})")
+  except (TypeError, ValueError) as e:
+    _fail(f'bad config override: {e}')
+
+
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
-  config = _CONFIG.value
+  try:
+    config = _CONFIG.value
+    config.keys()  # config_flags defers a failed load to the first use.
+  except OSError:
+    _fail('cannot load the config file '
+          f"{flags.FLAGS['config'].config_filename!r}")
   with config.unlocked():
     if _METHOD.value is not None:
       config.method = _METHOD.value
@@ -52,8 +82,7 @@ def main(argv: list[str]) -> None:
     result = experiment.run(config, _ROOT_DIR.value,
                             progress=_PROGRESS.value)
   except errors.UserError as e:
-    print(f'train: error: {e}', file=sys.stderr)
-    sys.exit(2)
+    _fail(str(e))
   logging.info('final %s; SavedModel: %s', result.final, result.export_dir)
   print(f"final test accuracy {result.final['test/accuracy']:.4f} after "
         f"{result.final['round']} rounds; model in {result.export_dir}")
@@ -61,7 +90,7 @@ def main(argv: list[str]) -> None:
 
 def run() -> None:
   """Console-script entry point (`train`)."""
-  app.run(main)
+  app.run(main, flags_parser=_parse_flags)
 
 
 if __name__ == '__main__':

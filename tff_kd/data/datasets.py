@@ -181,6 +181,10 @@ _TFDS = {
     'svhn_cropped': 'svhn_cropped',
     'cifar10': 'cifar10',
 }
+# Datasets tfds builds offline from the canonical raw IDX files.
+_IDX_DATASETS = ('mnist', 'fashion_mnist')
+_IDX_FILES = ('train-images-idx3-ubyte.gz', 'train-labels-idx1-ubyte.gz',
+              't10k-images-idx3-ubyte.gz', 't10k-labels-idx1-ubyte.gz')
 _RAW = {'usps': _load_usps, 'mnist_m': _load_mnist_m, 'digits': _load_digits}
 DATASETS: tuple[str, ...] = tuple(_TFDS) + tuple(_RAW)
 
@@ -195,10 +199,22 @@ def _load_tfds(name: str, data_dir: Optional[str],
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   builder = tfds.builder(_TFDS[name], data_dir=data_dir and
                          os.path.expanduser(data_dir))
-  config = tfds.download.DownloadConfig(
-      manual_dir=manual_dir and os.path.expanduser(manual_dir))
   if manual_dir and not os.path.isdir(os.path.expanduser(manual_dir)):
     raise errors.DataError(f'dataset.manual_dir {manual_dir} does not exist')
+  if manual_dir and os.path.isdir(os.path.join(
+      os.path.expanduser(manual_dir), name)):
+    # Like usps/ and mnist_m/: one manual_dir serves several datasets (as in
+    # `load_domains`), and tfds would otherwise try the network.
+    manual_dir = os.path.join(manual_dir, name)
+  if manual_dir and name in _IDX_DATASETS and not builder.is_prepared():
+    missing = [f for f in _IDX_FILES if not os.path.isfile(
+        os.path.join(os.path.expanduser(manual_dir), f))]
+    if missing:
+      # Checked here: tfds would silently fall back to the network.
+      raise errors.DataError(
+          f'{name!r} needs {", ".join(missing)} in manual_dir {manual_dir}')
+  config = tfds.download.DownloadConfig(
+      manual_dir=manual_dir and os.path.expanduser(manual_dir))
   try:
     builder.download_and_prepare(download_config=config)
     arrays = {}
@@ -229,8 +245,9 @@ def load_dataset(name: str, *, data_dir: Optional[str] = None,
     name: One of `DATASETS`.
     data_dir: tfds data folder, also used for decoded raw-file caches.
     manual_dir: Folder of raw files: tfds' manual_dir for MNIST and
-      Fashion-MNIST, and where `usps.h5` / `mnist_m.tar.gz` are found (in it
-      or in its `usps/`, `mnist_m/` subfolder).
+      Fashion-MNIST (its `mnist/`, `fashion_mnist/` subfolder when that
+      exists), and where `usps.h5` / `mnist_m.tar.gz` are found (in it or in
+      its `usps/`, `mnist_m/` subfolder).
     train_limit: Keep only the first N training examples.
     image_shape: Optional (H, W, C) to resize and channel-match to.
 

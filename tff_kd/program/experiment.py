@@ -255,9 +255,14 @@ def _load_or_initialize(exp: Experiment,
   except Exception as e:  # pylint: disable=broad-except
     # TFF raises a mix of TF, IO and structure errors here.
     message = str(e).strip().splitlines()[0] if str(e).strip() else type(e)
+    versions = sorted(asyncio.run(manager.get_versions()) or [])
+    hint = ''
+    if len(versions) > 1:
+      hint = (f'; to resume from round {versions[-2]} instead, delete '
+              f'{manager._get_path_for_version(versions[-1])}')  # pylint: disable=protected-access
     raise errors.CheckpointError(
         f'checkpoint in {manager._root_dir} is unreadable or incompatible '  # pylint: disable=protected-access
-        f'with this experiment: {message}') from None
+        f'with this experiment: {message}{hint}') from None
   if state is None:
     return initial, 0
   return state, int(version)

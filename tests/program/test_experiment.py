@@ -1,0 +1,156 @@
+"""The training program: config validation, resume, checkpoints, export.
+
+Runs in-process on scikit-learn's bundled digits with a few tiny rounds.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from configs import digits
+from tff_kd import errors
+from tff_kd.program import experiment
+
+
+def _config(**overrides):
+  c = digits.get_config()
+  c.rounds = 2
+  c.partition.num_clients = 6
+  c.clients_per_round = 3
+  c.local.amount = 1
+  for key, value in overrides.items():
+    node = c
+    *path, leaf = key.split('.')
+    for part in path:
+      node = node[part]
+    node[leaf] = value
+  return c
+
+
+@pytest.mark.parametrize('key,value,match', [
+    ('method', 'fedfoo', "method 'fedfoo' is unknown"),
+    ('dataset.name', 'nodata', "dataset 'nodata' is unknown"),
+    ('model.name', 'vgg', "model 'vgg' is unknown"),
+    ('clients_per_round', 7, 'clients_per_round=7 is impossible with 6'),
+    ('partition.alpha', 0.0, r'alpha must be > 0, got 0\.0'),
+    ('partition.alpha', -1.0, r'alpha must be > 0, got -1\.0'),
+    ('partition.kind', 'pathological', "partition.kind 'pathological'"),
+    ('local.unit', 'minutes', "unit 'minutes' is unknown"),
+    ('rounds', 0, 'rounds must be >= 1, got 0'),
+])
+def test_bad_settings_fail_before_any_compute(tmp_path, key, value, match):
+  with pytest.raises(errors.ConfigError, match=match):
+    experiment.validate_config(_config(**{key: value}))
+  with pytest.raises(errors.ConfigError, match=match):
+    experiment.run(_config(**{key: value}), str(tmp_path))
+  assert not os.path.exists(tmp_path / 'checkpoints')
+
+
+def test_unknown_config_key_is_named():
+  c = _config()
+  with c.unlocked():
+    c.partition.nosuch = 3
+  with pytest.raises(errors.ConfigError,
+                     match="config key 'partition.nosuch' does not exist"):
+    experiment.validate_config(c)
+
+
+def test_more_clients_than_samples(tmp_path):
+  c = _config(**{'partition.num_clients': 5000, 'clients_per_round': 1})
+  with pytest.raises(errors.ConfigError,
+                     match='num_clients=5000 is more than the 1437'):
+    experiment.run(c, str(tmp_path))
+
+
+def test_missing_data_file(tmp_path):
+  c = _config(**{'dataset.name': 'usps',
+                 'dataset.manual_dir': str(tmp_path / 'empty')})
+  os.makedirs(tmp_path / 'empty')
+  with pytest.raises(errors.DataError, match='usps.h5'):
+    experiment.run(c, str(tmp_path / 'run'))
+
+
+@pytest.fixture(scope='module')
+def finished_run(tmp_path_factory):
+  root = str(tmp_path_factory.mktemp('run'))
+  result = experiment.run(_config(rounds=3), root, progress=False)
+  return root, result
+
+
+def test_run_writes_metrics_checkpoints_and_export(finished_run):
+  root, result = finished_run
+  assert [h['round'] for h in result.history] == [1, 2, 3]
+  for h in result.history:
+    assert 0.0 <= h['test/accuracy'] <= 1.0
+    assert h['comm/bytes_down'] > 0 and h['comm/bytes_up'] > 0
+    assert h['time/train_s'] > 0
+  with open(os.path.join(root, 'metrics.csv')) as f:
+    assert len(f.read().strip().splitlines()) == 4  # Header + 3 rounds.
+  assert os.path.isdir(os.path.join(root, 'checkpoints', 'program_state_3'))
+  assert os.listdir(os.path.join(root, 'tb'))
+  with open(os.path.join(root, 'final.json')) as f:
+    assert json.load(f)['test/accuracy'] == result.final['test/accuracy']
+
+
+def test_export_is_served_by_plain_tensorflow(finished_run):
+  """The SavedModel loads and predicts in a process that never imports TFF."""
+  root, result = finished_run
+  script = textwrap.dedent(f"""
+      import sys
+      import numpy as np
+      import tensorflow as tf
+      from sklearn import datasets, model_selection
+      d = datasets.load_digits()
+      x = ((d.images / 16.0 - 0.5) / 0.5).astype(np.float32)[..., None]
+      _, x_test, _, y_test = model_selection.train_test_split(
+          x, d.target, test_size=0.2, random_state=0, stratify=d.target)
+      model = tf.saved_model.load({result.export_dir!r})
+      out = model.signatures['serving_default'](images=tf.constant(x_test))
+      acc = np.mean(np.argmax(out['logits'].numpy(), -1) == y_test)
+      np.testing.assert_allclose(out['probabilities'].numpy().sum(-1), 1,
+                                 rtol=1e-5)
+      assert 'tensorflow_federated' not in sys.modules
+      print('ACC', acc)
+  """)
+  proc = subprocess.run([sys.executable, '-c', script], capture_output=True,
+                        text=True, timeout=300,
+                        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  acc = float(proc.stdout.split('ACC')[1])
+  assert acc == pytest.approx(result.final['test/accuracy'], abs=1e-6)
+
+
+def test_resume_continues_where_it_stopped(finished_run, tmp_path):
+  root, result = finished_run
+  # The same experiment asked for 3 more rounds resumes after round 3 ...
+  more = experiment.run(_config(rounds=5), root, progress=False)
+  assert [h['round'] for h in more.history] == [4, 5]
+  # ... and ends exactly where an uninterrupted 5-round run ends.
+  straight = experiment.run(_config(rounds=5), str(tmp_path), progress=False)
+  assert more.final['test/accuracy'] == pytest.approx(
+      straight.final['test/accuracy'], abs=1e-6)
+  np.testing.assert_allclose(
+      [h['train/loss'] for h in more.history],
+      [h['train/loss'] for h in straight.history[3:]], rtol=1e-5)
+
+
+def test_incompatible_root_dir_is_refused(finished_run):
+  root, _ = finished_run
+  with pytest.raises(errors.CheckpointError, match="different 'seed'"):
+    experiment.run(_config(rounds=5, seed=7), root, progress=False)
+
+
+def test_corrupt_checkpoint_is_a_clear_error(tmp_path):
+  root = str(tmp_path)
+  experiment.run(_config(rounds=2), root, progress=False)
+  latest = os.path.join(root, 'checkpoints', 'program_state_2')
+  with open(os.path.join(latest, 'saved_model.pb'), 'wb') as f:
+    f.write(b'\x00garbage' * 10)
+  with pytest.raises(errors.CheckpointError,
+                     match='unreadable or incompatible.*resume from round 1'):
+    experiment.run(_config(rounds=3), root, progress=False)
