@@ -9,6 +9,7 @@ the FedOpt family (Reddi et al., ICLR 2021).
 """
 
 import collections
+from typing import Optional
 
 import tensorflow_federated as tff
 
@@ -24,6 +25,7 @@ def build_fedavg_process(
     server_optimizer: tff.learning.optimizers.Optimizer,
     learning_rate: float,
     learning_rate_decay: float = 1.0,
+    dataset_fn: Optional[learning.DatasetFn] = None,
 ) -> tff.learning.templates.LearningProcess:
   """Builds FedAvg with example-weighted averaging.
 
@@ -34,6 +36,8 @@ def build_fedavg_process(
     server_optimizer: Server optimizer (`build_sgdm(1.0)` is plain FedAvg).
     learning_rate: Client learning rate at round 0 (> 0).
     learning_rate_decay: Client lr multiplier per round, in (0, 1].
+    dataset_fn: Optional key -> dataset function; clients then receive keys
+      (see `tff_kd.federated.learning.client_data_type`).
 
   Returns:
     A `tff.learning.templates.LearningProcess`.
@@ -42,7 +46,7 @@ def build_fedavg_process(
   return learning.build_keras_learning_process(
       model_fn, element_spec, client_optimizer=client_optimizer,
       server_optimizer=server_optimizer, learning_rate=learning_rate,
-      learning_rate_decay=learning_rate_decay)
+      learning_rate_decay=learning_rate_decay, dataset_fn=dataset_fn)
 
 
 def build_fedprox_process(
@@ -54,6 +58,7 @@ def build_fedprox_process(
     server_optimizer: tff.learning.optimizers.Optimizer,
     learning_rate: float,
     learning_rate_decay: float = 1.0,
+    dataset_fn: Optional[learning.DatasetFn] = None,
 ) -> tff.learning.templates.LearningProcess:
   """Builds FedProx: FedAvg whose clients add mu/2 ||w - w_global||^2.
 
@@ -65,6 +70,8 @@ def build_fedprox_process(
     server_optimizer: Server optimizer.
     learning_rate: Client learning rate at round 0 (> 0).
     learning_rate_decay: Client lr multiplier per round, in (0, 1].
+    dataset_fn: Optional key -> dataset function; clients then receive keys
+      (see `tff_kd.federated.learning.client_data_type`).
 
   Returns:
     A `tff.learning.templates.LearningProcess`.
@@ -77,7 +84,7 @@ def build_fedprox_process(
       model_fn, element_spec, client_optimizer=client_optimizer,
       server_optimizer=server_optimizer, learning_rate=learning_rate,
       learning_rate_decay=learning_rate_decay,
-      proximal_strength=proximal_strength)
+      proximal_strength=proximal_strength, dataset_fn=dataset_fn)
 
 
 def _check_schedule(learning_rate: float, decay: float) -> None:

@@ -7,7 +7,7 @@ hyper-parameters; the registry only maps names.
 """
 
 import collections
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, Optional
 
 import ml_collections
 import tensorflow_federated as tff
@@ -24,11 +24,14 @@ class ProcessInputs(NamedTuple):
     model_fn: No-arg callable building the Keras classifier (logits).
     element_spec: Batch structure of the client datasets.
     num_classes: Number of labels.
+    dataset_fn: Optional key -> dataset function; when given, the process's
+      clients receive string keys and build their datasets themselves.
   """
 
   model_fn: learning.ModelFn
   element_spec: collections.OrderedDict
   num_classes: int
+  dataset_fn: Optional[learning.DatasetFn] = None
 
 
 Builder = Callable[[ProcessInputs, ml_collections.ConfigDict],
@@ -56,8 +59,10 @@ def build_optimizer(
       f"optimizer {config.name!r} is unknown; choose one of sgd, adam")
 
 
-def _common(config: ml_collections.ConfigDict) -> dict:
+def _common(inputs: ProcessInputs,
+            config: ml_collections.ConfigDict) -> dict:
   return dict(
+      dataset_fn=inputs.dataset_fn,
       client_optimizer=build_optimizer(config.client_optimizer),
       server_optimizer=build_optimizer(config.server_optimizer),
       learning_rate=config.client_optimizer.learning_rate,
@@ -66,13 +71,13 @@ def _common(config: ml_collections.ConfigDict) -> dict:
 
 def _build_fedavg(inputs: ProcessInputs, config: ml_collections.ConfigDict):
   return fedavg.build_fedavg_process(inputs.model_fn, inputs.element_spec,
-                                     **_common(config))
+                                     **_common(inputs, config))
 
 
 def _build_fedprox(inputs: ProcessInputs, config: ml_collections.ConfigDict):
   return fedavg.build_fedprox_process(
       inputs.model_fn, inputs.element_spec,
-      proximal_strength=config.fedprox.mu, **_common(config))
+      proximal_strength=config.fedprox.mu, **_common(inputs, config))
 
 
 METHODS: dict[str, Method] = {

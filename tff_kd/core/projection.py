@@ -153,7 +153,7 @@ def dataset_batch_means(extractor: Callable[..., tf.Tensor],
     feature_dim = _static_feature_dim(extractor)
   means = tf.TensorArray(dtype, size=0, dynamic_size=True,
                          element_shape=tf.TensorShape([feature_dim]))
-  for batch in dataset:
+  for batch in iter(dataset):  # See local_training.train_locally.
     if isinstance(batch, dict):
       images = batch['x']
     elif isinstance(batch, (tuple, list)):

@@ -20,7 +20,7 @@ number of full epochs (DaFKD, FedDF): see `LocalWork`.
 import collections
 import json
 import os
-from typing import NamedTuple, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -144,6 +144,13 @@ class FileClientData:
             tf.strings.to_number(parts[2], tf.int64))
     x, y = self.read_arrays(parts[0])
     return shuffled_batches(x, y, seed, local)
+
+  def dataset_fn(self, local: LocalWork) -> Callable[[tf.Tensor],
+                                                     tf.data.Dataset]:
+    """A TF-traceable key -> dataset function for clients that build their
+    own dataset (see `tff_kd.federated.learning.client_data_type`)."""
+    local = local.validate()
+    return lambda key: self.dataset_from_key(key, local)
 
   def dataset_computation(self, local: LocalWork) -> tff.Computation:
     """A TFF computation mapping a key string to the client's dataset."""

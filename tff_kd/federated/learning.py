@@ -20,15 +20,35 @@ down to and up from the clients.
 """
 
 import collections
-from typing import Callable
+from typing import Callable, Optional
 
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_kd.core import local_training
+from tff_kd.federated import composer
 
 ModelFn = Callable[[], tf.keras.Model]
+DatasetFn = Callable[[tf.Tensor], tf.data.Dataset]
+
+
+def client_data_type(element_spec: collections.OrderedDict,
+                     dataset_fn: Optional[DatasetFn] = None) -> tff.Type:
+  """What each client receives as its data.
+
+  Without `dataset_fn`, a `tff.SequenceType` of batches: the standard TFF
+  form (datasets made elsewhere, e.g. by a composed dataset computation).
+  With it, a string key from which the client builds its own dataset inside
+  its TensorFlow computation (`FileClientData.dataset_fn`). That skips the
+  serialisation of a dataset graph between two computations for every
+  client, which costs the TFF runtime about 0.4 s per round on the FedGen
+  workload (benchmarks/fedgen_workload.py), and lets KD methods read
+  per-client metadata from the same key.
+  """
+  if dataset_fn is None:
+    return tff.SequenceType(spec_to_type(element_spec))
+  return tff.TensorType(np.str_)
 
 
 def _unplaced_weights_type(model_fn: ModelFn) -> tff.Type:
@@ -73,8 +93,9 @@ def build_client_work(
     learning_rate: float,
     learning_rate_decay: float = 1.0,
     proximal_strength: float = 0.0,
-) -> tff.learning.templates.ClientWorkProcess:
-  """Local (proximal) training as a `ClientWorkProcess`.
+    dataset_fn: Optional[DatasetFn] = None,
+) -> tff.templates.MeasuredProcess:
+  """Local (proximal) training as a client-work process.
 
   The client-work state is the round number, placed at the server; it drives
   the client learning-rate schedule and is checkpointed with the rest of the
@@ -87,18 +108,21 @@ def build_client_work(
     learning_rate: Client learning rate at round 0.
     learning_rate_decay: Multiplicative decay per round.
     proximal_strength: FedProx mu (0 for FedAvg).
+    dataset_fn: See `client_data_type`.
 
   Returns:
-    A `tff.learning.templates.ClientWorkProcess`.
+    A `tff.learning.templates.ClientWorkProcess`, or with `dataset_fn` a
+    `tff.templates.MeasuredProcess` of the same signature taking keys.
   """
   weights_type = _unplaced_weights_type(model_fn)
-  data_type = tff.SequenceType(spec_to_type(element_spec))
+  data_type = client_data_type(element_spec, dataset_fn)
   # Per client: the broadcast weights down; the update plus its weight up.
   bytes_down = float(payload_bytes(weights_type))
   bytes_up = bytes_down + np.dtype(np.float32).itemsize
 
   @tff.tensorflow.computation(weights_type, data_type, np.float32)
-  def client_update(initial_weights, dataset, lr):
+  def client_update(initial_weights, data, lr):
+    dataset = data if dataset_fn is None else dataset_fn(data)
     model = model_fn()
     result = local_training.train_locally(
         model, client_optimizer, initial_weights, dataset, lr,
@@ -154,6 +178,10 @@ def build_client_work(
         result=client_results,
         measurements=measurements)
 
+  if dataset_fn is not None:
+    # TFF's ClientWorkProcess only admits sequence data; keyed clients use
+    # the plain template (see tff_kd.federated.composer).
+    return tff.templates.MeasuredProcess(init_fn, next_fn)
   return tff.learning.templates.ClientWorkProcess(init_fn, next_fn)
 
 
@@ -224,6 +252,7 @@ def build_keras_learning_process(
     learning_rate: float,
     learning_rate_decay: float = 1.0,
     proximal_strength: float = 0.0,
+    dataset_fn: Optional[DatasetFn] = None,
 ) -> tff.learning.templates.LearningProcess:
   """Composes broadcast, client work, weighted mean and finalizer.
 
@@ -235,19 +264,21 @@ def build_keras_learning_process(
     learning_rate: Client learning rate at round 0.
     learning_rate_decay: Multiplicative client lr decay per round.
     proximal_strength: FedProx mu (0 for FedAvg).
+    dataset_fn: Optional key -> dataset function; see `client_data_type`.
 
   Returns:
     A `tff.learning.templates.LearningProcess` whose `next` takes
-    `(state, {element_spec*}@CLIENTS)`.
+    `(state, {element_spec*}@CLIENTS)`, or `(state, {str}@CLIENTS)` of keys
+    when `dataset_fn` is given.
   """
   weights_type = _unplaced_weights_type(model_fn)
   client_work = build_client_work(
       model_fn, element_spec, client_optimizer,
       learning_rate=learning_rate, learning_rate_decay=learning_rate_decay,
-      proximal_strength=proximal_strength)
+      proximal_strength=proximal_strength, dataset_fn=dataset_fn)
   aggregator = tff.aggregators.MeanFactory().create(
       weights_type, tff.TensorType(np.float32))
-  return tff.learning.templates.compose_learning_process(
+  return composer.compose_learning_process(
       build_initial_weights_fn(model_fn),
       tff.learning.templates.build_broadcast_process(weights_type),
       client_work,

@@ -32,7 +32,7 @@ class Evaluator:
   def _sums(self, dataset: tf.data.Dataset) -> tuple[tf.Tensor, tf.Tensor]:
     loss_sum = tf.constant(0.0)
     correct = tf.constant(0.0)
-    for x, y in dataset:
+    for x, y in iter(dataset):  # See local_training.train_locally.
       logits = self._model(x, training=False)
       loss_sum += tf.reduce_sum(
           tf.keras.losses.sparse_categorical_crossentropy(

@@ -196,11 +196,10 @@ def prepare(config: ml_collections.ConfigDict, root_dir: str) -> Experiment:
       name=config.model.name, input_shape=dataset.x_train.shape[1:],
       num_classes=dataset.num_classes, norm=config.model.norm,
       seed=config.seed)
-  inputs = registry.ProcessInputs(model_fn, clients.element_spec,
-                                  dataset.num_classes)
-  process = tff.simulation.compose_dataset_computation_with_learning_process(
-      clients.dataset_computation(_local_work(config)),
-      method.build(inputs, config))
+  inputs = registry.ProcessInputs(
+      model_fn, clients.element_spec, dataset.num_classes,
+      dataset_fn=clients.dataset_fn(_local_work(config)))
+  process = method.build(inputs, config)
 
   evaluator = evaluation.Evaluator(model_fn(), dataset.x_test, dataset.y_test,
                                    batch_size=config.eval_batch_size)

@@ -1,0 +1,149 @@
+r"""FedAvg on the FedGen reference workload: seconds per round and accuracy.
+
+The workload (shared REFERENCE_NOTES, "A speed and accuracy anchor"): MNIST,
+20 users, 1,500 training samples per class split by Dir(0.1), 10 users per
+round doing 20 SGD steps of batch 32 (lr 0.01 * 0.99**round), the 26k CNN,
+evaluation every round. Its PyTorch reference does 0.405 s per round on
+this kind of machine (local training 0.35 s, evaluation 0.05 s) and reaches
+79.5% after 20 rounds and 91.5% after 200 (mean of 3 runs).
+
+What is timed, per round, from the real `train` program loop:
+  * `tff`: `process.next` in TFF's local C++ runtime (client datasets built
+    from file keys inside the runtime, 10 x 20 local steps, aggregation);
+  * `eval`: the global model on the whole MNIST test set (10,000) and on the
+    union of the per-user test slices the reference reports (5,307);
+  * `checkpoint`: off except after the last round (the reference keeps none).
+
+To split `tff` into compute and runtime overhead, the same run also times
+the identical local work (10 clients x 20 steps x batch 32, same model and
+`train_locally` tf.function) executed directly by TensorFlow in this process,
+with no TFF. Both numbers come from one run, so their ratio is meaningful on
+a noisy machine.
+
+Usage:
+  .venv/bin/python -m benchmarks.fedgen_workload \
+      --manual_dir=../shared/data/mnist --rounds=200 --seeds=0,1,2
+"""
+
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+
+from tff_kd.program import context  # pylint: disable=g-import-not-at-top
+from tff_kd.program import experiment
+
+from absl import app  # pylint: disable=g-bad-import-order
+from absl import flags
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from configs import fedgen_mnist
+from tff_kd.core import local_training
+
+_MANUAL_DIR = flags.DEFINE_string('manual_dir', '../shared/data/mnist',
+                                  'Raw MNIST IDX files for the offline build.')
+_DATA_DIR = flags.DEFINE_string('data_dir', '~/tensorflow_datasets',
+                                'tfds data_dir.')
+_ROUNDS = flags.DEFINE_integer('rounds', 200, 'Rounds per seed.')
+_SEEDS = flags.DEFINE_list('seeds', ['0'], 'Seeds, one run each.')
+_PURE_TF_ROUNDS = flags.DEFINE_integer(
+    'pure_tf_rounds', 20, 'Rounds of the no-TFF compute baseline.')
+_OUT = flags.DEFINE_string(
+    'out', 'benchmarks/results/fedgen_workload.json', 'Result file.')
+
+
+def _config(seed: int, rounds: int):
+  c = fedgen_mnist.get_config()
+  c.seed = seed
+  c.rounds = rounds
+  c.dataset.manual_dir = _MANUAL_DIR.value
+  c.dataset.data_dir = _DATA_DIR.value
+  c.checkpoint_every = rounds
+  c.export = False
+  return c
+
+
+def _pure_tf_round_seconds(exp: experiment.Experiment, rounds: int) -> list:
+  """The same local work run by TensorFlow directly (no TFF)."""
+  model = exp.model_fn()
+  optimizer = tff.learning.optimizers.build_sgdm(0.01)
+  weights = tf.nest.map_structure(lambda v: v.numpy(),
+                                  local_training.model_weights(model))
+  c = exp.config
+  times = []
+  for r in range(rounds + 1):
+    clients = np.random.default_rng([c.seed, r]).choice(
+        c.partition.num_clients, c.clients_per_round, replace=False)
+    keys = exp.client_data.keys(clients, seed=c.seed, round_num=r)
+    local = experiment._local_work(c)  # pylint: disable=protected-access
+    datasets = [exp.client_data.dataset_from_key(tf.constant(k), local)
+                for k in keys]
+    t0 = time.perf_counter()
+    for ds in datasets:
+      local_training.train_locally(model, optimizer, weights, ds,
+                                   tf.constant(0.01))
+    if r > 0:  # Round 0 includes tracing.
+      times.append(time.perf_counter() - t0)
+  return times
+
+
+def _summary(values: list) -> dict:
+  return dict(mean=statistics.fmean(values), median=statistics.median(values),
+              p90=float(np.percentile(values, 90)))
+
+
+def main(argv):
+  del argv
+  context.set_local_context()
+  results = dict(
+      command=' '.join(['python -m benchmarks.fedgen_workload'] +
+                       sys.argv[1:]),
+      machine=dict(cpus=os.cpu_count(), python=platform.python_version(),
+                   tensorflow=tf.__version__, tff=tff.__version__),
+      reference=dict(seconds_per_round=0.405, local_training_s=0.35,
+                     eval_s=0.05, acc_20=0.795, acc_200=0.915),
+      runs=[])
+  for seed in (int(s) for s in _SEEDS.value):
+    with tempfile.TemporaryDirectory() as root:
+      config = _config(seed, _ROUNDS.value)
+      t0 = time.perf_counter()
+      exp = experiment.prepare(config, root)
+      prepare_s = time.perf_counter() - t0
+      pure = _pure_tf_round_seconds(exp, _PURE_TF_ROUNDS.value)
+      t0 = time.perf_counter()
+      result = experiment.run(config, root, progress=False)
+      wall = time.perf_counter() - t0
+    hist = result.history
+    steady = hist[1:-1]  # Round 1 traces; the last one checkpoints.
+    tff_s = [h['time/train_s'] for h in steady]
+    eval_s = [h['time/eval_s'] for h in steady]
+    acc = lambda r, key: hist[r - 1][key] if len(hist) >= r else None  # noqa: E731
+    run = dict(
+        seed=seed, rounds=len(hist), prepare_s=prepare_s, run_wall_s=wall,
+        first_round_tff_s=hist[0]['time/train_s'],
+        seconds_per_round=_summary([a + b for a, b in zip(tff_s, eval_s)]),
+        tff_next_s=_summary(tff_s), eval_s=_summary(eval_s),
+        pure_tf_local_work_s=_summary(pure),
+        tff_overhead_ratio=statistics.median(tff_s) / statistics.median(pure),
+        test_accuracy={r: acc(r, 'test/accuracy') for r in (20, 200)},
+        slices_accuracy={r: acc(r, 'test_slices/accuracy')
+                         for r in (20, 200)},
+        curve=[(h['round'], round(h['test/accuracy'], 4),
+                round(h['test_slices/accuracy'], 4)) for h in hist])
+    results['runs'].append(run)
+    print(json.dumps({k: v for k, v in run.items() if k != 'curve'},
+                     indent=1), flush=True)
+  os.makedirs(os.path.dirname(_OUT.value) or '.', exist_ok=True)
+  with open(_OUT.value, 'w') as f:
+    json.dump(results, f, indent=1)
+
+
+if __name__ == '__main__':
+  app.run(main)

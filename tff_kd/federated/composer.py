@@ -1,0 +1,82 @@
+"""Composes distributor, client work, aggregator and finalizer into a process.
+
+The same four-stage round as `tff.learning.templates.compose_learning_process`
+(McMahan et al., AISTATS 2017's FedAvg written as stages), with the same
+`tff.learning.templates.LearningAlgorithmState`, so TFF's own tooling reads
+the state and `get_model_weights` / `set_model_weights` work as for
+`tff.learning.algorithms.build_weighted_fed_avg`. One difference: the client
+work may take any CLIENTS-placed data, not only sequences. tff_kd's clients
+receive a short string key and build their datasets inside their own
+TensorFlow computation (`tff_kd.federated.learning.client_data_type`), which
+TFF's composer rejects.
+
+A round: broadcast the global weights; run the client work; aggregate its
+updates; the finalizer turns the aggregate into new global weights (for KD
+methods, this is where server-side distillation happens).
+"""
+
+import collections
+
+import tensorflow_federated as tff
+
+
+def compose_learning_process(
+    initial_weights_fn: tff.Computation,
+    distributor: tff.templates.MeasuredProcess,
+    client_work: tff.templates.MeasuredProcess,
+    aggregator: tff.templates.AggregationProcess,
+    finalizer: tff.templates.MeasuredProcess,
+) -> tff.learning.templates.LearningProcess:
+  """Composes the four stages into a `tff.learning.templates.LearningProcess`.
+
+  Args:
+    initial_weights_fn: No-arg TF computation returning `ModelWeights`.
+    distributor: Broadcasts `ModelWeights` (e.g.
+      `tff.learning.templates.build_broadcast_process`).
+    client_work: `next(state@S, weights@C, data@C)` returning a
+      `MeasuredProcessOutput` whose result is a `ClientResult`@C.
+    aggregator: Weighted aggregation of the client updates.
+    finalizer: `next(state@S, weights@S, aggregate@S)` returning the new
+      global `ModelWeights`@S.
+
+  Returns:
+    A `LearningProcess` whose state is a `LearningAlgorithmState`.
+  """
+  state_cls = tff.learning.templates.LearningAlgorithmState
+  data_type = client_work.next.type_signature.parameter[2]
+
+  @tff.federated_computation
+  def init_fn():
+    return tff.federated_zip(state_cls(
+        tff.federated_eval(initial_weights_fn, tff.SERVER),
+        distributor.initialize(), client_work.initialize(),
+        aggregator.initialize(), finalizer.initialize()))
+
+  @tff.federated_computation(init_fn.type_signature.result, data_type)
+  def next_fn(state, client_data):
+    dist = distributor.next(state.distributor, state.global_model_weights)
+    work = client_work.next(state.client_work, dist.result, client_data)
+    agg = aggregator.next(state.aggregator, work.result.update,
+                          work.result.update_weight)
+    fin = finalizer.next(state.finalizer, state.global_model_weights,
+                         agg.result)
+    new_state = tff.federated_zip(state_cls(
+        fin.result, dist.state, work.state, agg.state, fin.state))
+    metrics = tff.federated_zip(collections.OrderedDict(
+        distributor=dist.measurements, client_work=work.measurements,
+        aggregator=agg.measurements, finalizer=fin.measurements))
+    return tff.learning.templates.LearningProcessOutput(new_state, metrics)
+
+  state_type = init_fn.type_signature.result.member
+
+  @tff.tensorflow.computation(state_type)
+  def get_model_weights(state):
+    return state.global_model_weights
+
+  @tff.tensorflow.computation(state_type, state_type.global_model_weights)
+  def set_model_weights(state, weights):
+    return state_cls(weights, state.distributor, state.client_work,
+                     state.aggregator, state.finalizer)
+
+  return tff.learning.templates.LearningProcess(
+      init_fn, next_fn, get_model_weights, set_model_weights)
