@@ -29,11 +29,18 @@ _SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize('ending', ['exit', 'kill'])
+def _ignore_sigint() -> None:
+  # What a shell does to a background job (`nohup train ... &`).
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize('ending', ['exit', 'kill', 'background-exit'])
 def test_worker_dies_with_python(ending):
-  proc = subprocess.run([sys.executable, '-c', _SCRIPT, ending],
-                        capture_output=True, text=True, timeout=240,
-                        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
+  proc = subprocess.run(
+      [sys.executable, '-c', _SCRIPT, ending.split('-')[-1]],
+      capture_output=True, text=True, timeout=240,
+      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'),
+      preexec_fn=_ignore_sigint if ending.startswith('background') else None)
   if ending == 'kill':
     assert proc.returncode == -signal.SIGKILL
   else:

@@ -7,10 +7,12 @@ child survives, keeps the parent's stdout/stderr open, and pipelines such as
 
 * every `worker_binary` is started with `PR_SET_PDEATHSIG=SIGKILL`, so the
   kernel kills it as soon as its parent dies, even on SIGKILL;
-* an `atexit` hook first drops TFF's default context while modules are
-  still alive (so TFF's own `__del__` stops its worker instead of printing a
-  traceback during interpreter teardown), then kills and waits for any child
-  that is left.
+* an `atexit` hook kills and waits for every worker, then drops TFF's
+  default context while modules are still alive (so TFF's own `__del__`
+  finds its worker gone instead of printing a traceback during interpreter
+  teardown, or waiting forever on a worker that ignores SIGINT);
+* the worker gets the default SIGINT handler back, which a process started
+  in the background (`nohup cmd &`) would otherwise pass on as ignored.
 
 The reaper is installed when `tff_kd` is imported, so binaries, tests and
 notebook kernels all get it. Builders in this library never set a context
@@ -20,8 +22,9 @@ the processes runnable under any future multi-worker context.
 
 import atexit
 import ctypes
-import gc
 import ctypes.util
+import gc
+import os
 import signal
 import subprocess
 import sys
@@ -40,6 +43,11 @@ def _die_with_parent() -> None:
   libc = ctypes.CDLL(ctypes.util.find_library('c') or 'libc.so.6',
                      use_errno=True)
   libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+  # TFF stops its worker with SIGINT and then waits for it without a
+  # timeout. A process started in the background (`nohup cmd &`) inherits an
+  # ignored SIGINT, so its worker would never stop and Python would hang at
+  # exit: give the worker the default handler back.
+  signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 class _ReapedPopen(subprocess.Popen):
@@ -53,30 +61,47 @@ class _ReapedPopen(subprocess.Popen):
       _children.append(self)
 
 
-def reap_workers() -> int:
-  """Kills every worker started by this process; returns how many were alive."""
-  killed = 0
+def _kill_keeping_zombie(child: subprocess.Popen) -> bool:
+  """SIGKILLs `child` if it runs and waits for it to exit, without reaping.
+
+  The exited child stays a zombie, so TFF's own clean-up, which signals the
+  pid and then waits for it, still finds it and returns at once.
+
+  Returns:
+    Whether the child was still running.
+  """
+  try:
+    running = os.waitid(os.P_PID, child.pid,
+                        os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
+  except ChildProcessError:  # Already reaped.
+    return False
+  if running:
+    os.kill(child.pid, signal.SIGKILL)
+    os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)
+  return running
+
+
+def shutdown() -> int:
+  """Stops every worker and TFF's default context; safe to call twice.
+
+  Workers are killed first: TFF's own clean-up (run when the context is
+  dropped) sends SIGINT and waits without a timeout, which hangs on a worker
+  that does not stop. Afterwards it finds them exited and returns at once.
+
+  Returns:
+    How many workers were still running.
+  """
   with _lock:
     children = list(_children)
     _children.clear()
-  for child in children:
-    if child.poll() is None:
-      killed += 1
-      child.kill()
-    try:
-      child.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-      pass
-  return killed
-
-
-def shutdown() -> None:
-  """Stops TFF's default context and every worker; safe to call twice."""
+  killed = sum(_kill_keeping_zombie(c) for c in children)
   if _installed:
     from tensorflow_federated.python.core.impl.context_stack import set_default_context  # pylint: disable=g-import-not-at-top
     set_default_context.set_no_default_context()
     gc.collect()
-  reap_workers()
+  for child in children:
+    child.poll()  # Reaps what TFF's clean-up did not.
+  return killed
 
 
 def install_worker_reaper() -> None:
