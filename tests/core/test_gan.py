@@ -1,0 +1,267 @@
+"""Golden numbers and behaviour of DaFKD's GAN pieces (`core.gan`)."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_kd.core import distillation
+from tff_kd.core import gan
+from tff_kd.models import classifiers
+from tff_kd.models import generators
+
+_D_REAL = np.array([0.9, 0.6, 0.3], np.float32)
+_D_FAKE = np.array([0.2, 0.7], np.float32)
+
+
+def _logit(p):
+  return np.log(p / (1.0 - p))
+
+
+def _np_softmax(z):
+  e = np.exp(z - z.max(-1, keepdims=True))
+  return e / e.sum(-1, keepdims=True)
+
+
+def test_discriminator_loss_is_eq2_over_the_union():
+  # -1/(3 + 2) [log .9 + log .6 + log .3 + log .8 + log .3], pinned by hand.
+  expected = -(np.log(_D_REAL).sum() + np.log(1 - _D_FAKE).sum()) / 5
+  assert expected == pytest.approx(0.6494550598779798)
+  got = gan.discriminator_loss(_D_REAL, _D_FAKE[:, None])
+  assert float(got) == pytest.approx(expected, rel=1e-6)
+  got_logits = gan.discriminator_loss(_logit(_D_REAL), _logit(_D_FAKE),
+                                      from_logits=True)
+  assert float(got_logits) == pytest.approx(expected, rel=1e-5)
+  # Saturated outputs stay finite.
+  assert np.isfinite(float(gan.discriminator_loss([0.0], [1.0])))
+
+
+def test_generator_loss_forms_eq3():
+  minimax = float(gan.generator_loss(_D_FAKE))
+  assert minimax == pytest.approx(np.log(1 - _D_FAKE).mean(), rel=1e-6)
+  assert minimax == pytest.approx(-0.7135581778200728, rel=1e-6)
+  ns = float(gan.generator_loss(_D_FAKE, form='non_saturating'))
+  assert ns == pytest.approx(0.9830564281864164, rel=1e-6)
+  assert float(gan.generator_loss(_logit(_D_FAKE), form='non_saturating',
+                                  from_logits=True)) == pytest.approx(
+                                      ns, rel=1e-5)
+  with pytest.raises(ValueError, match='form'):
+    gan.generator_loss(_D_FAKE, form='wasserstein')
+
+
+def test_joint_loss_eq9():
+  logits = np.array([[2.0, 0.0, -1.0], [0.5, 0.5, 1.0], [0.0, 3.0, 0.0]],
+                    np.float32)
+  labels = np.array([0, 2, 1])
+  ce = -np.mean(np.log(_np_softmax(logits)[np.arange(3), labels]))
+  adv = -(np.log(_D_REAL).sum() + np.log(1 - _D_FAKE).sum()) / 5
+  got = gan.joint_loss(logits, labels, _D_REAL, _D_FAKE, adv_weight=0.5)
+  assert float(got) == pytest.approx(ce + 0.5 * adv, rel=1e-6)
+
+
+def test_correlation_weights_eq7_and_entropy():
+  probs = np.array([[0.9, 0.0, 0.2], [0.3, 0.0, 0.2]], np.float32)
+  alpha = gan.correlation_weights(probs).numpy()
+  np.testing.assert_allclose(alpha, [[0.75, 0.5, 0.5], [0.25, 0.5, 0.5]],
+                             rtol=1e-6)
+  np.testing.assert_allclose(alpha.sum(0), 1.0, rtol=1e-6)
+  # Entropy: samples (1, 0) and (.5, .5): mean(0, log 2) = log(2) / 2.
+  ent = gan.weights_entropy(np.array([[1.0, 0.5], [0.0, 0.5]], np.float32))
+  assert float(ent) == pytest.approx(0.34657359027997264, rel=1e-6)
+  ent_alpha = -np.mean(np.sum(alpha * np.log(alpha), 0))
+  assert float(gan.weights_entropy(alpha)) == pytest.approx(ent_alpha,
+                                                            rel=1e-6)
+
+
+def test_gradient_penalty_matches_numpy():
+  real = np.array([[1.0, 2.0], [0.0, -1.0], [3.0, 1.0]], np.float32)
+  fake = np.array([[0.0, 0.0], [2.0, 2.0], [-1.0, 1.0]], np.float32)
+  seed = [4, 2]
+  # A linear critic with a unit-norm weight has gradient norm 1 everywhere.
+  unit = tf.constant([[0.6], [0.8]])
+  assert float(gan.gradient_penalty(lambda x: x @ unit, real, fake,
+                                    seed)) == pytest.approx(0.0, abs=1e-6)
+  assert float(gan.gradient_penalty(lambda x: x @ (2.0 * unit), real, fake,
+                                    seed)) == pytest.approx(1.0, rel=1e-5)
+  # f(x) = sum x^2: grad 2 x_tilde at x_tilde = e real + (1 - e) fake.
+  e = generators.sample_noise([3, 1], 'uniform', seed).numpy()
+  x_tilde = e * real + (1 - e) * fake
+  expected = np.mean((np.linalg.norm(2 * x_tilde, axis=1) - 1.0)**2)
+  got = gan.gradient_penalty(lambda x: tf.reduce_sum(x * x, 1), real, fake,
+                             seed)
+  assert float(got) == pytest.approx(expected, rel=1e-5)
+
+
+def test_private_teacher_equals_weighted_ensemble():
+  rng = np.random.default_rng(0)
+  k, n, c, t = 3, 5, 4, 2.0
+  logits = rng.normal(size=(k, n, c)).astype(np.float32) * 3
+  f = rng.uniform(size=(k, n)).astype(np.float32)
+  f[:, 4] = 0.0  # Every discriminator rejects sample 4.
+  sum_fs, sum_f = 0.0, 0.0
+  for i in range(k):
+    fs_i, f_i = gan.private_teacher_terms(f[i][:, None], logits[i], t)
+    sum_fs += fs_i
+    sum_f += f_i
+  plain = distillation.weighted_ensemble(
+      logits, gan.correlation_weights(f), temperature=t, ensemble='probs')
+  mean_probs = tf.reduce_mean(tf.nn.softmax(logits / t), axis=0)
+  got = gan.private_teacher(sum_fs, sum_f, fallback=mean_probs)
+  np.testing.assert_allclose(got, plain, atol=1e-6)
+  # Without a fallback the all-zero sample gets the uniform distribution.
+  got_uniform = gan.private_teacher(sum_fs, sum_f).numpy()
+  np.testing.assert_allclose(got_uniform[:4], plain[:4], atol=1e-6)
+  np.testing.assert_allclose(got_uniform[4], np.full(c, 1 / c), atol=1e-7)
+
+
+_SHAPE = (8, 8, 1)
+_NOISE = 4
+
+
+def _images(cls: np.ndarray, seed: int) -> np.ndarray:
+  """Class c: +1 on one quarter of the image (c-th), plus noise."""
+  rng = np.random.default_rng(seed)
+  x = rng.normal(0, 0.3, size=(len(cls), *_SHAPE)).astype(np.float32) - 0.5
+  for i, c in enumerate(cls):
+    r, col = divmod(int(c), 2)
+    x[i, 4 * r:4 * r + 4, 4 * col:4 * col + 4] += 1.5
+  return np.clip(x, -1, 1)
+
+
+def _setup(shared=True, norm='batch'):
+  clf = classifiers.build_classifier('cnn', input_shape=_SHAPE, num_classes=3,
+                                     norm=norm, seed=0)
+  disc = generators.build_discriminator_head(clf, seed=1, shared=shared)
+  gen = generators.build_image_generator(
+      noise_dim=_NOISE, num_classes=3, image_shape=_SHAPE, hidden=(16,),
+      seed=2)
+  return clf, disc, gen
+
+
+def test_client_gan_step_trains_each_part_in_the_right_direction():
+  clf, disc, gen = _setup()
+  variables = gan.gan_variables(clf, disc, gen)
+  assert len(variables.joint) == len(clf.model.trainable_weights) + 2
+  sgd = tff.learning.optimizers.build_sgdm(learning_rate=0.1)
+  labels = np.arange(16) % 3
+  batch = {'x': tf.constant(_images(labels, 0)), 'y': tf.constant(labels)}
+
+  @tf.function
+  def step(joint_state, gen_state, seed):
+    return gan.client_gan_step(
+        clf, disc, gen, batch, joint_optimizer=sgd, joint_state=joint_state,
+        generator_optimizer=sgd, generator_state=gen_state, noise_dim=_NOISE,
+        num_classes=3, seed=seed, gp_weight=0.3,
+        generator_form='non_saturating')
+
+  def run(joint_lr, gen_lr, steps):
+    joint_state = gan.initial_optimizer_state(sgd, variables.joint, joint_lr)
+    gen_state = gan.initial_optimizer_state(sgd, variables.generator, gen_lr)
+    results = []
+    for i in range(steps):
+      r = step(joint_state, gen_state, tf.constant([i, 7]))
+      joint_state, gen_state = r.joint_state, r.generator_state
+      results.append(r)
+    return results
+
+  def snapshot(vs):
+    return [v.numpy().copy() for v in vs]
+
+  # Frozen generator: the discriminator and classifier improve.
+  gen_before = snapshot(variables.generator)
+  results = run(0.1, 0.0, 12)
+  for a, b in zip(gen_before, snapshot(variables.generator)):
+    np.testing.assert_array_equal(a, b)
+  first, last = results[0], results[-1]
+  assert float(last.disc_loss) < float(first.disc_loss) - 0.05
+  assert float(last.ce_loss) < float(first.ce_loss)
+  assert float(last.real_accuracy) + float(last.fake_accuracy) > 1.5
+  assert all(float(r.penalty) > 0 for r in results)
+
+  # Frozen classifier and discriminator: the generator fools it more.
+  joint_before = snapshot(variables.joint)
+  results = run(0.0, 0.1, 8)
+  for a, b in zip(joint_before, snapshot(variables.joint)):
+    np.testing.assert_array_equal(a, b)
+  assert float(results[-1].gen_loss) < float(results[0].gen_loss)
+
+
+def test_unshared_step_updates_the_classifier_with_its_ce_alone():
+  """Without sharing, eq. (9)'s classifier gradient is the CE's only."""
+  clf, disc, gen = _setup(shared=False, norm='none')
+  variables = gan.gan_variables(clf, disc, gen)
+  assert len(variables.joint) == (len(clf.model.trainable_weights) +
+                                  len(disc.model.trainable_weights))
+  labels = np.array([0, 1, 2, 1])
+  batch = {'x': tf.constant(_images(labels, 3)), 'y': tf.constant(labels)}
+  lr = 0.2
+  sgd = tff.learning.optimizers.build_sgdm(learning_rate=lr)
+  with tf.GradientTape() as tape:
+    ce = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=batch['y'], logits=clf.model(batch['x'], training=True)))
+  clf_vars = clf.model.trainable_weights
+  expected = [v.numpy() - lr * g.numpy()
+              for v, g in zip(clf_vars, tape.gradient(ce, clf_vars))]
+  disc_before = [v.numpy() for v in disc.model.trainable_weights]
+  result = gan.client_gan_step(
+      clf, disc, gen, batch, joint_optimizer=sgd,
+      joint_state=gan.initial_optimizer_state(sgd, variables.joint),
+      generator_optimizer=sgd,
+      generator_state=gan.initial_optimizer_state(sgd, variables.generator),
+      noise_dim=_NOISE, num_classes=3, seed=[1, 2], train_generator=False)
+  assert float(result.ce_loss) == pytest.approx(float(ce), rel=1e-6)
+  assert float(result.gen_loss) == 0.0
+  for v, e in zip(clf_vars, expected):
+    np.testing.assert_allclose(v.numpy(), e, atol=1e-6)
+  assert all(np.max(np.abs(v.numpy() - b)) > 0 for v, b in zip(
+      disc.model.trainable_weights, disc_before))
+
+
+def test_discriminators_of_disjoint_clients_weight_their_own_data():
+  """Theorem 1 with an ideal generator: f_k -> p_k / (p_k + p)."""
+  classes = {'A': np.array([0, 1]), 'B': np.array([2])}
+  rng = np.random.default_rng(1)
+  train = {k: rng.choice(c, 64) for k, c in classes.items()}
+  test = {k: rng.choice(c, 32) for k, c in classes.items()}
+  x_train = {k: _images(y, seed=i) for i, (k, y) in enumerate(train.items())}
+  x_test = {k: _images(y, seed=10 + i) for i, (k, y) in enumerate(test.items())}
+  # Pseudo samples from the global distribution p = (p_A + p_B) / 2.
+  pool = tf.constant(np.concatenate([x_train['A'], x_train['B']]))
+  adam = tff.learning.optimizers.build_adam(learning_rate=3e-3)
+
+  def train_client(x, y):
+    clf, disc, gen = _setup(norm='none')
+    variables = gan.gan_variables(clf, disc, gen)
+    x, y = tf.constant(x), tf.constant(y)
+
+    @tf.function
+    def fit():
+      state = gan.initial_optimizer_state(adam, variables.joint)
+      for step in tf.range(150):
+        seed = tf.stack([step, 3])
+        idx = tf.random.stateless_uniform([16], seed, 0, 64, tf.int32)
+        fake_idx = tf.random.stateless_uniform(
+            [16], seed + 1, 0, tf.shape(pool)[0], tf.int32)
+        with tf.GradientTape() as tape:
+          loss = gan.joint_loss(
+              clf.model(tf.gather(x, idx)), tf.gather(y, idx),
+              disc.logit_model(tf.gather(x, idx)),
+              disc.logit_model(tf.gather(pool, fake_idx)), from_logits=True)
+        grads = tape.gradient(loss, variables.joint)
+        state, new = adam.next(state, tuple(variables.joint), tuple(grads))
+        for v, n in zip(variables.joint, new):
+          v.assign(n)
+    fit()
+    return disc
+
+  discs = {k: train_client(x_train[k], train[k]) for k in classes}
+  for k, other in (('A', 'B'), ('B', 'A')):
+    scores = tf.stack([tf.reshape(discs[c].model(x_test[k]), [-1])
+                       for c in (k, other)])
+    alpha = gan.correlation_weights(scores).numpy()
+    assert np.mean(alpha[0] > 0.5) >= 0.9, (k, alpha[0])
+    assert np.mean(alpha[0]) > 0.75
+    assert float(gan.weights_entropy(alpha)) < 0.5 * np.log(2)
+    # Theorem 1: f_k(x) = p_k / (p_k + p) = 2/3 on own data, 0 on the other's.
+    assert abs(float(tf.reduce_mean(scores[0])) - 2 / 3) < 0.12
+    assert float(tf.reduce_mean(scores[1])) < 0.1

@@ -1,0 +1,376 @@
+"""FedGen's pure-TF pieces: generator objective, diversity, local regulariser.
+
+FedGen (Zhu, Hong and Zhou, "Data-Free Knowledge Distillation for
+Heterogeneous Federated Learning", ICML 2021; supplement Sec. 9). A
+lightweight generator G_w(eps, y) -> z produces *features* (the input of the
+classifier's last layer, `Classifier.head`); clients upload their models
+and per-label counts n_{k,y}. Data flow of one round:
+
+  server: `generator_step` x (50 per round in the reference): labels
+          y ~ qualified labels, eps ~ noise, z = G(eps, y); loss
+              alpha_t * teacher_loss + eta * diversity_loss
+          with the K received heads h_k frozen; only G moves.
+  client: local steps on `regularized_local_loss` with the broadcast G frozen.
+
+Formulas implemented:
+
+* Teacher loss (supplement Sec. 9 "Weighting user models", as the reference
+  code computes it): with w_{k,y} = n_{k,y} / sum_j n_{j,y},
+      L_T = 1/B sum_i sum_k w_{k,y_i} CE(h_k(z_i), y_i)      (`'per_head'`)
+  A class nobody holds gets uniform weights 1/K (the reference would divide
+  by 0 but never samples such labels: it draws labels from the "qualified"
+  ones, max_k n_{k,y} > 1, `qualified_labels`). The paper's main objective
+  (eq. 4 of the ICML paper; the supplement's printed form) puts the ensemble
+  inside the loss, CE(softmax(sum_k w_{k,y} h_k(z)), y); `ensemble='logits'`
+  selects it.
+* Diversity loss (the reference's `DiversityLoss(metric='l1')`, after Mao et
+  al., CVPR 2019):
+      L_div = exp(-1/B^2 sum_{i,j} d_z(z_i, z_j) * d_eps(eps_i, eps_j)),
+      d_z(a, b) = mean_d |a_d - b_d| (l1; 'l2': mean_d (a_d - b_d)^2;
+                  'cosine': 1 - cos(a, b)),
+      d_eps(a, b) = mean_d (a_d - b_d)^2,
+  the mean running over all B^2 ordered pairs, diagonal (zeros) included.
+  Minimising it spreads the features of distinct noise vectors apart.
+* Teacher accuracy (a diagnostic): argmax of sum_k w_{k,y} h_k(z) vs y.
+* Local objective (ICML paper eq. 5 plus the reference code's extra term):
+      J_k = CE(f_k(x), y)
+            + alpha * 1/B' sum_j CE(h_k(G(eps_j, y_hat_j)), y_hat_j)
+            + beta * KL(softmax(h_k(G(eps_i, y_i))) || softmax(f_k(x_i)))
+  with y_hat ~ p_hat(y) (the reference: uniform over the labels seen), G and
+  the KL target frozen, the KL averaged over the real batch ("batchmean").
+  The paper has only the alpha term (beta = 0). The reference multiplies the
+  alpha term by B'/B and decays both coefficients per round,
+  max(1e-4, c0 * 0.98^t) (`decayed_coefficient`), with c0 = 10 for MNIST,
+  and switches the regulariser off in round 0 (an untrained generator). The
+  caller passes the effective alpha and beta.
+
+Noise defaults to the paper's N(0, I); the reference code draws U[0, 1)
+(`noise='uniform'`). Use the same kind on the server and the clients.
+
+Heads are given as a callable features [B, d] -> logits [K, B, C], e.g.
+`linear_heads_logits` over stacked kernels/biases of the K clients' last
+layers (FedGen's heads are one Dense layer) or a stack of Keras heads.
+
+Nothing here depends on a TFF placement; `generator_step` builds no
+variables and can run in a `tf.function` inside a TFF computation.
+"""
+
+from typing import Callable, NamedTuple
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_kd.core import distillation
+from tff_kd.models import classifiers
+from tff_kd.models import generators
+
+HeadsFn = Callable[[tf.Tensor], tf.Tensor]
+TEACHER_ENSEMBLES = ('per_head', 'logits')
+FEATURE_METRICS = ('l1', 'l2', 'cosine')
+_TINY = float(np.finfo(np.float32).tiny)
+
+
+def label_weights(label_counts: tf.Tensor) -> tf.Tensor:
+  """w[k, y] = n_{k,y} / sum_j n_{j,y}; 1/K for a class nobody holds.
+
+  Args:
+    label_counts: [K, C] non-negative per-client label counts.
+
+  Returns:
+    [K, C] float32, columns summing to 1.
+  """
+  return distillation.normalize_weights(tf.cast(label_counts, tf.float32))
+
+
+def qualified_labels(label_counts: tf.Tensor,
+                     min_count: float = 1.0) -> tf.Tensor:
+  """[C] bool: some client holds more than `min_count` samples of the label.
+
+  The reference's `MIN_SAMPLES_PER_LABEL = 1`; the server's generator only
+  trains on these labels.
+  """
+  counts = tf.cast(label_counts, tf.float32)
+  return tf.reduce_max(counts, axis=0) > min_count
+
+
+def sample_labels(label_probs: tf.Tensor, batch_size, seed) -> tf.Tensor:
+  """[batch_size] int32 labels drawn from an (unnormalised) distribution.
+
+  Args:
+    label_probs: [C] non-negative weights (e.g. a `qualified_labels` mask
+      cast to float, or label counts); not all zero.
+    batch_size: Number of labels.
+    seed: int or shape-[2] stateless seed.
+  """
+  probs = tf.reshape(tf.cast(label_probs, tf.float32), [1, -1])
+  logits = tf.math.log(tf.maximum(probs, _TINY))
+  seed = generators._as_seed(seed)  # pylint: disable=protected-access
+  return tf.cast(
+      tf.random.stateless_categorical(logits, batch_size, seed=seed)[0],
+      tf.int32)
+
+
+def linear_heads_logits(features: tf.Tensor, kernels: tf.Tensor,
+                        biases: tf.Tensor) -> tf.Tensor:
+  """Logits of K linear heads on one batch of features.
+
+  Args:
+    features: [B, d].
+    kernels: [K, d, C] stacked Dense kernels.
+    biases: [K, C] stacked Dense biases.
+
+  Returns:
+    [K, B, C] logits.
+  """
+  return (tf.einsum('bd,kdc->kbc', tf.cast(features, tf.float32), kernels) +
+          biases[:, None, :])
+
+
+def _weights_per_sample(labels, label_counts) -> tf.Tensor:
+  """alpha[k, i] = w[k, y_i], [K, B]."""
+  return tf.gather(label_weights(label_counts), tf.cast(labels, tf.int32),
+                   axis=1)
+
+
+def teacher_loss(teacher_logits: tf.Tensor,
+                 labels: tf.Tensor,
+                 label_counts: tf.Tensor,
+                 *,
+                 ensemble: str = 'per_head') -> tf.Tensor:
+  """FedGen's label-count-weighted teacher loss (see module docstring).
+
+  Args:
+    teacher_logits: [K, B, C], head k's logits on generated feature i.
+    labels: [B] int labels the features were generated for.
+    label_counts: [K, C] per-client label counts n_{k,y}.
+    ensemble: 'per_head' (reference code, sum_k w CE(h_k, y)) or 'logits'
+      (the paper, CE(sum_k w h_k, y)).
+
+  Returns:
+    Scalar float32 loss.
+
+  Raises:
+    ValueError: Unknown `ensemble`.
+  """
+  if ensemble not in TEACHER_ENSEMBLES:
+    raise ValueError(f'teacher ensemble {ensemble!r} is unknown; choose one of '
+                     f"{', '.join(TEACHER_ENSEMBLES)}")
+  teacher_logits = tf.cast(teacher_logits, tf.float32)
+  labels = tf.cast(labels, tf.int32)
+  alpha = _weights_per_sample(labels, label_counts)
+  if ensemble == 'per_head':
+    num_heads = tf.shape(teacher_logits)[0]
+    ce = tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=tf.tile(labels[None, :], [num_heads, 1]), logits=teacher_logits)
+    return tf.reduce_mean(tf.reduce_sum(alpha * ce, axis=0))
+  mixed = tf.einsum('kb,kbc->bc', alpha, teacher_logits)
+  return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+      labels=labels, logits=mixed))
+
+
+def _pairwise(x: tf.Tensor, metric: str) -> tf.Tensor:
+  """[B, B] distances between the rows of x [B, D]."""
+  x = tf.reshape(tf.cast(x, tf.float32), [tf.shape(x)[0], -1])
+  if metric == 'cosine':
+    unit = tf.math.l2_normalize(x, axis=1)
+    return 1.0 - tf.matmul(unit, unit, transpose_b=True)
+  diff = x[:, None, :] - x[None, :, :]
+  if metric == 'l1':
+    return tf.reduce_mean(tf.abs(diff), axis=-1)
+  return tf.reduce_mean(tf.square(diff), axis=-1)
+
+
+def diversity_loss(noise: tf.Tensor,
+                   features: tf.Tensor,
+                   *,
+                   metric: str = 'l1') -> tf.Tensor:
+  """exp(-mean_{i,j} d_feat(f_i, f_j) * mean_d (eps_i - eps_j)^2).
+
+  The reference's `DiversityLoss` (see module docstring); FedFTG's
+  diversity term reuses it on images (flattened).
+
+  Args:
+    noise: [B, noise_dim] noise the samples were generated from.
+    features: [B, ...] generated samples.
+    metric: Sample distance: 'l1' (reference), 'l2' (mean squared) or
+      'cosine'.
+
+  Returns:
+    Scalar in (0, 1].
+
+  Raises:
+    ValueError: Unknown `metric`.
+  """
+  if metric not in FEATURE_METRICS:
+    raise ValueError(f'diversity metric {metric!r} is unknown; choose one of '
+                     f"{', '.join(FEATURE_METRICS)}")
+  return tf.exp(-tf.reduce_mean(
+      _pairwise(features, metric) * _pairwise(noise, 'l2')))
+
+
+class GeneratorStepResult(NamedTuple):
+  """One server generator step's outputs (scalars float32).
+
+  Attributes:
+    optimizer_state: The generator optimiser's new state.
+    loss: teacher_weight * teacher_loss + diversity_weight * diversity.
+    teacher_loss: `teacher_loss` before the update.
+    diversity: `diversity_loss` before the update.
+    teacher_accuracy: Accuracy of the weighted-logit ensemble on the labels
+      the features were generated for.
+  """
+
+  optimizer_state: object
+  loss: tf.Tensor
+  teacher_loss: tf.Tensor
+  diversity: tf.Tensor
+  teacher_accuracy: tf.Tensor
+
+
+def generator_step(generator: tf.keras.Model,
+                   heads_fn: HeadsFn,
+                   label_counts: tf.Tensor,
+                   optimizer: tff.learning.optimizers.Optimizer,
+                   optimizer_state,
+                   *,
+                   batch_size: int,
+                   noise_dim: int,
+                   seed,
+                   noise: str = 'gaussian',
+                   label_probs: tf.Tensor | None = None,
+                   teacher_weight: float = 1.0,
+                   diversity_weight: float = 1.0,
+                   ensemble: str = 'per_head',
+                   diversity_metric: str = 'l1') -> GeneratorStepResult:
+  """One FedGen server step on the generator's trainable variables.
+
+  Args:
+    generator: `[noise, labels] -> features` (e.g.
+      `build_feature_generator`); trained in training mode (BatchNorm).
+    heads_fn: features [B, d] -> [K, B, C] logits of the frozen client heads.
+    label_counts: [K, C] counts of this round's clients.
+    optimizer: A `tff.learning.optimizers` optimizer (reference: Adam 3e-4
+      on MNIST, 1e-4 in the paper's Table 8).
+    optimizer_state: Its state over `generator.trainable_weights`.
+    batch_size: Generated samples per step (reference 128).
+    noise_dim: Generator noise size.
+    seed: int or shape-[2] stateless seed; vary it per step.
+    noise: 'gaussian' (the paper, default) or 'uniform' (reference code).
+    label_probs: [C] weights of the labels to draw; default uniform over
+      `qualified_labels(label_counts)` (the reference).
+    teacher_weight: The reference's ensemble_alpha (1).
+    diversity_weight: The reference's ensemble_eta (1).
+    ensemble: `teacher_loss` form.
+    diversity_metric: `diversity_loss` metric.
+
+  Returns:
+    A `GeneratorStepResult`.
+  """
+  seeds = tf.random.experimental.stateless_split(
+      generators._as_seed(seed), 2)  # pylint: disable=protected-access
+  if label_probs is None:
+    label_probs = tf.cast(qualified_labels(label_counts), tf.float32)
+  labels = sample_labels(label_probs, batch_size, seeds[0])
+  eps = generators.sample_noise([batch_size, noise_dim], noise, seeds[1])
+  variables = generator.trainable_weights
+  with tf.GradientTape() as tape:
+    features = generator([eps, labels], training=True)
+    logits = tf.cast(heads_fn(features), tf.float32)
+    t_loss = teacher_loss(logits, labels, label_counts, ensemble=ensemble)
+    diversity = diversity_loss(eps, features, metric=diversity_metric)
+    loss = teacher_weight * t_loss + diversity_weight * diversity
+  grads = tape.gradient(loss, variables)
+  optimizer_state, updated = optimizer.next(
+      optimizer_state, tuple(variables), tuple(grads))
+  for variable, value in zip(variables, updated):
+    variable.assign(value)
+  alpha = _weights_per_sample(labels, label_counts)
+  mixed = tf.einsum('kb,kbc->bc', alpha, logits)
+  accuracy = tf.reduce_mean(tf.cast(
+      tf.equal(tf.argmax(mixed, axis=-1, output_type=tf.int32), labels),
+      tf.float32))
+  return GeneratorStepResult(optimizer_state, loss, t_loss, diversity,
+                             accuracy)
+
+
+def decayed_coefficient(initial: float, round_num, *, decay: float = 0.98,
+                        floor: float = 1e-4) -> tf.Tensor:
+  """The reference's per-round decay max(floor, initial * decay^round)."""
+  value = initial * tf.pow(decay, tf.cast(round_num, tf.float32))
+  return tf.maximum(tf.cast(floor, tf.float32), value)
+
+
+class LocalLoss(NamedTuple):
+  """Terms of `regularized_local_loss` (scalars float32, weights applied)."""
+
+  total: tf.Tensor
+  ce: tf.Tensor
+  teacher: tf.Tensor
+  latent: tf.Tensor
+
+
+def regularized_local_loss(classifier: classifiers.Classifier,
+                           generator: tf.keras.Model,
+                           x: tf.Tensor,
+                           y: tf.Tensor,
+                           *,
+                           label_probs: tf.Tensor,
+                           noise_dim: int,
+                           seed,
+                           alpha: float | tf.Tensor,
+                           beta: float | tf.Tensor = 0.0,
+                           gen_batch_size: int | None = None,
+                           noise: str = 'gaussian',
+                           training: bool = True) -> LocalLoss:
+  """FedGen's client objective J_k on one batch (see module docstring).
+
+  Call inside a `tf.GradientTape`; gradients flow into the classifier only
+  (the generator runs in inference mode and its outputs are constants).
+
+  Args:
+    classifier: The client's `Classifier` (the head consumes G's features).
+    generator: The broadcast generator `[noise, labels] -> features`.
+    x: Real images [B, ...].
+    y: Real int labels [B].
+    label_probs: [C] weights of the sampled labels y_hat (reference: uniform
+      over the labels available; the paper: p_hat(y)).
+    noise_dim: Generator noise size.
+    seed: int or shape-[2] stateless seed; vary it per step.
+    alpha: Weight of the generated-feature CE (reference: max(1e-4,
+      10 * 0.98^t) * B'/B).
+    beta: Weight of the latent KL term (reference: max(1e-4, 10 * 0.98^t);
+      the paper: 0).
+    gen_batch_size: B' (default B).
+    noise: 'gaussian' (the paper, default) or 'uniform' (reference code).
+    training: Classifier mode.
+
+  Returns:
+    A `LocalLoss` (each term already multiplied by its weight).
+  """
+  seeds = tf.random.experimental.stateless_split(
+      generators._as_seed(seed), 3)  # pylint: disable=protected-access
+  y = tf.cast(y, tf.int32)
+  batch = tf.shape(y)[0]
+  gen_batch = batch if gen_batch_size is None else gen_batch_size
+  logits = classifier.model(x, training=training)
+  ce = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+      labels=y, logits=logits))
+
+  sampled = sample_labels(label_probs, gen_batch, seeds[0])
+  eps = generators.sample_noise([gen_batch, noise_dim], noise, seeds[1])
+  gen_features = tf.stop_gradient(generator([eps, sampled], training=False))
+  gen_logits = classifier.head(gen_features, training=training)
+  teacher = alpha * tf.reduce_mean(
+      tf.nn.sparse_softmax_cross_entropy_with_logits(labels=sampled,
+                                                     logits=gen_logits))
+
+  if isinstance(beta, (int, float)) and beta == 0:
+    latent = tf.constant(0.0)
+  else:
+    eps_y = generators.sample_noise([batch, noise_dim], noise, seeds[2])
+    z_y = tf.stop_gradient(generator([eps_y, y], training=False))
+    target = tf.stop_gradient(tf.nn.softmax(
+        classifier.head(z_y, training=training)))
+    latent = beta * distillation.kd_loss(logits, target, 1.0)
+  return LocalLoss(ce + teacher + latent, ce, teacher, latent)

@@ -1,0 +1,503 @@
+"""DaFKD's pure-TF GAN pieces: losses, one client step, correlation weights.
+
+DaFKD (Wang et al., "DaFKD: Domain-aware Federated Knowledge Distillation",
+CVPR 2023). Each client k keeps a domain discriminator f(theta_k^d; x) that
+shares the classifier's extractor (Sec. 3.4, `models.generators.
+build_discriminator_head`), and all clients train one global generator
+g(theta^g; z) by FedAvg (eq. 4). Data flow of one client round (Algorithm 1,
+lines 19-25), one `client_gan_step` per minibatch:
+
+  1. real batch x_k (local data, positive), pseudo batch x_hat = g(z, y)
+     (negative, generator frozen);
+  2. classifier and discriminator update on the joint loss, eq. (9):
+         L_J = L_adv(theta_d) + L_k(w),
+     L_adv the BCE of eq. (2), L_k the cross-entropy of eq. (1);
+  3. a fresh noise batch, and one generator update on eq. (3).
+
+At the server (eq. 7) the discriminators score each distillation sample and
+`correlation_weights` normalises the scores into alpha[k, i]; the target of
+eq. (8) is `distillation.weighted_ensemble(..., ensemble='probs')`.
+Appendix B keeps the discriminators private: client k uploads f_k(x_i) s_k(x_i)
+and f_k(x_i) (`private_teacher_terms`), the server sums them (securely) and
+divides (`private_teacher`), which equals the eq. (7)-(8) target.
+
+Choices (each selectable):
+
+* Eq. (2) is the mean over the union of real and pseudo samples,
+  -1/(D_k + D_hat_k) [sum log f(x) + sum log(1 - f(x_hat))]; with equal batch
+  sizes it is the mean of the two BCE means.
+* Eq. (3) maximises -E log(1 - f(g(z))), i.e. the generator minimises
+  E log(1 - f(g(z))) (Goodfellow et al.'s minimax form; `form='minimax'`, the
+  default, as printed). It saturates when the discriminator rejects the
+  samples confidently; `form='non_saturating'` minimises -E log f(g(z))
+  (the same fixed point, strong early gradients; what BCE-with-ones GAN code,
+  DaFKD's included, usually does).
+* The reference code adds a WGAN-GP-style gradient penalty (Gulrajani et al.,
+  2017) to the discriminator loss with lambda = 0.3: on x_tilde = e x +
+  (1 - e) x_hat, e ~ U[0, 1] per sample, lambda E (||grad_x f(x_tilde)||_2 -
+  1)^2, computed on the discriminator's probability output f. The paper has
+  no penalty, so `gp_weight` defaults to 0.
+* Logits are used inside the losses (`from_logits=True`) for stability; the
+  probability form is the paper's and is what tests pin.
+
+Nothing here depends on a TFF placement. `client_gan_step` builds no
+variables, so it can be called from a `tf.function` (e.g. a loop over
+`iter(dataset)`) inside a `tff.tensorflow.computation`.
+"""
+
+from typing import Callable, NamedTuple, Sequence
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_kd.core import distillation
+from tff_kd.models import classifiers
+from tff_kd.models import generators
+
+GENERATOR_FORMS = ('minimax', 'non_saturating')
+_TINY = float(np.finfo(np.float32).tiny)
+
+
+def _flat(x) -> tf.Tensor:
+  return tf.reshape(tf.cast(x, tf.float32), [-1])
+
+
+def _log_d(d: tf.Tensor, from_logits: bool) -> tuple[tf.Tensor, tf.Tensor]:
+  """(log f, log(1 - f)) of discriminator outputs (probs or logits)."""
+  if from_logits:
+    return tf.math.log_sigmoid(d), tf.math.log_sigmoid(-d)
+  d = tf.clip_by_value(d, 0.0, 1.0)
+  return (tf.math.log(tf.maximum(d, _TINY)),
+          tf.math.log(tf.maximum(1.0 - d, _TINY)))
+
+
+def discriminator_loss(d_real: tf.Tensor,
+                       d_fake: tf.Tensor,
+                       *,
+                       from_logits: bool = False) -> tf.Tensor:
+  """DaFKD eq. (2): BCE with local data positive, pseudo data negative.
+
+  L_adv = -1/(D + D_hat) [sum_real log f(x) + sum_fake log(1 - f(x_hat))].
+
+  Args:
+    d_real: f(x) on the real (local) batch, any shape ([B] or [B, 1]).
+    d_fake: f(x_hat) on the pseudo batch.
+    from_logits: The inputs are pre-sigmoid logits instead of f.
+
+  Returns:
+    Scalar float32 loss.
+  """
+  d_real, d_fake = _flat(d_real), _flat(d_fake)
+  log_real, _ = _log_d(d_real, from_logits)
+  _, log_not_fake = _log_d(d_fake, from_logits)
+  count = tf.cast(tf.size(d_real) + tf.size(d_fake), tf.float32)
+  return -(tf.reduce_sum(log_real) + tf.reduce_sum(log_not_fake)) / count
+
+
+def generator_loss(d_fake: tf.Tensor,
+                   *,
+                   form: str = 'minimax',
+                   from_logits: bool = False) -> tf.Tensor:
+  """DaFKD eq. (3), written as a loss the generator minimises.
+
+  Args:
+    d_fake: f(g(z)) on a generated batch.
+    form: 'minimax' for mean log(1 - f(g(z))) (eq. 3 as printed: maximising
+      -E log(1 - f)); 'non_saturating' for -mean log f(g(z)).
+    from_logits: `d_fake` holds logits.
+
+  Returns:
+    Scalar float32 loss (minimax form: <= 0).
+
+  Raises:
+    ValueError: Unknown `form`.
+  """
+  if form not in GENERATOR_FORMS:
+    raise ValueError(f'generator loss form {form!r} is unknown; choose one of '
+                     f"{', '.join(GENERATOR_FORMS)}")
+  log_d, log_not_d = _log_d(_flat(d_fake), from_logits)
+  if form == 'minimax':
+    return tf.reduce_mean(log_not_d)
+  return -tf.reduce_mean(log_d)
+
+
+def gradient_penalty(disc_fn: Callable[[tf.Tensor], tf.Tensor],
+                     real: tf.Tensor,
+                     fake: tf.Tensor,
+                     seed) -> tf.Tensor:
+  """WGAN-GP penalty E (||grad_x disc_fn(x_tilde)||_2 - 1)^2 (unweighted).
+
+  x_tilde = e * real + (1 - e) * fake with one e ~ U[0, 1) per sample
+  (stateless, from `seed`). DaFKD's code adds 0.3 times this (with disc_fn =
+  the sigmoid output) to the discriminator loss.
+
+  Args:
+    disc_fn: Maps a batch [B, ...] to [B] or [B, 1] outputs.
+    real: [B, ...] real samples.
+    fake: [B, ...] generated samples (same shape).
+    seed: int or shape-[2] stateless seed.
+
+  Returns:
+    Scalar float32 penalty (differentiable with respect to disc_fn's
+    variables).
+  """
+  real = tf.cast(real, tf.float32)
+  fake = tf.cast(tf.stop_gradient(fake), tf.float32)
+  batch = tf.shape(real)[0]
+  mix_shape = tf.concat(
+      [[batch], tf.ones([tf.rank(real) - 1], tf.int32)], axis=0)
+  mix = generators.sample_noise(mix_shape, 'uniform', seed)
+  interpolated = mix * real + (1.0 - mix) * fake
+  with tf.GradientTape() as tape:
+    tape.watch(interpolated)
+    out = tf.reduce_sum(disc_fn(interpolated))
+  grads = tape.gradient(out, interpolated)
+  grads = tf.reshape(grads, [batch, -1])
+  # The small constant keeps the norm's gradient finite at grads = 0.
+  norms = tf.sqrt(tf.reduce_sum(tf.square(grads), axis=1) + 1e-12)
+  return tf.reduce_mean(tf.square(norms - 1.0))
+
+
+def joint_loss(logits: tf.Tensor,
+               labels: tf.Tensor,
+               d_real: tf.Tensor,
+               d_fake: tf.Tensor,
+               *,
+               adv_weight: float = 1.0,
+               from_logits: bool = False) -> tf.Tensor:
+  """DaFKD eq. (9): L_J = L_k(w) + adv_weight * L_adv(theta_d).
+
+  Args:
+    logits: Classifier logits on the real batch [B, C].
+    labels: Int labels [B].
+    d_real: Discriminator outputs on the real batch.
+    d_fake: Discriminator outputs on the pseudo batch.
+    adv_weight: Weight of eq. (2) (1 in the paper).
+    from_logits: `d_real` and `d_fake` are logits.
+
+  Returns:
+    Scalar float32 loss.
+  """
+  ce = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+      labels=tf.cast(labels, tf.int32), logits=tf.cast(logits, tf.float32)))
+  return ce + adv_weight * discriminator_loss(
+      d_real, d_fake, from_logits=from_logits)
+
+
+def correlation_weights(disc_probs: tf.Tensor,
+                        eps: float = 1e-12) -> tf.Tensor:
+  """DaFKD eq. (7): alpha[k, i] = f_k(x_i) / sum_j f_j(x_i).
+
+  `distillation.normalize_weights`: a sample every discriminator scores at
+  most `eps` in total gets uniform weights 1/K (the reference divides by 0).
+
+  Args:
+    disc_probs: [K, N] discriminator probabilities f_k(x_i) >= 0.
+    eps: Degeneracy threshold for the column sums.
+
+  Returns:
+    [K, N] float32, columns summing to 1.
+  """
+  return distillation.normalize_weights(disc_probs, eps)
+
+
+def weights_entropy(alpha: tf.Tensor) -> tf.Tensor:
+  """Mean over samples of the entropy (nats) of the teacher weights.
+
+  -1/N sum_i sum_k alpha[k, i] log alpha[k, i], with 0 log 0 = 0: 0 when
+  every sample trusts one teacher, log K when the weights are uniform (then
+  DaFKD's eq. 8 is FedDF's plain average). A per-round diagnostic.
+
+  Args:
+    alpha: [K, N] weights, columns summing to 1.
+
+  Returns:
+    Scalar float32.
+  """
+  alpha = tf.cast(alpha, tf.float32)
+  plogp = alpha * tf.math.log(tf.maximum(alpha, _TINY))
+  return -tf.reduce_mean(tf.reduce_sum(plogp, axis=0))
+
+
+def private_teacher_terms(disc_probs_k: tf.Tensor,
+                          logits_k: tf.Tensor,
+                          temperature: float = 1.0
+                          ) -> tuple[tf.Tensor, tf.Tensor]:
+  """What client k uploads in DaFKD's appendix B (discriminator private).
+
+  Args:
+    disc_probs_k: f_k(x_i) on the shared pseudo pool, [N] or [N, 1].
+    logits_k: Client k's classifier logits on the pool, [N, C].
+    temperature: Softmax temperature of the soft predictions s_k.
+
+  Returns:
+    (f_k s_k [N, C], f_k [N]) with s_k = softmax(logits_k / T).
+  """
+  f = _flat(disc_probs_k)
+  probs = tf.nn.softmax(tf.cast(logits_k, tf.float32) / temperature, axis=-1)
+  return f[:, None] * probs, f
+
+
+def private_teacher(sum_fs: tf.Tensor,
+                    sum_f: tf.Tensor,
+                    eps: float = 1e-12,
+                    *,
+                    fallback: tf.Tensor | None = None) -> tf.Tensor:
+  """Server side of appendix B: sum_k f_k s_k / sum_k f_k per sample.
+
+  Equals `weighted_ensemble(logits, correlation_weights(f), ensemble='probs')`
+  without the server seeing any f_k or s_k alone.
+
+  Args:
+    sum_fs: [N, C], the sum over clients of f_k(x_i) s_k(x_i).
+    sum_f: [N], the sum over clients of f_k(x_i).
+    eps: Samples with sum_f <= eps use the fallback.
+    fallback: [N, C] target for those samples, e.g. the plain mean of the
+      clients' soft predictions if they upload it too (then the result equals
+      `correlation_weights`' uniform fallback exactly); default uniform 1/C.
+
+  Returns:
+    [N, C] float32 target probabilities.
+  """
+  sum_fs = tf.cast(sum_fs, tf.float32)
+  sum_f = _flat(sum_f)[:, None]
+  if fallback is None:
+    num_classes = tf.cast(tf.shape(sum_fs)[-1], tf.float32)
+    fallback = tf.ones_like(sum_fs) / num_classes
+  degenerate = sum_f <= eps
+  safe = tf.where(degenerate, tf.ones_like(sum_f), sum_f)
+  return tf.where(degenerate, tf.cast(fallback, tf.float32) + 0.0 * sum_fs,
+                  sum_fs / safe)
+
+
+def _unique(variables) -> list:
+  seen, out = set(), []
+  for v in variables:
+    if v.ref() not in seen:
+      seen.add(v.ref())
+      out.append(v)
+  return out
+
+
+class GanVariables(NamedTuple):
+  """The two variable groups `client_gan_step` updates, in a fixed order.
+
+  Attributes:
+    joint: Classifier trainable variables, then the discriminator's that are
+      not the classifier's (only the head when the extractor is shared).
+    generator: The generator's trainable variables.
+  """
+
+  joint: list
+  generator: list
+
+
+def gan_variables(classifier: classifiers.Classifier,
+                  discriminator: generators.DiscriminatorHead,
+                  generator: tf.keras.Model) -> GanVariables:
+  """The variable groups (and order) of `client_gan_step`'s two updates."""
+  joint = _unique(list(classifier.model.trainable_weights) +
+                  list(discriminator.model.trainable_weights))
+  return GanVariables(joint, list(generator.trainable_weights))
+
+
+def initial_optimizer_state(optimizer: tff.learning.optimizers.Optimizer,
+                            variables: Sequence[tf.Variable],
+                            learning_rate: float | tf.Tensor | None = None):
+  """`optimizer.initialize` for `variables` (optionally setting the lr)."""
+  state = optimizer.initialize(
+      tuple(tf.TensorSpec(v.shape, v.dtype) for v in variables))
+  if learning_rate is not None:
+    hparams = optimizer.get_hparams(state)
+    hparams['learning_rate'] = tf.cast(learning_rate, tf.float32)
+    state = optimizer.set_hparams(state, hparams)
+  return state
+
+
+class GanStepResult(NamedTuple):
+  """What one `client_gan_step` returns (all scalars float32).
+
+  Attributes:
+    joint_state: Optimiser state of the classifier+discriminator update.
+    generator_state: Optimiser state of the generator update.
+    ce_loss: L_k(w), the classifier's cross-entropy on the real batch.
+    disc_loss: L_adv(theta_d), eq. (2), before the update.
+    penalty: The unweighted gradient penalty (0 when `gp_weight` is 0).
+    gen_loss: Eq. (3) loss of the generator step, before its update.
+    real_accuracy: Fraction of the real batch with f(x) > 0.5.
+    fake_accuracy: Fraction of the pseudo batch with f(x_hat) < 0.5.
+  """
+
+  joint_state: object
+  generator_state: object
+  ce_loss: tf.Tensor
+  disc_loss: tf.Tensor
+  penalty: tf.Tensor
+  gen_loss: tf.Tensor
+  real_accuracy: tf.Tensor
+  fake_accuracy: tf.Tensor
+
+
+def _sample_labels(label_probs, num_classes, batch, seed) -> tf.Tensor:
+  if label_probs is None:
+    logits = tf.zeros([1, num_classes])
+  else:
+    probs = tf.reshape(tf.cast(label_probs, tf.float32), [1, -1])
+    logits = tf.math.log(tf.maximum(probs, _TINY))
+  return tf.cast(tf.random.stateless_categorical(
+      logits, batch, seed=seed)[0], tf.int32)
+
+
+def generate(generator: tf.keras.Model,
+             batch_size,
+             *,
+             noise_dim: int,
+             num_classes: int,
+             seed,
+             noise: str = 'gaussian',
+             label_probs: tf.Tensor | None = None,
+             training: bool = False) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+  """A seeded batch from a conditional generator `[noise, labels] -> x`.
+
+  The same seed gives the same (noise, labels), so clients and the server can
+  regenerate the same pseudo pool (DaFKD appendix B).
+
+  Args:
+    generator: A conditional generator with int label input.
+    batch_size: Number of samples (int or scalar tensor).
+    noise_dim: Noise size.
+    num_classes: C.
+    seed: int or shape-[2] stateless seed.
+    noise: 'gaussian' or 'uniform' (`generators.sample_noise`).
+    label_probs: [C] label distribution (default uniform).
+    training: Generator mode (BatchNorm batch statistics when True).
+
+  Returns:
+    (samples, noise [B, noise_dim], labels [B] int32).
+  """
+  seeds = tf.random.experimental.stateless_split(
+      generators._as_seed(seed), 2)  # pylint: disable=protected-access
+  z = generators.sample_noise([batch_size, noise_dim], noise, seeds[0])
+  y = _sample_labels(label_probs, num_classes, batch_size, seeds[1])
+  return generator([z, y], training=training), z, y
+
+
+def client_gan_step(classifier: classifiers.Classifier,
+                    discriminator: generators.DiscriminatorHead,
+                    generator: tf.keras.Model,
+                    real_batch: dict,
+                    *,
+                    joint_optimizer: tff.learning.optimizers.Optimizer,
+                    joint_state,
+                    generator_optimizer: tff.learning.optimizers.Optimizer,
+                    generator_state,
+                    noise_dim: int,
+                    num_classes: int,
+                    seed,
+                    noise: str = 'gaussian',
+                    label_probs: tf.Tensor | None = None,
+                    fake_batch_size: int | None = None,
+                    adv_weight: float = 1.0,
+                    gp_weight: float = 0.0,
+                    generator_form: str = 'minimax',
+                    train_generator: bool = True) -> GanStepResult:
+  """One DaFKD client step: Algorithm 1, lines 20-24.
+
+  1. x_hat = g(z, y) (generator in training mode, no gradient to it);
+  2. one `joint_optimizer` step on `GanVariables.joint` with eq. (9) (plus
+     `gp_weight` times the gradient penalty); the real batch goes through the
+     extractor once, feeding both the classifier's head and the
+     discriminator's when they share it;
+  3. a fresh (z, y) and one `generator_optimizer` step on the generator's
+     variables with eq. (3) (skipped when `train_generator` is False, e.g.
+     after the rounds in which the GAN terms are active).
+
+  Everything runs in training mode, so with a shared BatchNorm extractor the
+  moving statistics also see pseudo batches (as in the reference code);
+  GroupNorm (`norm='group'`) avoids that.
+
+  Optimiser states are passed in and returned (TFF style); create them with
+  `initial_optimizer_state(opt, gan_variables(...).joint)` and `.generator`.
+
+  Args:
+    classifier: The client's `Classifier`.
+    discriminator: Its `DiscriminatorHead` (shared or not).
+    generator: The conditional generator `[noise, labels] -> images`.
+    real_batch: `{'x': images [B, ...], 'y': int labels [B]}`.
+    joint_optimizer: `tff.learning.optimizers` optimizer for eq. (9).
+    joint_state: Its state, over `gan_variables(...).joint`.
+    generator_optimizer: Optimizer for eq. (3).
+    generator_state: Its state, over the generator's trainable variables.
+    noise_dim: Generator noise size.
+    num_classes: C.
+    seed: Shape-[2] (or int) stateless seed of this step; vary it per step.
+    noise: 'gaussian' or 'uniform'.
+    label_probs: [C] distribution of the pseudo labels (default uniform).
+    fake_batch_size: Pseudo samples per step (default: the real batch size).
+    adv_weight: Weight of eq. (2) inside eq. (9).
+    gp_weight: Gradient-penalty weight, a Python float (reference code 0.3;
+      paper 0).
+    generator_form: 'minimax' (eq. 3) or 'non_saturating'.
+    train_generator: Run step 3.
+
+  Returns:
+    A `GanStepResult`.
+  """
+  variables = gan_variables(classifier, discriminator, generator)
+  seeds = tf.random.experimental.stateless_split(
+      generators._as_seed(seed), 3)  # pylint: disable=protected-access
+  x_real = real_batch['x']
+  y_real = real_batch['y']
+  fake_batch = (tf.shape(x_real)[0] if fake_batch_size is None
+                else fake_batch_size)
+  gen_kwargs = dict(noise_dim=noise_dim, num_classes=num_classes, noise=noise,
+                    label_probs=label_probs, training=True)
+  x_fake, _, _ = generate(generator, fake_batch, seed=seeds[0], **gen_kwargs)
+  x_fake = tf.stop_gradient(x_fake)
+
+  with tf.GradientTape() as tape:
+    features = classifier.features(x_real, training=True)
+    logits = classifier.head(features, training=True)
+    if discriminator.extractor is classifier.features:
+      d_real = discriminator.head(features, training=True)
+    else:
+      d_real = discriminator.logit_model(x_real, training=True)
+    d_fake = discriminator.logit_model(x_fake, training=True)
+    ce = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=tf.cast(y_real, tf.int32), logits=logits))
+    disc = discriminator_loss(d_real, d_fake, from_logits=True)
+    loss = ce + adv_weight * disc
+    if gp_weight:
+      if fake_batch_size is not None:
+        raise ValueError('the gradient penalty pairs real and pseudo samples; '
+                         'leave fake_batch_size unset')
+      penalty = gradient_penalty(
+          lambda x: discriminator.model(x, training=True), x_real, x_fake,
+          seeds[2])
+      loss += gp_weight * penalty
+    else:
+      penalty = tf.constant(0.0)
+  grads = tape.gradient(loss, variables.joint)
+  joint_state, updated = joint_optimizer.next(
+      joint_state, tuple(variables.joint), tuple(grads))
+  for variable, value in zip(variables.joint, updated):
+    variable.assign(value)
+
+  gen_loss = tf.constant(0.0)
+  if train_generator:
+    with tf.GradientTape() as tape:
+      x_gen, _, _ = generate(generator, fake_batch, seed=seeds[1],
+                             **gen_kwargs)
+      d_gen = discriminator.logit_model(x_gen, training=True)
+      gen_loss = generator_loss(d_gen, form=generator_form, from_logits=True)
+    grads = tape.gradient(gen_loss, variables.generator)
+    generator_state, updated = generator_optimizer.next(
+        generator_state, tuple(variables.generator), tuple(grads))
+    for variable, value in zip(variables.generator, updated):
+      variable.assign(value)
+
+  real_accuracy = tf.reduce_mean(tf.cast(_flat(d_real) > 0.0, tf.float32))
+  fake_accuracy = tf.reduce_mean(tf.cast(_flat(d_fake) < 0.0, tf.float32))
+  return GanStepResult(joint_state, generator_state, ce, disc, penalty,
+                       gen_loss, real_accuracy, fake_accuracy)
