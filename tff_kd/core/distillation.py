@@ -164,7 +164,7 @@ def _check_temperature(temperature: float) -> None:
     raise ValueError(f'temperature must be > 0, got {temperature}')
 
 
-def _kl_per_example(student_logits: tf.Tensor, target_probs: tf.Tensor,
+def kl_per_example(student_logits: tf.Tensor, target_probs: tf.Tensor,
                     temperature: float) -> tf.Tensor:
   """KL(target || softmax(student / T)) per example (no T^2)."""
   target_probs = tf.cast(target_probs, tf.float32)
@@ -198,7 +198,7 @@ def kd_loss(student_logits: tf.Tensor, target_probs: tf.Tensor,
   _check_temperature(temperature)
   t = tf.cast(temperature, tf.float32)
   return tf.reduce_mean(
-      _kl_per_example(student_logits, target_probs, temperature)) * t * t
+      kl_per_example(student_logits, target_probs, temperature)) * t * t
 
 
 class DropWorstResult(NamedTuple):
@@ -566,7 +566,7 @@ def _distill(student, optimizer, x, targets, config, learning_rate,
     for start in tf.range(0, num_val, batch_size):
       idx = val_idx[start:start + batch_size]
       logits = student(tf.gather(x, idx), training=False)
-      total += tf.reduce_sum(_kl_per_example(
+      total += tf.reduce_sum(kl_per_example(
           logits, val_targets[start:start + batch_size], temperature))
     return total / tf.cast(num_val, tf.float32) * temperature * temperature
 

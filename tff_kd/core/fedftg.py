@@ -166,7 +166,7 @@ def hard_sample_generator_loss(student_logits: tf.Tensor,
     tempered = tf.nn.softmax(
         tf.math.log(tf.maximum(teacher_probs, _TINY)) / temperature, axis=-1)
   # pylint: disable-next=protected-access
-  kl = distillation._kl_per_example(student_logits, tempered, temperature)
+  kl = distillation.kl_per_example(student_logits, tempered, temperature)
   if mask == 'agree':
     weights = tf.cast(tf.equal(
         tf.argmax(student_logits, axis=-1), tf.argmax(teacher_probs, axis=-1)),

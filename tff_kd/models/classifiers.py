@@ -61,7 +61,7 @@ class Classifier(NamedTuple):
   feature_dim: int
 
 
-class _Seeds:
+class InitSeeds:
   """Hands out distinct, deterministic initialiser seeds."""
 
   def __init__(self, seed: int):
@@ -87,14 +87,14 @@ def _norm(norm: str, channels: int) -> tf.keras.layers.Layer:
   return tf.keras.layers.Identity()
 
 
-def _conv(seeds: _Seeds, filters: int, kernel: int, stride: int = 1,
+def _conv(seeds: InitSeeds, filters: int, kernel: int, stride: int = 1,
           norm: str = 'none') -> tf.keras.layers.Conv2D:
   return tf.keras.layers.Conv2D(
       filters, kernel, strides=stride, padding='same',
       use_bias=norm == 'none', kernel_initializer=seeds())
 
 
-def _cnn_features(inputs: tf.Tensor, seeds: _Seeds, norm: str) -> tf.Tensor:
+def _cnn_features(inputs: tf.Tensor, seeds: InitSeeds, norm: str) -> tf.Tensor:
   h = inputs
   for filters in (6, 16):
     h = _conv(seeds, filters, 3, 2, norm)(h)
@@ -105,7 +105,7 @@ def _cnn_features(inputs: tf.Tensor, seeds: _Seeds, norm: str) -> tf.Tensor:
                                kernel_initializer=seeds('glorot'))(h)
 
 
-def _bottleneck(h: tf.Tensor, seeds: _Seeds, planes: int, stride: int,
+def _bottleneck(h: tf.Tensor, seeds: InitSeeds, planes: int, stride: int,
                 norm: str) -> tf.Tensor:
   out_channels = planes * 4
   shortcut = h
@@ -121,7 +121,7 @@ def _bottleneck(h: tf.Tensor, seeds: _Seeds, planes: int, stride: int,
   return tf.keras.layers.ReLU()(tf.keras.layers.Add()([y, shortcut]))
 
 
-def _resnet11_features(inputs: tf.Tensor, seeds: _Seeds,
+def _resnet11_features(inputs: tf.Tensor, seeds: InitSeeds,
                        norm: str) -> tf.Tensor:
   h = _conv(seeds, 16, 3, 1, norm)(inputs)
   h = tf.keras.layers.ReLU()(_norm(norm, 16)(h))
@@ -131,7 +131,7 @@ def _resnet11_features(inputs: tf.Tensor, seeds: _Seeds,
   return tf.keras.layers.GlobalAveragePooling2D()(h)
 
 
-_FeatureFn = Callable[[tf.Tensor, _Seeds, str], tf.Tensor]
+_FeatureFn = Callable[[tf.Tensor, InitSeeds, str], tf.Tensor]
 _ARCHITECTURES: dict[str, _FeatureFn] = {
     'cnn': _cnn_features,
     'resnet11': _resnet11_features,
@@ -163,7 +163,7 @@ def build_classifier(name: str, *, input_shape: Sequence[int],
   if norm not in NORMS:
     raise errors.ConfigError(
         f"model.norm {norm!r} is unknown; choose one of {', '.join(NORMS)}")
-  seeds = _Seeds(seed)
+  seeds = InitSeeds(seed)
   inputs = tf.keras.Input(tuple(input_shape), name='images')
   feature = _ARCHITECTURES[name](inputs, seeds, norm)
   features = tf.keras.Model(inputs, feature, name=f'{name}_features')

@@ -54,7 +54,7 @@ from tff_kd import errors
 from tff_kd.models import classifiers
 # The classifiers' seed dispenser; reused so that generators and
 # discriminator heads are seeded the same way as the classifiers.
-from tff_kd.models.classifiers import _Seeds  # pylint: disable=protected-access
+from tff_kd.models.classifiers import InitSeeds
 
 NOISE_KINDS = ('gaussian', 'uniform')
 LABEL_FORMATS = ('int', 'one_hot')
@@ -156,7 +156,7 @@ def build_image_generator(*,
   if combine not in COMBINES:
     raise errors.ConfigError(
         f"combine {combine!r} is unknown; choose one of {', '.join(COMBINES)}")
-  seeds = _Seeds(seed)
+  seeds = InitSeeds(seed)
   noise = tf.keras.Input((noise_dim,), name='noise')
   labels, one_hot = _label_input(num_classes, label_format)
   label_embedding = tf.keras.layers.Dense(
@@ -205,7 +205,7 @@ def build_feature_generator(*,
   """
   _check_positive(noise_dim=noise_dim, num_classes=num_classes,
                   feature_dim=feature_dim, hidden=hidden)
-  seeds = _Seeds(seed)
+  seeds = InitSeeds(seed)
   noise = tf.keras.Input((noise_dim,), name='noise')
   labels, one_hot = _label_input(num_classes, label_format)
   h = tf.keras.layers.Concatenate()([noise, one_hot])
@@ -284,7 +284,7 @@ def build_discriminator_head(
     raise ValueError('extractor_fn returned the classifier\'s own extractor '
                      'with shared=False')
   feature_dim = int(extractor.output_shape[-1])
-  seeds = _Seeds(seed)
+  seeds = InitSeeds(seed)
   feature_in = tf.keras.Input((feature_dim,), name='features')
   logit = tf.keras.layers.Dense(
       1, kernel_initializer=seeds('glorot'), name='discriminator')(feature_in)
