@@ -40,6 +40,43 @@ def get_config() -> ml_collections.ConfigDict:
       name='sgd', learning_rate=1.0, momentum=0.0))
   c.fedprox = ml_collections.ConfigDict(dict(mu=0.01))
 
+  # Data held by the server (KD methods). Held-out slices are removed from
+  # the training set before it is partitioned, whatever the method, so that
+  # e.g. FedAvg and FedDF runs with the same settings train the same clients.
+  c.server_data = ml_collections.ConfigDict(dict(
+      # '' none | 'split' (an unlabeled slice held out of the training set) |
+      # a dataset name (its training images, resized to the training shape;
+      # labels are dropped), e.g. 'fashion_mnist' or 'usps' for MNIST.
+      proxy='',
+      proxy_size=0,  # Examples in the unlabeled distillation pool.
+      # Labeled examples held out of the training set for the server:
+      # FedDF's drop-worst and the distillation diagnostics.
+      val_size=0,
+  ))
+  # Server-side distillation (tff_kd.core.distillation.DistillConfig).
+  # FedDF's reference: Adam 1e-3, batch 128, up to 10,000 steps with cosine
+  # decay, validation every 100 steps, patience 10 (1,000 steps), clipping
+  # at 5. These defaults are CPU-sized: 200 steps per round.
+  c.distill = ml_collections.ConfigDict(dict(
+      steps=200,
+      batch_size=128,
+      learning_rate=1e-3,  # Adam.
+      temperature=1.0,
+      clip_norm=5.0,
+      val_fraction=0.1,  # Of the pool, for early stopping (0: off).
+      eval_every=50,
+      patience=4,
+      cosine_decay=True,
+      student_training=True,
+  ))
+  c.feddf = ml_collections.ConfigDict(dict(
+      drop_worst=False,  # Needs server_data.val_size > 0.
+      # '' = homogeneous (model.name / model.norm). Otherwise a comma list of
+      # prototypes `name[:norm]`, e.g. 'cnn,resnet11'; client i trains
+      # prototype i % P.
+      prototypes='',
+  ))
+
   c.eval_every = 1
   c.eval_batch_size = 1000
   c.checkpoint_every = 1

@@ -14,7 +14,10 @@ import tensorflow_federated as tff
 
 from tff_kd import errors
 from tff_kd.algorithms import fedavg
+from tff_kd.algorithms import feddf
+from tff_kd.core import distillation
 from tff_kd.federated import learning
+from tff_kd.federated import server_data as server_data_lib
 
 
 class ProcessInputs(NamedTuple):
@@ -26,12 +29,18 @@ class ProcessInputs(NamedTuple):
     num_classes: Number of labels.
     dataset_fn: Optional key -> dataset function; when given, the process's
       clients receive string keys and build their datasets themselves.
+    server_data: The server's proxy pool and validation set, for methods
+      with server-side distillation (`Method.needs_server_data`).
+    prototype_fns: For heterogeneous methods, one model builder per
+      architecture prototype (`model_fn` is the first); empty otherwise.
   """
 
   model_fn: learning.ModelFn
   element_spec: collections.OrderedDict
   num_classes: int
   dataset_fn: Optional[learning.DatasetFn] = None
+  server_data: Optional[server_data_lib.ServerData] = None
+  prototype_fns: tuple[learning.ModelFn, ...] = ()
 
 
 Builder = Callable[[ProcessInputs, ml_collections.ConfigDict],
@@ -39,9 +48,19 @@ Builder = Callable[[ProcessInputs, ml_collections.ConfigDict],
 
 
 class Method(NamedTuple):
+  """A registered method.
+
+  Attributes:
+    name: The `--method` value.
+    build: The builder.
+    description: One line, with the paper.
+    needs_server_data: The builder needs `ProcessInputs.server_data`.
+  """
+
   name: str
   build: Builder
   description: str
+  needs_server_data: bool = False
 
 
 def build_optimizer(
@@ -80,10 +99,38 @@ def _build_fedprox(inputs: ProcessInputs, config: ml_collections.ConfigDict):
       proximal_strength=config.fedprox.mu, **_common(inputs, config))
 
 
+def distill_config(config: ml_collections.ConfigDict
+                   ) -> distillation.DistillConfig:
+  """The `DistillConfig` of `config.distill` (seeded by `config.seed`)."""
+  d = config.distill
+  return distillation.DistillConfig(
+      steps=d.steps, batch_size=d.batch_size, temperature=d.temperature,
+      clip_norm=d.clip_norm, val_fraction=d.val_fraction,
+      eval_every=d.eval_every, patience=d.patience, seed=config.seed,
+      cosine_decay=d.cosine_decay, student_training=d.student_training)
+
+
+def _build_feddf(inputs: ProcessInputs, config: ml_collections.ConfigDict):
+  if inputs.server_data is None:
+    raise errors.ConfigError(
+        'feddf needs a proxy pool: set server_data.proxy (and proxy_size)')
+  return feddf.build_feddf_process(
+      inputs.prototype_fns or (inputs.model_fn,), inputs.element_spec,
+      server_data=inputs.server_data,
+      clients_per_round=config.clients_per_round,
+      distill_optimizer=tff.learning.optimizers.build_adam(
+          learning_rate=config.distill.learning_rate),
+      distill_config=distill_config(config),
+      drop_worst=config.feddf.drop_worst, **_common(inputs, config))
+
+
 METHODS: dict[str, Method] = {
     m.name: m for m in (
         Method('fedavg', _build_fedavg, 'FedAvg (McMahan et al., 2017)'),
         Method('fedprox', _build_fedprox, 'FedProx (Li et al., 2020)'),
+        Method('feddf', _build_feddf,
+               'FedDF ensemble distillation (Lin et al., 2020)',
+               needs_server_data=True),
     )
 }
 

@@ -97,9 +97,8 @@ def build_client_work(
 ) -> tff.templates.MeasuredProcess:
   """Local (proximal) training as a client-work process.
 
-  The client-work state is the round number, placed at the server; it drives
-  the client learning-rate schedule and is checkpointed with the rest of the
-  state, so a resumed run continues the schedule.
+  See `build_scheduled_client_work` for the state (the round number, which
+  drives the learning-rate schedule) and the measurements.
 
   Args:
     model_fn: No-arg callable building the Keras classifier (logits).
@@ -129,22 +128,60 @@ def build_client_work(
         proximal_strength=proximal_strength)
     client_result = tff.learning.templates.ClientResult(
         update=result.weights_delta, update_weight=result.num_examples)
-    measurements = collections.OrderedDict(
-        loss_sum=result.loss_sum,
-        num_examples=result.num_examples,
-        num_steps=tf.cast(result.num_steps, tf.float32))
-    return client_result, measurements
+    return client_result, client_stats(result, bytes_down, bytes_up)
+
+  return build_scheduled_client_work(
+      client_update, learning_rate=learning_rate,
+      learning_rate_decay=learning_rate_decay,
+      sequence_data=dataset_fn is None)
+
+
+def client_stats(result: local_training.LocalResult, bytes_down: tf.Tensor,
+                 bytes_up: tf.Tensor) -> collections.OrderedDict:
+  """The per-client statistics `build_scheduled_client_work` sums up."""
+  return collections.OrderedDict(
+      loss_sum=result.loss_sum,
+      num_examples=result.num_examples,
+      num_steps=tf.cast(result.num_steps, tf.float32),
+      bytes_down=tf.cast(bytes_down, tf.float32),
+      bytes_up=tf.cast(bytes_up, tf.float32))
+
+
+def build_scheduled_client_work(
+    client_update: tff.Computation,
+    *,
+    learning_rate: float,
+    learning_rate_decay: float = 1.0,
+    sequence_data: bool = False,
+) -> tff.templates.MeasuredProcess:
+  """Wraps a per-client TF computation into a client-work process.
+
+  The state is the round number, placed at the server: it sets the round's
+  client learning rate `learning_rate * learning_rate_decay**round` and is
+  checkpointed with the rest of the state, so a resumed run continues the
+  schedule.
+
+  Args:
+    client_update: TF computation `(weights, data, lr) -> (ClientResult,
+      stats)`, with `stats` as made by `client_stats`.
+    learning_rate: Client learning rate at round 0.
+    learning_rate_decay: Multiplicative decay per round.
+    sequence_data: Whether clients receive sequences (then the result is a
+      `tff.learning.templates.ClientWorkProcess`) or keys (a plain
+      `tff.templates.MeasuredProcess`: TFF's ClientWorkProcess only admits
+      sequence data, see tff_kd.federated.composer).
+
+  Returns:
+    The client-work process; its measurements are the summed stats plus the
+    learning rate and the number of clients.
+  """
+  weights_type, data_type, _ = client_update.type_signature.parameter
 
   @tff.tensorflow.computation(np.int32)
   def round_learning_rate(round_num):
     return tf.constant(learning_rate, tf.float32) * tf.pow(
         tf.constant(learning_rate_decay, tf.float32),
         tf.cast(round_num, tf.float32))
-
-  @tff.tensorflow.computation(np.float32)
-  def traffic(num_clients):
-    return collections.OrderedDict(bytes_down=num_clients * bytes_down,
-                                   bytes_up=num_clients * bytes_up)
 
   @tff.tensorflow.computation(np.int32)
   def increment(round_num):
@@ -164,10 +201,9 @@ def build_client_work(
         client_update, (weights, data, tff.federated_broadcast(lr)))
     totals = tff.federated_sum(stats)
     num_clients = tff.federated_sum(tff.federated_value(1.0, tff.CLIENTS))
-    comm = tff.federated_map(traffic, num_clients)
     measurements = tff.federated_zip(collections.OrderedDict(
-        bytes_down=comm.bytes_down,
-        bytes_up=comm.bytes_up,
+        bytes_down=totals.bytes_down,
+        bytes_up=totals.bytes_up,
         train_loss_sum=totals.loss_sum,
         num_examples=totals.num_examples,
         num_steps=totals.num_steps,
@@ -178,11 +214,9 @@ def build_client_work(
         result=client_results,
         measurements=measurements)
 
-  if dataset_fn is not None:
-    # TFF's ClientWorkProcess only admits sequence data; keyed clients use
-    # the plain template (see tff_kd.federated.composer).
-    return tff.templates.MeasuredProcess(init_fn, next_fn)
-  return tff.learning.templates.ClientWorkProcess(init_fn, next_fn)
+  if sequence_data:
+    return tff.learning.templates.ClientWorkProcess(init_fn, next_fn)
+  return tff.templates.MeasuredProcess(init_fn, next_fn)
 
 
 def build_weights_finalizer(

@@ -4,9 +4,12 @@
 
 1. validate the whole config (`validate_config`), then load the dataset and
    partition it: every user error surfaces here, before any TFF computation;
-2. write the clients' arrays once under `root_dir/client_data/<fingerprint>`
-   and compose the method's learning process with the dataset computation
-   that reads them (`tff_kd.federated.client_data`);
+2. hold the server's slices (`server_data`: an unlabeled proxy split and a
+   labeled validation set) out of the training set, whatever the method;
+   write the clients' arrays once under `root_dir/client_data/<fingerprint>`
+   and the server's under `root_dir/server_data/<fingerprint>`, and compose
+   the method's learning process with the dataset computation that reads
+   them (`tff_kd.federated.client_data`, `.server_data`);
 3. resume from the newest checkpoint in `root_dir/checkpoints` (a
    `tff.program.FileProgramStateManager`; no pickle) or initialise from the
    seeded Keras model;
@@ -41,7 +44,9 @@ from tff_kd import data as data_lib
 from tff_kd import errors
 from tff_kd import models
 from tff_kd.algorithms import registry
+from tff_kd.algorithms import feddf as feddf_lib
 from tff_kd.federated import client_data as client_data_lib
+from tff_kd.federated import server_data as server_data_lib
 from tff_kd.program import evaluation
 from tff_kd.program import export
 from tff_kd.program import sampling
@@ -66,6 +71,9 @@ class Experiment(NamedTuple):
     evaluator: Whole-test-set `Evaluator`.
     slice_evaluator: For the FedGen recipe only: evaluation on the union of
       the per-user test slices the reference code reports.
+    server_data: The server's proxy pool / validation set, if configured.
+    prototype_evaluators: For heterogeneous FedDF, whole-test-set
+      evaluators of prototypes 1..P-1 (prototype 0 uses `evaluator`).
   """
 
   config: ml_collections.ConfigDict
@@ -75,6 +83,8 @@ class Experiment(NamedTuple):
   model_fn: registry.learning.ModelFn
   evaluator: evaluation.Evaluator
   slice_evaluator: Optional[evaluation.Evaluator]
+  server_data: Optional[server_data_lib.ServerData] = None
+  prototype_evaluators: tuple[evaluation.Evaluator, ...] = ()
 
 
 class RunResult(NamedTuple):
@@ -133,6 +143,51 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   for key in ('rounds', 'eval_every', 'checkpoint_every', 'eval_batch_size'):
     if config[key] < 1:
       raise errors.ConfigError(f'{key} must be >= 1, got {config[key]}')
+  _validate_server_data(config)
+  prototypes(config)
+  if config.method == 'feddf':
+    registry.distill_config(config).validate()
+
+
+def _validate_server_data(config: ml_collections.ConfigDict) -> None:
+  sd = config.server_data
+  if sd.proxy and sd.proxy != 'split' and sd.proxy not in data_lib.DATASETS:
+    raise errors.ConfigError(
+        f"server_data.proxy {sd.proxy!r} is unknown; choose '', 'split' or "
+        f"one of {', '.join(data_lib.DATASETS)}")
+  if sd.proxy and sd.proxy_size < 1:
+    raise errors.ConfigError(
+        f'server_data.proxy_size must be >= 1, got {sd.proxy_size}')
+  if sd.val_size < 0:
+    raise errors.ConfigError(
+        f'server_data.val_size must be >= 0, got {sd.val_size}')
+  if registry.get_method(config.method).needs_server_data and not sd.proxy:
+    raise errors.ConfigError(
+        f"{config.method} needs a proxy pool: set server_data.proxy ('split' "
+        'or a dataset name) and server_data.proxy_size')
+  if (config.method == 'feddf' and config.feddf.drop_worst and
+      sd.val_size < 1):
+    raise errors.ConfigError(
+        'feddf.drop_worst needs server_data.val_size >= 1 (a labeled '
+        'validation set held out of the training set)')
+
+
+def prototypes(config: ml_collections.ConfigDict) -> list[tuple[str, str]]:
+  """(model name, norm) of each FedDF prototype; [model] if homogeneous."""
+  spec = config.feddf.prototypes.strip() if config.method == 'feddf' else ''
+  if not spec:
+    return [(config.model.name, config.model.norm)]
+  result = []
+  for item in spec.split(','):
+    name, _, norm = item.strip().partition(':')
+    norm = norm or config.model.norm
+    if name not in models.MODELS or norm not in models.NORMS:
+      raise errors.ConfigError(
+          f'feddf.prototypes entry {item.strip()!r} is not model[:norm] with '
+          f"model in {', '.join(models.MODELS)} and norm in "
+          f"{', '.join(models.NORMS)}")
+    result.append((name, norm))
+  return result
 
 
 def _local_work(config: ml_collections.ConfigDict) -> client_data_lib.LocalWork:
@@ -156,10 +211,70 @@ def _partition(config: ml_collections.ConfigDict, dataset: data_lib.Dataset):
 
 
 def _fingerprint(config: ml_collections.ConfigDict) -> str:
-  key = json.dumps(dict(dataset=config.dataset.to_dict(),
-                        partition=config.partition.to_dict(),
-                        seed=config.seed), sort_keys=True)
+  key = dict(dataset=config.dataset.to_dict(),
+             partition=config.partition.to_dict(), seed=config.seed)
+  sd = config.server_data
+  if sd.proxy or sd.val_size:  # Keeps older fingerprints unchanged.
+    key['server_data'] = sd.to_dict()
+  key = json.dumps(key, sort_keys=True)
   return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def _hold_out(config: ml_collections.ConfigDict, dataset: data_lib.Dataset):
+  """Removes the server's slices from the training set.
+
+  Returns:
+    (client dataset, unlabeled proxy images or None, val images, val labels)
+    with the held-out indices drawn by a seeded permutation.
+  """
+  sd = config.server_data
+  n_proxy = sd.proxy_size if sd.proxy == 'split' else 0
+  n_held = n_proxy + sd.val_size
+  if not n_held:
+    return dataset, None, None, None
+  n = len(dataset.y_train)
+  if n_held >= n:
+    raise errors.ConfigError(
+        f'server_data holds out {n_held} training examples but the training '
+        f'set has only {n}')
+  perm = np.random.default_rng([config.seed, 7]).permutation(n)
+  val_idx, proxy_idx, rest = np.split(perm, [sd.val_size, n_held])
+  rest = np.sort(rest)
+  clients = dataset._replace(x_train=dataset.x_train[rest],
+                             y_train=dataset.y_train[rest])
+  proxy = dataset.x_train[proxy_idx] if n_proxy else None
+  val_x = dataset.x_train[val_idx] if sd.val_size else None
+  val_y = dataset.y_train[val_idx] if sd.val_size else None
+  return clients, proxy, val_x, val_y
+
+
+def _server_data(config: ml_collections.ConfigDict,
+                 dataset: data_lib.Dataset, proxy: Optional[np.ndarray],
+                 val_x: Optional[np.ndarray], val_y: Optional[np.ndarray],
+                 directory: str) -> Optional[server_data_lib.ServerData]:
+  """Builds (once) and opens the server's data, or None if not configured."""
+  sd = config.server_data
+  if not sd.proxy:
+    return None
+  try:
+    return server_data_lib.ServerData(directory)
+  except errors.DataError:
+    pass
+  if sd.proxy != 'split':
+    other = data_lib.load_dataset(
+        sd.proxy,
+        data_dir=os.path.expanduser(config.dataset.data_dir) or None,
+        manual_dir=config.dataset.manual_dir or None,
+        image_shape=dataset.x_train.shape[1:])
+    if sd.proxy_size > len(other.x_train):
+      raise errors.ConfigError(
+          f'server_data.proxy_size={sd.proxy_size} is more than the '
+          f'{len(other.x_train)} training images of {sd.proxy}')
+    idx = np.random.default_rng([config.seed, 8]).permutation(
+        len(other.x_train))[:sd.proxy_size]
+    proxy = other.x_train[np.sort(idx)]
+  return server_data_lib.ServerData.create(directory, proxy, val_x, val_y,
+                                           proxy_name=sd.proxy)
 
 
 def prepare(config: ml_collections.ConfigDict, root_dir: str) -> Experiment:
@@ -182,23 +297,32 @@ def prepare(config: ml_collections.ConfigDict, root_dir: str) -> Experiment:
       data_dir=os.path.expanduser(config.dataset.data_dir) or None,
       manual_dir=config.dataset.manual_dir or None,
       train_limit=config.dataset.train_limit or None)
+  dataset, proxy, val_x, val_y = _hold_out(config, dataset)
   parts, test_slices = _partition(config, dataset)
 
   data_dir = os.path.join(root_dir, 'client_data', _fingerprint(config))
+  server = _server_data(
+      config, dataset, proxy, val_x, val_y,
+      os.path.join(root_dir, 'server_data', _fingerprint(config)))
   if os.path.exists(os.path.join(data_dir, 'manifest.json')):
     clients = client_data_lib.FileClientData(data_dir)
   else:
     clients = client_data_lib.FileClientData.create(
         data_dir, dataset.x_train, dataset.y_train, parts)
 
-  model_fn = functools.partial(
-      lambda **kw: models.build_classifier(**kw).model,
-      name=config.model.name, input_shape=dataset.x_train.shape[1:],
-      num_classes=dataset.num_classes, norm=config.model.norm,
-      seed=config.seed)
+  protos = prototypes(config)
+  model_fns = tuple(
+      functools.partial(
+          lambda **kw: models.build_classifier(**kw).model,
+          name=name, input_shape=dataset.x_train.shape[1:],
+          num_classes=dataset.num_classes, norm=norm, seed=config.seed)
+      for name, norm in protos)
+  model_fn = model_fns[0]
   inputs = registry.ProcessInputs(
       model_fn, clients.element_spec, dataset.num_classes,
-      dataset_fn=clients.dataset_fn(_local_work(config)))
+      dataset_fn=clients.dataset_fn(_local_work(config)),
+      server_data=server,
+      prototype_fns=model_fns if len(model_fns) > 1 else ())
   process = method.build(inputs, config)
 
   evaluator = evaluation.Evaluator(model_fn(), dataset.x_test, dataset.y_test,
@@ -209,8 +333,12 @@ def prepare(config: ml_collections.ConfigDict, root_dir: str) -> Experiment:
     slice_evaluator = evaluation.Evaluator(
         model_fn(), dataset.x_test[idx], dataset.y_test[idx],
         batch_size=config.eval_batch_size)
+  prototype_evaluators = tuple(
+      evaluation.Evaluator(fn(), dataset.x_test, dataset.y_test,
+                           batch_size=config.eval_batch_size)
+      for fn in model_fns[1:])
   return Experiment(config, dataset, clients, process, model_fn, evaluator,
-                    slice_evaluator)
+                    slice_evaluator, server, prototype_evaluators)
 
 
 def _check_resumable(config: ml_collections.ConfigDict, root_dir: str) -> None:
@@ -270,7 +398,7 @@ def _load_or_initialize(exp: Experiment,
 def _round_metrics(output, config) -> dict[str, Any]:
   cw = output.metrics['client_work']
   examples = float(cw['num_examples'])
-  return {
+  metrics = {
       'train/loss': float(cw['train_loss_sum']) / max(examples, 1.0),
       'train/num_examples': examples,
       'train/num_steps': float(cw['num_steps']),
@@ -279,6 +407,12 @@ def _round_metrics(output, config) -> dict[str, Any]:
       'comm/bytes_up': float(cw['bytes_up']),
       'clients_per_round': config.clients_per_round,
   }
+  # Server-side distillation reports under `distill/` (FedDF's finalizer).
+  finalizer = output.metrics.get('finalizer')
+  if isinstance(finalizer, dict):
+    for key, value in finalizer.items():
+      metrics[f'distill/{key}'] = float(value)
+  return metrics
 
 
 def _release(manager: tff.program.ReleaseManager, value: dict,
@@ -347,6 +481,10 @@ def run(config: ml_collections.ConfigDict, root_dir: str, *,
       weights = exp.process.get_model_weights(state)
       result = exp.evaluator(weights)
       metrics['test/loss'], metrics['test/accuracy'] = result
+      if exp.prototype_evaluators:
+        others = feddf_lib.prototype_weights(state)[1:]
+        for p, (ev, w) in enumerate(zip(exp.prototype_evaluators, others), 1):
+          metrics[f'test/accuracy_p{p}'] = ev(w).accuracy
       if exp.slice_evaluator is not None:
         sliced = exp.slice_evaluator(weights)
         metrics['test_slices/accuracy'] = sliced.accuracy
@@ -366,6 +504,10 @@ def run(config: ml_collections.ConfigDict, root_dir: str, *,
   weights = exp.process.get_model_weights(state)
   final = dict(round=config.rounds)
   final['test/loss'], final['test/accuracy'] = exp.evaluator(weights)
+  if exp.prototype_evaluators:
+    others = feddf_lib.prototype_weights(state)[1:]
+    for p, (ev, w) in enumerate(zip(exp.prototype_evaluators, others), 1):
+      final[f'test/accuracy_p{p}'] = ev(w).accuracy
   export_dir = None
   if config.export:
     model = exp.model_fn()

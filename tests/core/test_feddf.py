@@ -1,0 +1,169 @@
+"""FedDF's pure-TF fusion maths, eagerly (no TFF context involved).
+
+The same functions run inside the TFF process; tests/algorithms/test_feddf.py
+checks that the process reproduces them.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_kd import errors
+from tff_kd.core import distillation
+from tff_kd.core import feddf
+
+ModelWeights = tff.learning.models.ModelWeights
+
+
+def _np_softmax(z):
+  e = np.exp(z - z.max(-1, keepdims=True))
+  return e / e.sum(-1, keepdims=True)
+
+
+def _spec(*shape, dtype=tf.float32):
+  return tf.TensorSpec(shape, dtype)
+
+
+def test_stack_accumulates_rows_in_order_and_merges():
+  specs = dict(a=_spec(2), b=_spec(dtype=tf.int32))
+  values = [dict(a=np.array([i, -i], np.float32), b=np.int32(10 + i))
+            for i in range(1, 4)]
+  sequential = feddf.empty_stack(specs, 4)
+  for i, v in enumerate(values):
+    sequential = feddf.stack_accumulate(sequential, v, float(i + 1))
+  assert int(sequential.count) == 3
+  np.testing.assert_array_equal(sequential.values['a'],
+                                [[1, -1], [2, -2], [3, -3], [0, 0]])
+  np.testing.assert_array_equal(sequential.values['b'], [11, 12, 13, 0])
+  np.testing.assert_array_equal(sequential.weights, [1, 2, 3, 0])
+  # Two partial stacks (as TFF's merge sees them) concatenate in order.
+  first = feddf.stack_accumulate(feddf.empty_stack(specs, 4), values[0], 1.)
+  second = feddf.empty_stack(specs, 4)
+  for i, v in enumerate(values[1:], 2):
+    second = feddf.stack_accumulate(second, v, float(i))
+  merged = feddf.stack_merge(first, second)
+  tf.nest.map_structure(np.testing.assert_array_equal, merged, sequential)
+
+
+def test_stack_overflow_is_a_clear_error():
+  stack = feddf.empty_stack(_spec(1), 1)
+  stack = feddf.stack_accumulate(stack, np.ones([1], np.float32), 1.0)
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match='more clients than the 1 teacher slots'):
+    feddf.stack_accumulate(stack, np.ones([1], np.float32), 1.0)
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match='more clients than the 1 teacher slots'):
+    feddf.stack_merge(stack, stack)
+  with pytest.raises(errors.ConfigError, match='>= 1 slot'):
+    feddf.empty_stack(_spec(1), 0)
+
+
+@pytest.mark.parametrize('weights,valid,expected', [
+    ([1.0, 3.0, 5.0], [True, True, False], [0.25, 0.75, 0.0]),
+    # All valid weights zero: uniform over the valid rows, never 0/0.
+    ([0.0, 0.0, 5.0], [True, True, False], [0.5, 0.5, 0.0]),
+    # No client of this prototype: all zero, no NaN.
+    ([1.0, 2.0, 3.0], [False, False, False], [0.0, 0.0, 0.0]),
+])
+def test_prototype_alpha(weights, valid, expected):
+  alpha = feddf.prototype_alpha(tf.constant(weights), tf.constant(valid))
+  np.testing.assert_allclose(alpha, expected, atol=1e-7)
+
+
+def test_average_update_keeps_statistics_without_clients():
+  deltas = ModelWeights([np.array([[1.0], [3.0]], np.float32)],
+                        [np.array([[10.0], [20.0]], np.float32)])
+  fallback = [np.array([7.0], np.float32)]
+  mean = feddf.average_update(deltas, tf.constant([0.25, 0.75]), fallback)
+  np.testing.assert_allclose(mean.trainable[0], [2.5])
+  np.testing.assert_allclose(mean.non_trainable[0], [17.5])
+  none = feddf.average_update(deltas, tf.zeros([2]), fallback)
+  np.testing.assert_allclose(none.trainable[0], [0.0])
+  np.testing.assert_allclose(none.non_trainable[0], [7.0])
+
+
+def test_avg_logits_target_is_softmax_of_mean_kept_logits():
+  rng = np.random.default_rng(0)
+  logits = rng.normal(size=(3, 5, 4)).astype(np.float32)
+  kept = np.array([True, False, True])
+  target = feddf.avg_logits_target(logits, kept)
+  np.testing.assert_allclose(
+      target, _np_softmax(logits[kept].mean(0)), rtol=1e-5, atol=1e-6)
+  hot = feddf.avg_logits_target(logits, kept, temperature=2.0)
+  np.testing.assert_allclose(
+      hot, _np_softmax(logits[kept].mean(0) / 2.0), rtol=1e-5, atol=1e-6)
+
+
+def test_teacher_count_mismatch_is_a_clear_error():
+  with pytest.raises(errors.ConfigError,
+                     match="teacher count mismatch: 3 teachers' logits but 2"):
+    feddf.avg_logits_target(np.zeros((3, 5, 4), np.float32), [True, True])
+
+
+def test_drop_worst_drops_a_random_guess_teacher():
+  labels = np.array([0, 1, 2, 0, 1, 2])
+  good = np.eye(3)[labels] * 5.0  # 100% accurate.
+  constant = np.tile([5.0, 0.0, 0.0], (6, 1))  # 1/3 = random guess.
+  logits = np.stack([good, constant, good, constant]).astype(np.float32)
+  # Row 2 is a good model but holds no client this round.
+  valid = np.array([True, True, False, True])
+  selection = feddf.select_teachers(valid, logits, labels, drop_worst=True)
+  np.testing.assert_array_equal(selection.kept, [True, False, False, False])
+  np.testing.assert_allclose(selection.val_accuracy, [1, 1 / 3, 0, 1 / 3],
+                             rtol=1e-6)
+  kept_all = feddf.select_teachers(valid, logits, labels, drop_worst=False)
+  np.testing.assert_array_equal(kept_all.kept, valid)
+  # Every valid teacher at random guess: all valid ones are kept.
+  only_bad = feddf.select_teachers([False, True, False, True], logits,
+                                   labels, drop_worst=True)
+  np.testing.assert_array_equal(only_bad.kept, [False, True, False, True])
+  with pytest.raises(errors.ConfigError, match='validation set'):
+    feddf.select_teachers(valid, None, None, drop_worst=True)
+
+
+def _linear(kernel) -> tf.keras.Model:
+  inputs = tf.keras.Input((kernel.shape[0],))
+  return tf.keras.Model(inputs, tf.keras.layers.Dense(
+      kernel.shape[1], use_bias=False,
+      kernel_initializer=tf.keras.initializers.Constant(kernel))(inputs))
+
+
+def test_fuse_distills_the_avg_logits_of_valid_teachers():
+  rng = np.random.default_rng(1)
+  g = rng.normal(size=(3, 4)).astype(np.float32)
+  d = rng.normal(size=(3, 3, 4)).astype(np.float32)
+  d[2] = 0.0  # An empty slot.
+  pool = rng.normal(size=(32, 3)).astype(np.float32)
+  # Not the average: for linear teachers AVGLOGITS equals the averaged
+  # model's logits, so distilling into the average would have zero loss.
+  start = ModelWeights([g + 0.2 * d[0]], [])
+  proto = feddf.Prototype(
+      student=_linear(g), teacher=_linear(g),
+      global_weights=ModelWeights([g], []),
+      deltas=ModelWeights([d], []),
+      valid=tf.constant([True, True, False]), start_weights=start)
+  config = distillation.DistillConfig(steps=20, batch_size=8, seed=3,
+                                      eval_every=5)
+  optimizer = tff.learning.optimizers.build_adam(0.05)
+  result = feddf.fuse([proto], optimizer, pool, config)
+  # The same distillation done by hand with the numpy AVGLOGITS target.
+  target = _np_softmax(np.mean([pool @ (g + d[k]) for k in (0, 1)], 0))
+  student = _linear(start.trainable[0])
+  expected = distillation.distill(student, optimizer, pool, target, config)
+  np.testing.assert_allclose(result.weights[0].trainable[0],
+                             expected.weights.trainable[0], rtol=1e-4,
+                             atol=1e-5)
+  assert int(result.num_teachers) == 2 and int(result.teachers_kept) == 2
+  assert int(result.distill[0].steps_run) == 20
+  assert float(result.distill[0].last_loss) < float(
+      result.distill[0].first_loss)
+  assert float(result.distill_seconds) > 0
+  assert float(result.ensemble_val_accuracy) == -1.0  # No validation set.
+
+
+def test_pool_shape_mismatch_is_a_data_error():
+  with pytest.raises(errors.DataError,
+                     match=r'proxy dataset images have shape \(16, 16, 1\) '
+                     r'but the model expects \(28, 28, 1\)'):
+    feddf.check_pool_shape((16, 16, 1), (28, 28, 1))

@@ -1,0 +1,120 @@
+"""`train --method=feddf` in-process on digits: heterogeneous end to end.
+
+Also the FedDF config checks, which all fail before any compute.
+"""
+
+import glob
+import json
+import os
+
+import pytest
+import tensorflow_federated as tff
+
+from configs import feddf_mnist
+from configs import feddf_mnist_hetero
+from tests.conftest import SHARED_DATA
+from tests.program.test_experiment import _config
+from tff_kd import data as data_lib
+from tff_kd import errors
+from tff_kd import models
+from tff_kd.program import evaluation
+from tff_kd.program import experiment
+
+
+def _feddf_config(**overrides):
+  base = {
+      'method': 'feddf', 'clients_per_round': 4,
+      'server_data.proxy': 'split', 'server_data.proxy_size': 300,
+      'server_data.val_size': 100, 'feddf.drop_worst': True,
+      'distill.steps': 40, 'distill.batch_size': 64,
+      'distill.eval_every': 10, 'export': False,
+  }
+  base.update(overrides)
+  return _config(**base)
+
+
+@pytest.mark.parametrize('overrides,match', [
+    ({'server_data.proxy': ''}, 'feddf needs a proxy pool'),
+    ({'server_data.proxy': 'nodata'}, "server_data.proxy 'nodata' is unknown"),
+    ({'server_data.proxy_size': 0}, 'proxy_size must be >= 1, got 0'),
+    ({'server_data.val_size': 0}, 'drop_worst needs server_data.val_size'),
+    ({'distill.steps': 0}, 'distillation steps must be an integer >= 1, '
+                           'got 0'),
+    ({'feddf.prototypes': 'cnn,vgg'}, "prototypes entry 'vgg' is not"),
+    ({'feddf.prototypes': 'cnn:layer'}, "prototypes entry 'cnn:layer'"),
+])
+def test_bad_feddf_settings_fail_before_compute(tmp_path, overrides, match):
+  with pytest.raises(errors.ConfigError, match=match):
+    experiment.run(_feddf_config(**overrides), str(tmp_path), progress=False)
+  assert not os.listdir(tmp_path)
+
+
+def test_holding_out_more_than_the_training_set(tmp_path):
+  c = _feddf_config(**{'server_data.proxy_size': 5000})
+  with pytest.raises(errors.ConfigError, match='holds out 5100 training'):
+    experiment.run(c, str(tmp_path), progress=False)
+
+
+def test_shipped_feddf_configs_validate():
+  for module in (feddf_mnist, feddf_mnist_hetero):
+    experiment.validate_config(module.get_config())
+  c = feddf_mnist_hetero.get_config()
+  assert experiment.prototypes(c) == [('cnn', 'batch'), ('resnet11', 'batch')]
+
+
+def test_other_dataset_as_proxy_is_resized_and_unlabeled(tmp_path):
+  manual = os.path.join(SHARED_DATA, 'usps')
+  if not os.path.exists(os.path.join(manual, 'usps.h5')):
+    pytest.skip('usps.h5 is not available')
+  c = _feddf_config(**{'server_data.proxy': 'usps',
+                       'server_data.proxy_size': 50,
+                       'dataset.manual_dir': manual,
+                       'dataset.data_dir': str(tmp_path / 'tfds')})
+  digits = data_lib.load_dataset('digits')
+  clients, proxy, val_x, val_y = experiment._hold_out(c, digits)  # pylint: disable=protected-access
+  assert proxy is None  # Nothing of the training set goes to the pool ...
+  assert len(val_y) == 100  # ... only the labeled validation slice.
+  assert len(clients.y_train) == len(digits.y_train) - 100
+  server = experiment._server_data(  # pylint: disable=protected-access
+      c, clients, proxy, val_x, val_y, str(tmp_path / 'server'))
+  assert server.pool_size == 50 and server.image_shape == (8, 8, 1)
+  assert server.proxy_name == 'usps' and server.val_size == 100
+  assert not os.path.exists(tmp_path / 'server' / 'pool.y')
+
+
+def test_heterogeneous_feddf_run_improves_both_prototypes(tmp_path):
+  c = _feddf_config(**{'feddf.prototypes': 'cnn:batch,cnn:group',
+                       'rounds': 3})
+  result = experiment.run(c, str(tmp_path), progress=False)
+  digits = data_lib.load_dataset('digits')
+  start = []
+  for norm in ('batch', 'group'):
+    model = models.build_classifier('cnn', input_shape=(8, 8, 1),
+                                    num_classes=10, norm=norm,
+                                    seed=c.seed).model
+    evaluator = evaluation.Evaluator(model, digits.x_test, digits.y_test)
+    start.append(evaluator(_weights(model)).accuracy)
+  final = result.final
+  assert final['test/accuracy'] > start[0] + 0.2, (start, final)
+  assert final['test/accuracy_p1'] > start[1] + 0.2, (start, final)
+  last = result.history[-1]
+  assert last['distill/num_teachers'] == 4
+  assert 1 <= last['distill/teachers_kept'] <= 4
+  assert last['distill/steps_p0'] >= 10 and last['distill/steps_p1'] >= 10
+  assert last['distill/samples_per_second'] > 0
+  assert last['distill/num_clients_p0'] + last['distill/num_clients_p1'] == 4
+  assert 0 <= last['distill/ensemble_val_accuracy'] <= 1
+  # The server's 400 examples are held out of the clients' data.
+  [manifest] = glob.glob(os.path.join(tmp_path, 'client_data', '*',
+                                      'manifest.json'))
+  with open(manifest) as f:
+    assert sum(json.load(f)['num_examples']) == len(digits.y_train) - 400
+  with open(os.path.join(tmp_path, 'metrics.csv')) as f:
+    header = f.readline()
+  assert 'distill/samples_per_second' in header and 'test/accuracy_p1' in header
+
+
+def _weights(model):
+  return tff.learning.models.ModelWeights(
+      trainable=[v.numpy() for v in model.trainable_weights],
+      non_trainable=[v.numpy() for v in model.non_trainable_weights])

@@ -1,0 +1,183 @@
+"""FedDF as a TFF learning process (homogeneous and heterogeneous models).
+
+Lin, Kong, Stich, Jaggi, "Ensemble Distillation for Robust Model Fusion in
+Federated Learning", NeurIPS 2020: FedAvg's round, then server-side ensemble
+distillation of all received client models (AVGLOGITS, optional
+drop-worst) on an unlabeled proxy pool into each architecture prototype's
+averaged model. This module only validates and wires the stages of
+`tff_kd.federated.feddf` (data flow of one round: see there).
+
+State: `tff.learning.templates.LearningAlgorithmState` whose
+`global_model_weights` is a tuple of one `ModelWeights` per prototype (one
+element for homogeneous FedDF). `get_model_weights` / `set_model_weights`
+must use a single `ModelWeights` (TFF's signature, and what the program's
+evaluation and export consume), so they read and write the *first*
+prototype's model; read every prototype's model with `prototype_weights`.
+"""
+
+import collections
+from typing import Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_kd import errors
+from tff_kd.core import distillation
+from tff_kd.core import feddf as feddf_tf
+from tff_kd.federated import composer
+from tff_kd.federated import feddf as feddf_tff
+from tff_kd.federated import learning
+from tff_kd.federated import server_data as server_data_lib
+
+
+def build_feddf_process(
+    model_fns: Sequence[learning.ModelFn],
+    element_spec: collections.OrderedDict,
+    *,
+    server_data: server_data_lib.ServerData,
+    clients_per_round: int,
+    client_optimizer: tff.learning.optimizers.Optimizer,
+    server_optimizer: tff.learning.optimizers.Optimizer,
+    distill_optimizer: tff.learning.optimizers.Optimizer,
+    distill_config: distillation.DistillConfig,
+    learning_rate: float,
+    learning_rate_decay: float = 1.0,
+    drop_worst: bool = False,
+    dataset_fn: Optional[learning.DatasetFn] = None,
+) -> tff.learning.templates.LearningProcess:
+  """Builds FedDF with one or several architecture prototypes.
+
+  Args:
+    model_fns: One no-arg Keras classifier builder per prototype (logits);
+      client i trains prototype i % len(model_fns). All must have the same
+      input shape and number of classes.
+    element_spec: Batch structure of the client datasets.
+    server_data: The server's proxy pool (and labeled validation set).
+    clients_per_round: M, the most clients per round (teacher slots).
+    client_optimizer: Client `tff.learning.optimizers` optimizer.
+    server_optimizer: Applied to each prototype's mean delta before
+      distillation (`build_sgdm(1.0)`: the plain average, as in FedDF).
+    distill_optimizer: Student optimiser (FedDF: Adam, lr 1e-3).
+    distill_config: Distillation settings (steps, batch, T, clipping, early
+      stopping, cosine decay).
+    learning_rate: Client learning rate at round 0 (> 0).
+    learning_rate_decay: Client lr multiplier per round, in (0, 1].
+    drop_worst: Drop teachers at or below random-guess accuracy on the
+      server validation set (needs `server_data.val_size > 0`).
+    dataset_fn: Key -> dataset function (required for several prototypes).
+
+  Returns:
+    A `tff.learning.templates.LearningProcess`.
+
+  Raises:
+    ConfigError: bad settings (e.g. zero distillation steps).
+    DataError: proxy images whose shape does not match the models.
+  """
+  model_fns = tuple(model_fns)
+  if not model_fns:
+    raise errors.ConfigError('feddf needs at least one model prototype')
+  if not 0 < learning_rate:
+    raise errors.ConfigError(
+        f'client learning rate must be > 0, got {learning_rate}')
+  if not 0 < learning_rate_decay <= 1:
+    raise errors.ConfigError('client learning-rate decay must be in (0, 1], '
+                             f'got {learning_rate_decay}')
+  if not isinstance(clients_per_round, int) or clients_per_round < 1:
+    raise errors.ConfigError(
+        f'clients_per_round must be >= 1, got {clients_per_round!r}')
+  distill_config.validate()
+  if len(model_fns) > 1 and dataset_fn is None:
+    raise errors.ConfigError(
+        'heterogeneous feddf needs keyed client data (dataset_fn): a '
+        "client's prototype is its id modulo the number of prototypes")
+  if drop_worst and not server_data.val_size:
+    raise errors.ConfigError(
+        'feddf.drop_worst needs a labeled server validation set '
+        '(server_data.val_size > 0)')
+  _check_prototypes(model_fns, server_data)
+
+  client_work = feddf_tff.build_prototype_client_work(
+      model_fns, element_spec, client_optimizer,
+      learning_rate=learning_rate, learning_rate_decay=learning_rate_decay,
+      dataset_fn=dataset_fn)
+  update_type = client_work.next.type_signature.result.result.member.update
+  aggregator = feddf_tff.build_stacking_aggregator(update_type,
+                                                   clients_per_round)
+  stack_type = aggregator.next.type_signature.result.result.member
+  finalizer = feddf_tff.build_fusion_finalizer(
+      model_fns, stack_type, server_optimizer, distill_optimizer,
+      server_data, distill_config, drop_worst=drop_worst)
+  weights_type = feddf_tff.prototypes_weights_type(model_fns)
+  process = composer.compose_learning_process(
+      feddf_tff.build_initial_weights_fn(model_fns),
+      tff.learning.templates.build_broadcast_process(weights_type),
+      client_work, aggregator, finalizer)
+  return _first_prototype_view(process)
+
+
+def _check_prototypes(model_fns, server_data) -> None:
+  """Input shapes and class counts of the prototypes and the proxy pool."""
+  shapes, classes = [], []
+  with tf.Graph().as_default():
+    for fn in model_fns:
+      model = fn()
+      shapes.append(tuple(model.input_shape[1:]))
+      classes.append(model.output_shape[-1])
+  if len(set(shapes)) > 1 or len(set(classes)) > 1:
+    raise errors.ConfigError(
+        f'feddf prototypes must share input shape and classes, got input '
+        f'shapes {shapes} and {classes} classes')
+  feddf_tf.check_pool_shape(server_data.image_shape, shapes[0])
+
+
+def _first_prototype_view(
+    process: tff.learning.templates.LearningProcess
+) -> tff.learning.templates.LearningProcess:
+  """The same process whose get/set_model_weights see prototype 0 only."""
+  state_type = process.initialize.type_signature.result.member
+  state_cls = tff.learning.templates.LearningAlgorithmState
+  first_type = state_type.global_model_weights[0]
+
+  @tff.tensorflow.computation(state_type)
+  def get_model_weights(state):
+    return state.global_model_weights[0]
+
+  @tff.tensorflow.computation(state_type, first_type)
+  def set_model_weights(state, weights):
+    others = tuple(state.global_model_weights[1:])
+    return state_cls((weights,) + others, state.distributor,
+                     state.client_work, state.aggregator, state.finalizer)
+
+  return tff.learning.templates.LearningProcess(
+      process.initialize, process.next, get_model_weights, set_model_weights)
+
+
+def prototype_weights(state) -> list[tff.learning.models.ModelWeights]:
+  """Every prototype's global `ModelWeights` from a FedDF process state."""
+  return [
+      tff.learning.models.ModelWeights(
+          trainable=list(w.trainable), non_trainable=list(w.non_trainable))
+      for w in state.global_model_weights
+  ]
+
+
+def with_prototype_weights(
+    state, weights: Sequence[tff.learning.models.ModelWeights]):
+  """A state whose prototypes' models are replaced by `weights` (in order).
+
+  `process.set_model_weights` only reaches prototype 0; this rebuilds the
+  Python state for all of them.
+  """
+  current = list(state.global_model_weights)
+  if len(weights) != len(current):
+    raise errors.ConfigError(
+        f'{len(weights)} weights given for {len(current)} prototypes')
+  new = tuple(
+      tff.learning.models.ModelWeights(
+          trainable=[np.asarray(v) for v in w.trainable],
+          non_trainable=[np.asarray(v) for v in w.non_trainable])
+      for w in weights)
+  return tff.learning.templates.LearningAlgorithmState(
+      new, state.distributor, state.client_work, state.aggregator,
+      state.finalizer)

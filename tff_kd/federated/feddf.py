@@ -1,0 +1,348 @@
+"""TFF stages of FedDF: prototype client work, teacher stack, fusion finalizer.
+
+FedDF (Lin et al., "Ensemble Distillation for Robust Model Fusion in
+Federated Learning", NeurIPS 2020, Algorithms 1 and 3). One round, with P
+architecture prototypes (P = 1 is the homogeneous Algorithm 1):
+
+1. distributor: broadcast the P global models, a struct of P `ModelWeights`
+   (in a real deployment a client downloads only its own prototype's model;
+   `bytes_down` counts that);
+2. client work (`build_prototype_client_work`): a client's prototype is
+   `int(client_id) % P` (from its key `"<id>|<seed>|<round>"`); it trains
+   that prototype with `local_training.train_locally` and returns a struct of
+   P deltas, zero for the other prototypes (trained on an empty dataset),
+   plus its prototype index, weighted by its number of examples;
+3. aggregator (`build_stacking_aggregator`): a `tff.federated_aggregate`
+   whose accumulator is a fixed-size [M, ...] stack (M = clients per round):
+   each client's update lands in its own row (`tff_kd.core.feddf.Stack`),
+   so the server receives every client model, not only their mean;
+4. finalizer (`build_fusion_finalizer`), a server TF computation: per
+   prototype, the example-weighted mean delta of its clients is applied with
+   the server optimiser (SGD lr 1: FedAvg's average x_{t,0}^P); the proxy
+   pool and the labeled validation set are read from files
+   (`ServerData`); every received client model is a teacher; the AVGLOGITS
+   target (optionally after drop-worst) is distilled into each prototype's
+   student (`tff_kd.core.feddf.fuse`, which calls
+   `tff_kd.core.distillation.distill`).
+
+Why a stack and not one-hot slots in a federated sum, or summed predictions
+on a broadcast batch: the stack sends each model once, sums nothing it does
+not need, and keeps teacher evaluation at the server, where the proxy pool
+is; `tff.federated_aggregate` runs in TFF's local C++ context (checked in
+tests/federated/test_feddf.py), so no key-encoded slot index is needed. Its
+size is fixed when the process is built: more clients than M fail with a
+clear error; fewer leave zero rows that are masked out.
+"""
+
+import collections
+import functools
+from typing import Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_kd.core import distillation
+from tff_kd.core import feddf as feddf_tf
+from tff_kd.core import local_training
+from tff_kd.federated import learning
+from tff_kd.federated import server_data as server_data_lib
+
+ModelFn = learning.ModelFn
+ModelWeights = tff.learning.models.ModelWeights
+
+
+def prototypes_weights_type(model_fns: Sequence[ModelFn]) -> tff.Type:
+  """TFF type of the server model: one `ModelWeights` per prototype."""
+  with tf.Graph().as_default():
+    weights = tuple(local_training.model_weights(fn()) for fn in model_fns)
+  return learning.spec_to_type(weights)
+
+
+def build_initial_weights_fn(model_fns: Sequence[ModelFn]) -> tff.Computation:
+  """A no-arg TFF computation returning every prototype's initial weights."""
+
+  @tff.tensorflow.computation
+  def initial_weights():
+    return tuple(local_training.model_weights(fn()) for fn in model_fns)
+
+  return initial_weights
+
+
+def prototype_of_key(key: tf.Tensor, num_prototypes: int) -> tf.Tensor:
+  """A client's prototype, `int(client_id) % P`, from its data key."""
+  client_id = tf.strings.split(key, '|')[0]
+  return tf.cast(tf.strings.to_number(client_id, tf.int64) % num_prototypes,
+                 tf.int32)
+
+
+def build_prototype_client_work(
+    model_fns: Sequence[ModelFn],
+    element_spec: collections.OrderedDict,
+    client_optimizer: tff.learning.optimizers.Optimizer,
+    *,
+    learning_rate: float,
+    learning_rate_decay: float = 1.0,
+    dataset_fn: Optional[learning.DatasetFn] = None,
+) -> tff.templates.MeasuredProcess:
+  """Local training of each client's own prototype.
+
+  Same schedule, measurements and state (the round number) as
+  `tff_kd.federated.learning.build_client_work`. The update is
+  `{'deltas': (ModelWeights,) * P, 'prototype': int32}`; the deltas of the
+  prototypes a client does not train are zero.
+
+  Args:
+    model_fns: One model builder per prototype.
+    element_spec: Batch structure of the client datasets.
+    client_optimizer: A `tff.learning.optimizers` optimizer.
+    learning_rate: Client learning rate at round 0.
+    learning_rate_decay: Multiplicative decay per round.
+    dataset_fn: Key -> dataset function. Without it clients receive
+      sequences and every client trains prototype 0 (only P = 1 allowed).
+
+  Returns:
+    A `tff.templates.MeasuredProcess` (clients take keys, or sequences).
+  """
+  num_prototypes = len(model_fns)
+  if dataset_fn is None and num_prototypes > 1:
+    raise ValueError('several prototypes need keyed client data '
+                     '(dataset_fn), which tells each client its prototype')
+  weights_type = prototypes_weights_type(model_fns)
+  data_type = learning.client_data_type(element_spec, dataset_fn)
+  # What a real client moves: its own prototype down; it, its weight and its
+  # prototype index up.
+  sizes = [float(learning.payload_bytes(t)) for t in weights_type]
+  extra_up = 2 * np.dtype(np.float32).itemsize
+
+  @tff.tensorflow.computation(weights_type, data_type, np.float32)
+  def client_update(weights, data, lr):
+    if dataset_fn is None:
+      dataset, prototype = data, tf.constant(0, tf.int32)
+    else:
+      dataset = dataset_fn(data)
+      prototype = prototype_of_key(data, num_prototypes)
+    results = []
+    for p, model_fn in enumerate(model_fns):
+      # take(-1) is the whole dataset, take(0) none: a zero delta.
+      count = tf.where(tf.equal(prototype, p), tf.constant(-1, tf.int64),
+                       tf.constant(0, tf.int64))
+      results.append(local_training.train_locally(
+          model_fn(), client_optimizer, weights[p], dataset.take(count), lr))
+    num_examples = tf.add_n([r.num_examples for r in results])
+    update = collections.OrderedDict(
+        deltas=tuple(r.weights_delta for r in results), prototype=prototype)
+    model_bytes = tf.gather(tf.constant(sizes, tf.float32), prototype)
+    total = local_training.LocalResult(
+        weights_delta=None, num_examples=num_examples,
+        loss_sum=tf.add_n([r.loss_sum for r in results]),
+        num_steps=tf.add_n([r.num_steps for r in results]))
+    return (tff.learning.templates.ClientResult(
+        update=update, update_weight=num_examples),
+            learning.client_stats(total, model_bytes, model_bytes + extra_up))
+
+  return learning.build_scheduled_client_work(
+      client_update, learning_rate=learning_rate,
+      learning_rate_decay=learning_rate_decay)
+
+
+def _specs(type_spec: tff.Type):
+  """`tf.TensorSpec` structure (with Python containers) of a TFF type."""
+  return tf.nest.map_structure(
+      lambda t: tf.TensorSpec(t.shape, t.dtype),
+      tff.types.type_to_tf_tensor_specs(type_spec))
+
+
+def build_stacking_aggregator(
+    value_type: tff.Type, num_slots: int) -> tff.templates.AggregationProcess:
+  """Collects every client's value (and weight) into a [M, ...] stack.
+
+  A `tff.federated_aggregate` with `tff_kd.core.feddf.stack_accumulate` /
+  `stack_merge`; the result at the server is a `tff_kd.core.feddf.Stack`.
+
+  Args:
+    value_type: Unplaced type of one client's value.
+    num_slots: M, the most clients one round may have.
+
+  Returns:
+    A weighted `tff.templates.AggregationProcess` (stateless); its
+    measurement is the number of clients stacked.
+  """
+  specs = _specs(value_type)
+  feddf_tf.empty_stack(specs, num_slots)  # Validates num_slots.
+
+  @tff.tensorflow.computation
+  def zeros():
+    return feddf_tf.empty_stack(specs, num_slots)
+
+  stack_type = zeros.type_signature.result
+
+  @tff.tensorflow.computation(
+      stack_type, tff.types.StructWithPythonType(
+          [value_type, tff.TensorType(np.float32)], tuple))
+  def accumulate(stack, value_and_weight):
+    value, weight = value_and_weight
+    return feddf_tf.stack_accumulate(feddf_tf.Stack(*stack), value, weight)
+
+  @tff.tensorflow.computation(stack_type, stack_type)
+  def merge(first, second):
+    return feddf_tf.stack_merge(feddf_tf.Stack(*first),
+                                feddf_tf.Stack(*second))
+
+  @tff.tensorflow.computation(stack_type)
+  def report(stack):
+    return stack
+
+  @tff.tensorflow.computation(stack_type)
+  def count_of(stack):
+    return stack[2]
+
+  @tff.federated_computation
+  def init_fn():
+    return tff.federated_value((), tff.SERVER)
+
+  @tff.federated_computation(
+      init_fn.type_signature.result,
+      tff.FederatedType(value_type, tff.CLIENTS),
+      tff.FederatedType(np.float32, tff.CLIENTS))
+  def next_fn(state, value, weight):
+    stack = tff.federated_aggregate(
+        tff.federated_zip((value, weight)), zeros(), accumulate, merge,
+        report)
+    return tff.templates.MeasuredProcessOutput(
+        state=state, result=stack,
+        measurements=tff.federated_map(count_of, stack))
+
+  return tff.templates.AggregationProcess(init_fn, next_fn)
+
+
+
+def _select(condition: tf.Tensor, new: tf.Tensor, old: tf.Tensor) -> tf.Tensor:
+  return tf.where(condition, new, old)
+
+
+def _prototype_suffix(p: int, num_prototypes: int) -> str:
+  return '' if num_prototypes == 1 else f'_p{p}'
+
+
+def build_fusion_finalizer(
+    model_fns: Sequence[ModelFn],
+    stack_type: tff.Type,
+    server_optimizer: tff.learning.optimizers.Optimizer,
+    distill_optimizer: tff.learning.optimizers.Optimizer,
+    server_data: server_data_lib.ServerData,
+    config: distillation.DistillConfig,
+    *,
+    drop_worst: bool,
+) -> tff.templates.MeasuredProcess:
+  """Averages within each prototype, then distills all teachers into each.
+
+  State: one server-optimiser state per prototype. Measurements (per round):
+  `num_teachers`, `teachers_kept` (after drop-worst), `teacher_val_accuracy`
+  (mean over received teachers), `ensemble_val_accuracy` (AVGLOGITS), the
+  wall `teacher_seconds` and `distill_seconds`, `samples_per_second` of the
+  distillation loops, and per prototype (suffix `_p<i>` when P > 1)
+  `num_clients`, `steps`, `first_loss`, `last_loss`,
+  `val_accuracy_before` / `val_accuracy_after` of its student (-1 without a
+  validation set).
+
+  Args:
+    model_fns: One model builder per prototype.
+    stack_type: Unplaced type of the `Stack` the aggregator reports.
+    server_optimizer: Applies each prototype's mean delta (SGD lr 1 gives
+      FedAvg's average, FedDF's starting point).
+    distill_optimizer: Student optimiser (FedDF: Adam 1e-3); fresh state
+      every round.
+    server_data: The proxy pool and validation set, read from files in the
+      computation.
+    config: Distillation settings (validated).
+    drop_worst: Apply drop-worst (needs a validation set).
+
+  Returns:
+    A `tff.templates.MeasuredProcess` with the finalizer signature.
+  """
+  num_prototypes = len(model_fns)
+  weights_type = prototypes_weights_type(model_fns)
+  num_slots = int(stack_type[1].shape[0])
+  trainable_specs = [tuple(_specs(t.trainable)) for t in weights_type]
+  n_train = server_data.pool_size
+  if config.val_fraction > 0:
+    n_train -= max(1, int(np.floor(config.val_fraction *
+                                   server_data.pool_size)))
+  samples_per_step = float(min(config.batch_size, n_train))
+
+  @tff.tensorflow.computation
+  def init_tf():
+    return tuple(server_optimizer.initialize(s) for s in trainable_specs)
+
+  opt_state_type = init_tf.type_signature.result
+
+  @tff.tensorflow.computation(opt_state_type, weights_type, stack_type)
+  def fuse_tf(opt_states, global_weights, stack):
+    stack = feddf_tf.Stack(*stack)
+    filled = tf.range(num_slots) < stack.count
+    prototypes, new_states, num_clients = [], [], []
+    for p, model_fn in enumerate(model_fns):
+      g = global_weights[p]
+      deltas = stack.values['deltas'][p]
+      valid = tf.logical_and(filled,
+                             tf.equal(stack.values['prototype'], p))
+      alpha = feddf_tf.prototype_alpha(stack.weights, valid)
+      mean = feddf_tf.average_update(deltas, alpha, g.non_trainable)
+      state, trainable = server_optimizer.next(
+          opt_states[p], tuple(g.trainable),
+          tuple(-u for u in mean.trainable))
+      # No client of this prototype: keep its model and optimiser state.
+      any_client = tf.reduce_any(valid)
+      keep = functools.partial(_select, any_client)
+      new_states.append(tf.nest.map_structure(keep, state, opt_states[p]))
+      start = ModelWeights(
+          [keep(t, o) for t, o in zip(trainable, g.trainable)],
+          list(mean.non_trainable))
+      prototypes.append(feddf_tf.Prototype(
+          student=model_fn(), teacher=model_fn(), global_weights=g,
+          deltas=deltas, valid=valid, start_weights=start))
+      num_clients.append(tf.reduce_sum(tf.cast(valid, tf.float32)))
+    validation = server_data.read_validation()
+    val_x, val_y = validation if validation is not None else (None, None)
+    result = feddf_tf.fuse(prototypes, distill_optimizer,
+                           server_data.read_pool(), config, val_x=val_x,
+                           val_y=val_y, drop_worst=drop_worst)
+    steps = [tf.cast(r.steps_run, tf.float32) for r in result.distill]
+    metrics = collections.OrderedDict(
+        num_teachers=tf.cast(result.num_teachers, tf.float32),
+        teachers_kept=tf.cast(result.teachers_kept, tf.float32),
+        teacher_val_accuracy=result.teacher_val_accuracy,
+        ensemble_val_accuracy=result.ensemble_val_accuracy,
+        teacher_seconds=result.teacher_seconds,
+        distill_seconds=result.distill_seconds,
+        samples_per_second=tf.add_n(steps) * samples_per_step / tf.maximum(
+            result.distill_seconds, 1e-6))
+    for p in range(num_prototypes):
+      sfx = _prototype_suffix(p, num_prototypes)
+      r = result.distill[p]
+      metrics[f'num_clients{sfx}'] = num_clients[p]
+      metrics[f'steps{sfx}'] = steps[p]
+      metrics[f'first_loss{sfx}'] = r.first_loss
+      metrics[f'last_loss{sfx}'] = r.last_loss
+      metrics[f'val_accuracy_before{sfx}'] = (
+          result.student_val_accuracy_before[p])
+      metrics[f'val_accuracy_after{sfx}'] = (
+          result.student_val_accuracy_after[p])
+    return tuple(new_states), tuple(result.weights), metrics
+
+  @tff.federated_computation
+  def init_fn():
+    return tff.federated_eval(init_tf, tff.SERVER)
+
+  @tff.federated_computation(
+      tff.FederatedType(opt_state_type, tff.SERVER),
+      tff.FederatedType(weights_type, tff.SERVER),
+      tff.FederatedType(stack_type, tff.SERVER))
+  def next_fn(opt_states, weights, stack):
+    new_states, new_weights, metrics = tff.federated_map(
+        fuse_tf, (opt_states, weights, stack))
+    return tff.templates.MeasuredProcessOutput(
+        state=new_states, result=new_weights, measurements=metrics)
+
+  return tff.templates.MeasuredProcess(init_fn, next_fn)
