@@ -49,16 +49,9 @@ MASKS = ('agree', 'none')
 _TINY = float(np.finfo(np.float32).tiny)
 
 
-def class_ensemble_weights(label_counts: tf.Tensor) -> tf.Tensor:
-  """alpha[k, c] = n_{k,c} / sum_j n_{j,c}; uniform 1/K where sum_j n_{j,c} = 0.
-
-  Args:
-    label_counts: [K, C] non-negative per-client label counts.
-
-  Returns:
-    [K, C] float32, columns summing to 1.
-  """
-  return distillation.normalize_weights(tf.cast(label_counts, tf.float32))
+# FedFTG's class-level ensemble weights n_{k,c} / sum_j n_{j,c} (uniform 1/K
+# where no client holds class c) are FedGen's label-count weights.
+class_ensemble_weights = fedgen.label_weights
 
 
 def customized_label_sampling(label_counts: tf.Tensor, batch_size,

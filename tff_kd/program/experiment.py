@@ -415,6 +415,19 @@ def _round_metrics(output, config) -> dict[str, Any]:
   return metrics
 
 
+def _evaluate(exp: Experiment, state) -> dict[str, float]:
+  """Whole-test-set loss and accuracy of the global model (and of every
+  other FedDF prototype)."""
+  metrics = {}
+  metrics['test/loss'], metrics['test/accuracy'] = exp.evaluator(
+      exp.process.get_model_weights(state))
+  if exp.prototype_evaluators:
+    others = feddf_lib.prototype_weights(state)[1:]
+    for p, (ev, w) in enumerate(zip(exp.prototype_evaluators, others), 1):
+      metrics[f'test/accuracy_p{p}'] = ev(w).accuracy
+  return metrics
+
+
 def _release(manager: tff.program.ReleaseManager, value: dict,
              key: int) -> None:
   asyncio.run(manager.release(value, key=key))
@@ -478,15 +491,9 @@ def run(config: ml_collections.ConfigDict, root_dir: str, *,
     last = round_num + 1 == config.rounds
     if (round_num + 1) % config.eval_every == 0 or last:
       t0 = time.perf_counter()
-      weights = exp.process.get_model_weights(state)
-      result = exp.evaluator(weights)
-      metrics['test/loss'], metrics['test/accuracy'] = result
-      if exp.prototype_evaluators:
-        others = feddf_lib.prototype_weights(state)[1:]
-        for p, (ev, w) in enumerate(zip(exp.prototype_evaluators, others), 1):
-          metrics[f'test/accuracy_p{p}'] = ev(w).accuracy
+      metrics.update(_evaluate(exp, state))
       if exp.slice_evaluator is not None:
-        sliced = exp.slice_evaluator(weights)
+        sliced = exp.slice_evaluator(exp.process.get_model_weights(state))
         metrics['test_slices/accuracy'] = sliced.accuracy
       metrics['time/eval_s'] = time.perf_counter() - t0
 
@@ -502,12 +509,11 @@ def run(config: ml_collections.ConfigDict, root_dir: str, *,
   bar.close()
 
   weights = exp.process.get_model_weights(state)
-  final = dict(round=config.rounds)
-  final['test/loss'], final['test/accuracy'] = exp.evaluator(weights)
-  if exp.prototype_evaluators:
-    others = feddf_lib.prototype_weights(state)[1:]
-    for p, (ev, w) in enumerate(zip(exp.prototype_evaluators, others), 1):
-      final[f'test/accuracy_p{p}'] = ev(w).accuracy
+  # The last round is always evaluated; only a run that had no round left
+  # to train evaluates here.
+  final = dict(round=config.rounds, **(
+      {k: v for k, v in history[-1].items() if k.startswith('test/')}
+      if history else _evaluate(exp, state)))
   export_dir = None
   if config.export:
     model = exp.model_fn()
