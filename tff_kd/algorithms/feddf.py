@@ -113,7 +113,7 @@ def build_feddf_process(
       feddf_tff.build_initial_weights_fn(model_fns),
       tff.learning.templates.build_broadcast_process(weights_type),
       client_work, aggregator, finalizer)
-  return _first_prototype_view(process)
+  return composer.first_model_view(process)
 
 
 def _check_prototypes(model_fns, server_data) -> None:
@@ -129,28 +129,6 @@ def _check_prototypes(model_fns, server_data) -> None:
         f'feddf prototypes must share input shape and classes, got input '
         f'shapes {shapes} and {classes} classes')
   feddf_tf.check_pool_shape(server_data.image_shape, shapes[0])
-
-
-def _first_prototype_view(
-    process: tff.learning.templates.LearningProcess
-) -> tff.learning.templates.LearningProcess:
-  """The same process whose get/set_model_weights see prototype 0 only."""
-  state_type = process.initialize.type_signature.result.member
-  state_cls = tff.learning.templates.LearningAlgorithmState
-  first_type = state_type.global_model_weights[0]
-
-  @tff.tensorflow.computation(state_type)
-  def get_model_weights(state):
-    return state.global_model_weights[0]
-
-  @tff.tensorflow.computation(state_type, first_type)
-  def set_model_weights(state, weights):
-    others = tuple(state.global_model_weights[1:])
-    return state_cls((weights,) + others, state.distributor,
-                     state.client_work, state.aggregator, state.finalizer)
-
-  return tff.learning.templates.LearningProcess(
-      process.initialize, process.next, get_model_weights, set_model_weights)
 
 
 def prototype_weights(state) -> list[tff.learning.models.ModelWeights]:

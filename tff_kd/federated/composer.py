@@ -80,3 +80,40 @@ def compose_learning_process(
 
   return tff.learning.templates.LearningProcess(
       init_fn, next_fn, get_model_weights, set_model_weights)
+
+
+def first_model_view(
+    process: tff.learning.templates.LearningProcess
+) -> tff.learning.templates.LearningProcess:
+  """The same process whose get/set_model_weights see only the first model.
+
+  For processes whose `global_model_weights` is a tuple whose element 0 is
+  the classifier's `ModelWeights` and whose other elements are further
+  server models: FedDF's other architecture prototypes, DaFKD's and FedGen's
+  global generators. TFF's tooling (evaluation, program logic, export) reads
+  and writes a single classifier through `get_model_weights` /
+  `set_model_weights`; the other elements are carried unchanged.
+
+  Args:
+    process: A process composed by `compose_learning_process` with a tuple
+      of models as its global model.
+
+  Returns:
+    A `LearningProcess` with the same `initialize` and `next`.
+  """
+  state_type = process.initialize.type_signature.result.member
+  state_cls = tff.learning.templates.LearningAlgorithmState
+  first_type = state_type.global_model_weights[0]
+
+  @tff.tensorflow.computation(state_type)
+  def get_model_weights(state):
+    return state.global_model_weights[0]
+
+  @tff.tensorflow.computation(state_type, first_type)
+  def set_model_weights(state, weights):
+    others = tuple(state.global_model_weights[1:])
+    return state_cls((weights,) + others, state.distributor,
+                     state.client_work, state.aggregator, state.finalizer)
+
+  return tff.learning.templates.LearningProcess(
+      process.initialize, process.next, get_model_weights, set_model_weights)

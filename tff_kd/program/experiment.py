@@ -145,8 +145,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
       raise errors.ConfigError(f'{key} must be >= 1, got {config[key]}')
   _validate_server_data(config)
   prototypes(config)
-  if config.method == 'feddf':
-    registry.distill_config(config).validate()
+  registry.distill_config(config).validate()
 
 
 def _validate_server_data(config: ml_collections.ConfigDict) -> None:
@@ -407,12 +406,28 @@ def _round_metrics(output, config) -> dict[str, Any]:
       'comm/bytes_up': float(cw['bytes_up']),
       'clients_per_round': config.clients_per_round,
   }
-  # Server-side distillation reports under `distill/` (FedDF's finalizer).
+  # Method-specific client measurements (e.g. DaFKD's discriminator
+  # accuracy) report under `client/`.
+  for key, value in cw.items():
+    if key not in _STANDARD_CLIENT_METRICS and _is_scalar(value):
+      metrics[f'client/{key}'] = float(value)
+  # Server-side stages (distillation, generator training) report under
+  # `distill/`.
   finalizer = output.metrics.get('finalizer')
   if isinstance(finalizer, dict):
     for key, value in finalizer.items():
-      metrics[f'distill/{key}'] = float(value)
+      if _is_scalar(value):
+        metrics[f'distill/{key}'] = float(value)
   return metrics
+
+
+_STANDARD_CLIENT_METRICS = frozenset((
+    'num_examples', 'train_loss_sum', 'num_steps', 'learning_rate',
+    'bytes_down', 'bytes_up'))
+
+
+def _is_scalar(value) -> bool:
+  return np.ndim(value) == 0 and not isinstance(value, (dict, str, bytes))
 
 
 def _evaluate(exp: Experiment, state) -> dict[str, float]:
