@@ -13,6 +13,7 @@ import ml_collections
 import tensorflow_federated as tff
 
 from tff_kd import errors
+from tff_kd import models
 from tff_kd.algorithms import fedavg
 from tff_kd.algorithms import feddf
 from tff_kd.core import distillation
@@ -33,6 +34,12 @@ class ProcessInputs(NamedTuple):
       with server-side distillation (`Method.needs_server_data`).
     prototype_fns: For heterogeneous methods, one model builder per
       architecture prototype (`model_fn` is the first); empty otherwise.
+    classifier_fn: No-arg callable building the same classifier as
+      `model_fn` as a `tff_kd.models.Classifier` (model plus its
+      shared-variable feature extractor and head), for methods that use the
+      feature space (DaFKD, FedD3A, FedGen).
+    num_clients: K, the number of clients of the federation (e.g. for
+      per-client state kept at the server); 0 if unknown.
   """
 
   model_fn: learning.ModelFn
@@ -41,6 +48,8 @@ class ProcessInputs(NamedTuple):
   dataset_fn: Optional[learning.DatasetFn] = None
   server_data: Optional[server_data_lib.ServerData] = None
   prototype_fns: tuple[learning.ModelFn, ...] = ()
+  classifier_fn: Optional[Callable[[], models.Classifier]] = None
+  num_clients: int = 0
 
 
 Builder = Callable[[ProcessInputs, ml_collections.ConfigDict],

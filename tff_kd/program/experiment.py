@@ -317,11 +317,17 @@ def prepare(config: ml_collections.ConfigDict, root_dir: str) -> Experiment:
           num_classes=dataset.num_classes, norm=norm, seed=config.seed)
       for name, norm in protos)
   model_fn = model_fns[0]
+  classifier_fn = functools.partial(
+      models.build_classifier, protos[0][0],
+      input_shape=dataset.x_train.shape[1:], num_classes=dataset.num_classes,
+      norm=protos[0][1], seed=config.seed)
   inputs = registry.ProcessInputs(
       model_fn, clients.element_spec, dataset.num_classes,
       dataset_fn=clients.dataset_fn(_local_work(config)),
       server_data=server,
-      prototype_fns=model_fns if len(model_fns) > 1 else ())
+      prototype_fns=model_fns if len(model_fns) > 1 else (),
+      classifier_fn=classifier_fn,
+      num_clients=config.partition.num_clients)
   process = method.build(inputs, config)
 
   evaluator = evaluation.Evaluator(model_fn(), dataset.x_test, dataset.y_test,
