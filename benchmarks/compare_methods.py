@@ -1,0 +1,276 @@
+r"""All methods on one MNIST setting, several seeds, resumable.
+
+The comparison that the DaFKD paper's Table 1 makes (Wang et al., CVPR 2023)
+and that the FedDF, FedGen and FedFTG issues ask for: every method (and
+ablation) starts from `configs/compare_mnist.py` (MNIST, 20 clients, 8 per
+round, Dir(0.1), the small CNN, 30 rounds, 10 local epochs), so all train
+the same clients with the same seeds, client samples and local work. A
+variant is a method plus config overrides (`VARIANTS`).
+
+Each (variant, seed) run is written to `<out>/runs/<variant>_s<seed>.json`
+as soon as it ends, and runs already there are skipped, so the script can
+be re-invoked to add methods or seeds, or to continue after an
+interruption; `<out>/summary.{json,md}` is rebuilt from all run files each
+time. The summary reports, per variant, mean +- std over seeds of the final
+test accuracy and of the mean of the last 5 rounds, the mean curve, seconds
+per round (`process.next`, round 1 excluded: it traces), and the
+method-specific server metrics.
+
+Usage (about 3-8 minutes per variant and seed on 2 CPU cores):
+  TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python -m benchmarks.compare_methods \
+      --manual_dir=../shared/data/mnist --seeds=0,1,2 \
+      --variants=fedavg,feddf
+"""
+
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+
+from tff_kd.program import context  # pylint: disable=g-import-not-at-top
+from tff_kd.program import experiment
+
+from absl import app  # pylint: disable=g-bad-import-order
+from absl import flags
+import tensorflow as tf
+
+from configs import compare_mnist
+
+# variant -> (method, config overrides as dotted keys).
+VARIANTS: dict[str, tuple[str, dict]] = {
+    'fedavg': ('fedavg', {}),
+    'fedprox': ('fedprox', {}),
+    'feddf': ('feddf', {}),
+    'dafkd': ('dafkd', {}),
+    'dafkd_no_sharing': ('dafkd', {'dafkd.no_sharing': True}),
+    'dafkd_no_correlation': ('dafkd', {'dafkd.no_correlation': True}),
+    'fedgen': ('fedgen', {}),
+    'fedftg': ('fedftg', {}),
+}
+
+_MANUAL_DIR = flags.DEFINE_string('manual_dir', '../shared/data/mnist',
+                                  'Raw MNIST IDX files.')
+_DATA_DIR = flags.DEFINE_string('data_dir', '~/tensorflow_datasets',
+                                'tfds data_dir.')
+_SEEDS = flags.DEFINE_list('seeds', ['0', '1', '2'], 'Seeds.')
+_VARIANTS = flags.DEFINE_list('variants', ['fedavg', 'feddf'],
+                              f'Variants, from: {", ".join(VARIANTS)}.')
+_ROUNDS = flags.DEFINE_integer('rounds', None,
+                               'Rounds (default: the config\'s).')
+_OVERRIDES = flags.DEFINE_list(
+    'overrides', [], 'Extra key=value config overrides for every variant '
+    '(e.g. local.amount=2 for a smoke test); recorded in the summary.')
+_ROOT = flags.DEFINE_string('root_dir', '', 'Run folders (default: temp).')
+_OUT = flags.DEFINE_string('out', 'benchmarks/results/compare_mnist',
+                           'Result folder.')
+
+
+def _parse(value: str):
+  for cast in (int, float):
+    try:
+      return cast(value)
+    except ValueError:
+      pass
+  return {'true': True, 'false': False}.get(value.lower(), value)
+
+
+def _set(config, dotted: str, value) -> None:
+  *path, key = dotted.split('.')
+  node = config
+  for p in path:
+    node = node[p]
+  if key not in node:
+    raise KeyError(f'config key {dotted!r} does not exist')
+  node[key] = value
+
+
+def make_config(variant: str, seed: int, rounds=None, overrides=()):
+  """The config of one (variant, seed) run."""
+  method, own = VARIANTS[variant]
+  c = compare_mnist.get_config()
+  c.method = method
+  c.seed = seed
+  if rounds:
+    c.rounds = rounds
+    c.checkpoint_every = rounds
+  c.dataset.manual_dir = _MANUAL_DIR.value
+  c.dataset.data_dir = _DATA_DIR.value
+  for key, value in own.items():
+    _set(c, key, value)
+  for item in overrides:
+    key, _, value = item.partition('=')
+    _set(c, key, _parse(value))
+  return c
+
+
+def _mean(values) -> float:
+  values = list(values)
+  return statistics.fmean(values) if values else float('nan')
+
+
+def _std(values) -> float:
+  values = list(values)
+  return statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def _run_one(variant: str, seed: int, root: str) -> dict:
+  config = make_config(variant, seed, _ROUNDS.value, _OVERRIDES.value)
+  t0 = time.perf_counter()
+  run = experiment.run(config, os.path.join(root, f'{variant}_s{seed}'),
+                       progress=False)
+  h = run.history
+  times = [x['time/train_s'] for x in h]
+  server = {}
+  for key in h[-1]:
+    if key.startswith(('distill/', 'client/')):
+      server[key] = [x.get(key, float('nan')) for x in h]
+  return dict(
+      variant=variant, method=config.method, seed=seed,
+      config=config.to_dict(),
+      accuracy=[x['test/accuracy'] for x in h],
+      train_loss=[x['train/loss'] for x in h],
+      final_accuracy=run.final['test/accuracy'],
+      seconds_per_round=_mean(times[1:] or times),
+      first_round_seconds=times[0],
+      wall_seconds=time.perf_counter() - t0,
+      metrics=server)
+
+
+def summarize(runs: list[dict]) -> dict:
+  """Mean +- std over seeds per variant, from run records."""
+  by_variant: dict[str, list[dict]] = {}
+  for r in runs:
+    by_variant.setdefault(r['variant'], []).append(r)
+  summary = {}
+  for variant, rs in by_variant.items():
+    rs.sort(key=lambda r: r['seed'])
+    if any('error' in r for r in rs):
+      summary[variant] = dict(
+          seeds=[r['seed'] for r in rs],
+          errors=[r.get('error', '') for r in rs])
+      continue
+    finals = [r['final_accuracy'] for r in rs]
+    last5 = [_mean(r['accuracy'][-5:]) for r in rs]
+    n = min(len(r['accuracy']) for r in rs)
+    summary[variant] = dict(
+        seeds=[r['seed'] for r in rs],
+        final_mean=_mean(finals), final_std=_std(finals), finals=finals,
+        last5_mean=_mean(last5), last5_std=_std(last5),
+        curve=[_mean(r['accuracy'][i] for r in rs) for i in range(n)],
+        seconds_per_round=_mean(r['seconds_per_round'] for r in rs),
+        server_metrics={
+            k: _mean(_mean(v for v in r['metrics'][k] if math.isfinite(v))
+                     for r in rs)
+            for k in rs[0]['metrics']})
+  return summary
+
+
+def markdown(summary: dict, meta: dict) -> str:
+  lines = [
+      '# Method comparison on MNIST (benchmarks/compare_methods.py)', '',
+      meta['setting'], '',
+      f"Commands: {'; '.join(f'`{c}`' for c in meta['commands'])}. "
+      f"Machine: {meta['machine']}.", '',
+      '| variant | seeds | final test acc (mean ± std) | last-5 mean '
+      '(mean ± std) | s/round |', '|---|---|---|---|---|']
+  for variant, s in summary.items():
+    if 'errors' in s:
+      lines.append(f"| {variant} | {s['seeds']} | failed: "
+                   f"{s['errors'][0][:80]} | | |")
+      continue
+    finals = ', '.join(f'{f:.4f}' for f in s['finals'])
+    lines.append(
+        f"| {variant} | {','.join(map(str, s['seeds']))} | "
+        f"{100 * s['final_mean']:.2f} ± {100 * s['final_std']:.2f} "
+        f"({finals}) | {100 * s['last5_mean']:.2f} ± "
+        f"{100 * s['last5_std']:.2f} | {s['seconds_per_round']:.1f} |")
+  ok = {v: s for v, s in summary.items() if 'curve' in s}
+  if ok:
+    n = min(len(s['curve']) for s in ok.values())
+    lines += ['', '## Mean test accuracy per round (over seeds)', '',
+              '| round | ' + ' | '.join(ok) + ' |',
+              '|---' * (1 + len(ok)) + '|']
+    for i in range(n):
+      lines.append(f'| {i + 1} | ' + ' | '.join(
+          f"{s['curve'][i]:.4f}" for s in ok.values()) + ' |')
+    lines += ['', '## Server / client metrics (mean over rounds and seeds)',
+              '']
+    for variant, s in ok.items():
+      if s['server_metrics']:
+        items = ', '.join(f'{k} {v:.4g}'
+                          for k, v in sorted(s['server_metrics'].items()))
+        lines.append(f'* {variant}: {items}')
+  return '\n'.join(lines) + '\n'
+
+
+def main(argv):
+  del argv
+  unknown = [v for v in _VARIANTS.value if v not in VARIANTS]
+  if unknown:
+    raise app.UsageError(f'unknown variants {unknown}; choose from '
+                         f'{", ".join(VARIANTS)}')
+  context.set_local_context()
+  root = _ROOT.value or tempfile.mkdtemp(prefix='compare_')
+  run_dir = os.path.join(_OUT.value, 'runs')
+  os.makedirs(run_dir, exist_ok=True)
+  command = ' '.join(['python -m benchmarks.compare_methods'] + sys.argv[1:])
+  meta_path = os.path.join(_OUT.value, 'meta.json')
+  meta = dict(commands=[], machine=(
+      f'{platform.processor() or platform.machine()}, {os.cpu_count()} '
+      f'cores, TF {tf.__version__}'))
+  if os.path.exists(meta_path):
+    with open(meta_path) as f:
+      meta = json.load(f)
+  meta['commands'].append(command)
+  c = make_config('fedavg', 0, _ROUNDS.value, _OVERRIDES.value)
+  meta['setting'] = (
+      f'MNIST (first {c.dataset.train_limit} training images), '
+      f'{c.partition.num_clients} clients, {c.clients_per_round} per round, '
+      f'Dir({c.partition.alpha}), model {c.model.name}, {c.local.amount} '
+      f'local {c.local.unit} (SGD lr {c.client_optimizer.learning_rate}, '
+      f'batch {c.local.batch_size}), {c.rounds} rounds; server pool '
+      f'{c.server_data.proxy_size} unlabeled + {c.server_data.val_size} '
+      f'labeled images held out of every method\'s client data. Extra '
+      f'overrides: {_OVERRIDES.value or "none"}.')
+  with open(meta_path, 'w') as f:
+    json.dump(meta, f, indent=2)
+
+  for variant in _VARIANTS.value:
+    for seed in map(int, _SEEDS.value):
+      path = os.path.join(run_dir, f'{variant}_s{seed}.json')
+      if os.path.exists(path):
+        continue
+      try:
+        record = _run_one(variant, seed, root)
+      except Exception as e:  # pylint: disable=broad-except
+        # One failing variant must not lose the others' results.
+        traceback.print_exc()
+        record = dict(variant=variant, seed=seed,
+                      error=f'{type(e).__name__}: {e}'.splitlines()[0])
+      with open(path, 'w') as f:
+        json.dump(record, f, indent=2)
+      print(f"{variant} seed {seed}: "
+            f"{record.get('final_accuracy', record.get('error'))}",
+            flush=True)
+
+  runs = []
+  for name in sorted(os.listdir(run_dir)):
+    with open(os.path.join(run_dir, name)) as f:
+      runs.append(json.load(f))
+  summary = summarize(runs)
+  with open(os.path.join(_OUT.value, 'summary.json'), 'w') as f:
+    json.dump(summary, f, indent=2)
+  with open(os.path.join(_OUT.value, 'summary.md'), 'w') as f:
+    f.write(markdown(summary, meta))
+  print(markdown(summary, meta))
+
+
+if __name__ == '__main__':
+  app.run(main)
