@@ -19,6 +19,12 @@ def get_config() -> ml_collections.ConfigDict:
       data_dir='~/tensorflow_datasets',  # tfds data_dir and decoded caches.
       manual_dir='',  # Raw files for offline tfds builds / USPS / MNIST-M.
       train_limit=0,  # > 0 keeps only the first N training examples.
+      # Multi-domain data (FedD3A's digit domains): a comma list such as
+      # 'mnist,usps,mnist_m' replaces `name`; every domain is resized and
+      # channel-matched to `image_shape` ('H,W,C') and `train_limit` applies
+      # per domain. Clients then come from `partition.kind='domain'`.
+      domains='',
+      image_shape='32,32,3',
   ))
   c.partition = ml_collections.ConfigDict(dict(
       kind='dirichlet',  # dirichlet | iid | fedgen
@@ -26,6 +32,10 @@ def get_config() -> ml_collections.ConfigDict:
       alpha=0.1,  # Dir(alpha) label skew.
       min_size=10,  # Dirichlet: every client gets at least this many.
       per_class=0,  # fedgen recipe: training samples taken per class.
+      # domain: clients per domain (1 = cross-silo; > 1 = cross-device, each
+      # domain split with Dir(alpha) label skew). num_clients must equal
+      # clients_per_domain * the number of domains.
+      clients_per_domain=1,
   ))
   c.clients_per_round = 8
   c.model = ml_collections.ConfigDict(dict(name='cnn', norm='batch'))
@@ -75,6 +85,71 @@ def get_config() -> ml_collections.ConfigDict:
       # prototypes `name[:norm]`, e.g. 'cnn,resnet11'; client i trains
       # prototype i % P.
       prototypes='',
+  ))
+
+  # FedD3A (Su, Li, Xue, AAAI 2023). The distillation uses `distill`.
+  c.fedd3a = ml_collections.ConfigDict(dict(
+      alpha=1.0,  # Ridge of eq. 5, > 0, in squared feature units.
+      weighting='soft',  # soft (eq. 6) | onehot | avg | random (Table 1).
+      ensemble='probs',  # probs (eq. 7) | logits.
+      projection_batches=0,  # Local batches P is built from; 0 = all.
+  ))
+
+  # FedGen (Zhu et al., ICML 2021); defaults: its reference code on MNIST.
+  c.fedgen = ml_collections.ConfigDict(dict(
+      generator_steps=50,  # Server Adam steps per round.
+      generator_batch_size=32,
+      generator_learning_rate=3e-4,
+      noise='gaussian',  # gaussian (the paper) | uniform (reference code).
+      noise_dim=32,
+      hidden=256,
+      output_activation='',  # '' = linear (reference) | e.g. 'relu'.
+      teacher_ensemble='per_head',  # per_head (reference) | logits (paper).
+      teacher_weight=1.0,
+      diversity_weight=1.0,
+      local_alpha=10.0,  # Clients' generated-feature CE, x 0.98^round.
+      local_beta=10.0,  # Clients' latent KL (0 = the paper's objective).
+      coefficient_decay=0.98,
+      local_gen_batch_size=32,
+      start_round=1,  # Clients' regulariser is off before this round.
+  ))
+  # FedFTG (Zhang et al., CVPR 2022); reference values where known.
+  c.fedftg = ml_collections.ConfigDict(dict(
+      iterations=10,  # Generator step + student steps, per round.
+      student_steps=5,  # Through distillation.distill.
+      batch_size=64,  # Generated samples per step.
+      generator_learning_rate=0.01,  # Adam.
+      student_learning_rate=0.1,  # SGD.
+      lr_decay=0.998,  # Per round, both learning rates.
+      temperature=1.0,
+      student_training=False,  # False: BatchNorm statistics frozen.
+      noise='gaussian',  # gaussian | uniform.
+      noise_dim=100,
+      transfer_weight=1.0,  # beta_tran (hard-sample term).
+      diversity_weight=1.0,  # beta_div.
+      mask='agree',  # agree | none.
+      ensemble='logits',  # Class-level ensemble of logits | probs.
+  ))
+
+  # DaFKD (Wang et al., CVPR 2023). Client optimiser: client_optimizer
+  # (paper: lr 1e-3, weight decay 1e-3 -> name=adam plus weight_decay, i.e.
+  # AdamW); distillation: distill.* (paper: lr 0.01; reference: T = 20).
+  c.dafkd = ml_collections.ConfigDict(dict(
+      pool_size=1280,  # Generated distillation images per round (reference).
+      noise_dim=100,
+      generator_hidden='256,512',  # FC+BN+LeakyReLU widths.
+      generator_learning_rate=1e-3,  # Adam (paper 1e-3).
+      generator_beta_1=0.5,  # Reference code's Adam betas (0.5, 0.99).
+      generator_beta_2=0.99,
+      generator_form='minimax',  # minimax (eq. 3) | non_saturating.
+      adv_weight=1.0,  # Weight of eq. 2 in eq. 9.
+      gp_weight=0.0,  # Gradient penalty (reference code 0.3, paper 0).
+      weight_decay=0.0,  # > 0 needs client_optimizer.name=adam (AdamW).
+      no_sharing=False,  # Ablation: separate discriminator network.
+      no_correlation=False,  # Ablation: uniform teacher weights.
+      weights_on='probs',  # probs (eq. 8) | logits (reference code).
+      private=False,  # Appendix B; needs a secure-sum (test) context.
+      pool_generator='',  # '' auto | aggregated | broadcast.
   ))
 
   c.eval_every = 1

@@ -14,8 +14,12 @@ import tensorflow_federated as tff
 
 from tff_kd import errors
 from tff_kd import models
+from tff_kd.algorithms import dafkd
 from tff_kd.algorithms import fedavg
+from tff_kd.algorithms import fedd3a
 from tff_kd.algorithms import feddf
+from tff_kd.algorithms import fedftg
+from tff_kd.algorithms import fedgen
 from tff_kd.core import distillation
 from tff_kd.federated import learning
 from tff_kd.federated import server_data as server_data_lib
@@ -133,6 +137,114 @@ def _build_feddf(inputs: ProcessInputs, config: ml_collections.ConfigDict):
       drop_worst=config.feddf.drop_worst, **_common(inputs, config))
 
 
+def _build_fedd3a(inputs: ProcessInputs, config: ml_collections.ConfigDict):
+  if inputs.server_data is None:
+    raise errors.ConfigError(
+        'fedd3a needs an unlabeled server pool: set server_data.proxy (a '
+        'held-out domain) and server_data.proxy_size')
+  if inputs.classifier_fn is None:
+    raise errors.ConfigError(
+        'fedd3a needs a classifier_fn (the backbone whose features define '
+        'the client subspaces)')
+  f = config.fedd3a
+  return fedd3a.build_fedd3a_process(
+      inputs.classifier_fn, inputs.element_spec,
+      server_data=inputs.server_data,
+      clients_per_round=config.clients_per_round,
+      distill_optimizer=tff.learning.optimizers.build_adam(
+          learning_rate=config.distill.learning_rate),
+      distill_config=distill_config(config), alpha=f.alpha,
+      weighting=f.weighting, ensemble=f.ensemble,
+      projection_batches=f.projection_batches,
+      num_clients=inputs.num_clients, **_common(inputs, config))
+
+
+
+def _build_fedgen(inputs: ProcessInputs, config: ml_collections.ConfigDict):
+  if inputs.classifier_fn is None:
+    raise errors.ConfigError(
+        'fedgen needs a classifier_fn (its generator feeds the head)')
+  f = config.fedgen
+  return fedgen.build_fedgen_process(
+      inputs.classifier_fn, inputs.element_spec,
+      num_classes=inputs.num_classes,
+      clients_per_round=config.clients_per_round,
+      generator_optimizer=tff.learning.optimizers.build_adam(
+          learning_rate=f.generator_learning_rate),
+      local_batch_size=config.local.batch_size,
+      generator_steps=f.generator_steps,
+      generator_batch_size=f.generator_batch_size, noise_dim=f.noise_dim,
+      hidden=f.hidden, noise=f.noise,
+      output_activation=f.output_activation or None,
+      teacher_ensemble=f.teacher_ensemble, teacher_weight=f.teacher_weight,
+      diversity_weight=f.diversity_weight, local_alpha=f.local_alpha,
+      local_beta=f.local_beta, coefficient_decay=f.coefficient_decay,
+      local_gen_batch_size=f.local_gen_batch_size,
+      start_round=f.start_round, seed=config.seed, **_common(inputs, config))
+
+
+def _build_fedftg(inputs: ProcessInputs, config: ml_collections.ConfigDict):
+  if inputs.classifier_fn is None:
+    raise errors.ConfigError('fedftg needs a classifier_fn')
+  f = config.fedftg
+  return fedftg.build_fedftg_process(
+      inputs.classifier_fn, inputs.element_spec,
+      num_classes=inputs.num_classes,
+      clients_per_round=config.clients_per_round,
+      generator_optimizer=tff.learning.optimizers.build_adam(
+          learning_rate=f.generator_learning_rate),
+      student_optimizer=tff.learning.optimizers.build_sgdm(
+          learning_rate=f.student_learning_rate),
+      iterations=f.iterations, student_steps=f.student_steps,
+      batch_size=f.batch_size, temperature=f.temperature,
+      student_training=f.student_training, noise_dim=f.noise_dim,
+      noise=f.noise, transfer_weight=f.transfer_weight,
+      diversity_weight=f.diversity_weight, mask=f.mask, ensemble=f.ensemble,
+      lr_decay=f.lr_decay, seed=config.seed, **_common(inputs, config))
+
+
+def _build_dafkd(inputs: ProcessInputs, config: ml_collections.ConfigDict):
+  if inputs.classifier_fn is None:
+    raise errors.ConfigError(
+        'dafkd needs a classifier_fn (its discriminator shares the '
+        "classifier's feature extractor)")
+  f = config.dafkd
+  opt = config.client_optimizer
+  if f.weight_decay:
+    # Decoupled weight decay (AdamW): TFF's SGD has none.
+    if opt.name != 'adam':
+      raise errors.ConfigError(
+          'dafkd.weight_decay needs client_optimizer.name=adam (AdamW); '
+          f'got {opt.name!r}')
+    joint_optimizer = tff.learning.optimizers.build_adamw(
+        learning_rate=opt.learning_rate, weight_decay=f.weight_decay)
+  else:
+    joint_optimizer = build_optimizer(opt)
+  try:
+    hidden = tuple(int(h) for h in str(f.generator_hidden).split(','))
+  except ValueError:
+    raise errors.ConfigError(
+        'dafkd.generator_hidden must be comma-separated widths, got '
+        f'{f.generator_hidden!r}') from None
+  return dafkd.build_dafkd_process(
+      inputs.classifier_fn, inputs.element_spec, inputs.dataset_fn,
+      num_clients=inputs.num_clients,
+      clients_per_round=config.clients_per_round,
+      joint_optimizer=joint_optimizer,
+      generator_optimizer=tff.learning.optimizers.build_adam(
+          learning_rate=f.generator_learning_rate, beta_1=f.generator_beta_1,
+          beta_2=f.generator_beta_2),
+      distill_optimizer=tff.learning.optimizers.build_adam(
+          learning_rate=config.distill.learning_rate),
+      distill_config=distill_config(config),
+      learning_rate=opt.learning_rate, learning_rate_decay=opt.lr_decay,
+      pool_size=f.pool_size, noise_dim=f.noise_dim, generator_hidden=hidden,
+      adv_weight=f.adv_weight, gp_weight=f.gp_weight,
+      generator_form=f.generator_form, shared=not f.no_sharing,
+      correlation=not f.no_correlation, ensemble=f.weights_on,
+      private=f.private, pool_generator=f.pool_generator or None,
+      seed=config.seed)
+
 METHODS: dict[str, Method] = {
     m.name: m for m in (
         Method('fedavg', _build_fedavg, 'FedAvg (McMahan et al., 2017)'),
@@ -140,6 +252,15 @@ METHODS: dict[str, Method] = {
         Method('feddf', _build_feddf,
                'FedDF ensemble distillation (Lin et al., 2020)',
                needs_server_data=True),
+        Method('fedd3a', _build_fedd3a,
+               'FedD3A domain-aware distillation (Su et al., 2023)',
+               needs_server_data=True),
+        Method('fedgen', _build_fedgen,
+               'FedGen data-free feature-generator KD (Zhu et al., 2021)'),
+        Method('fedftg', _build_fedftg,
+               'FedFTG data-free server fine-tuning (Zhang et al., 2022)'),
+        Method('dafkd', _build_dafkd,
+               'DaFKD domain-aware data-free KD (Wang et al., 2023)'),
     )
 }
 

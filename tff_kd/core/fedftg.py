@@ -35,15 +35,26 @@ coefficient is configurable:
       L_div  = `fedgen.diversity_loss(z, x)` (exp(-mean pairwise l1 sample
                distance x squared noise distance), Mao et al., CVPR 2019).
   beta_tran = beta_div = 1 by default.
+
+One server round (`fine_tune`, ZhangLin-PKU/FedFTG's structure): starting
+from the FedAvg model, `iterations` times (reference: 10)
+  1. one generator step on L_G (student and teachers frozen, inference mode);
+  2. a fresh batch x' = G(z', y') (y' by customised label sampling) and its
+     class-level ensemble target D_T(x') at temperature T; 5 student steps
+     (reference) on it through the shared `distillation.distill`, whose
+     optimiser state carries on across the iterations.
 """
 
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
 
 import numpy as np
 import tensorflow as tf
+import tensorflow_federated as tff
 
+from tff_kd import errors
 from tff_kd.core import distillation
 from tff_kd.core import fedgen
+from tff_kd.models import generators
 
 MASKS = ('agree', 'none')
 _TINY = float(np.finfo(np.float32).tiny)
@@ -173,3 +184,193 @@ def hard_sample_generator_loss(student_logits: tf.Tensor,
     diversity = fedgen.diversity_loss(noise, samples)
   loss = fidelity - transfer_weight * transfer + diversity_weight * diversity
   return HardSampleLoss(loss, fidelity, transfer, diversity)
+
+
+class FineTuneResult(NamedTuple):
+  """One `fine_tune` round (metrics are float32 means over iterations).
+
+  Attributes:
+    generator_state: The generator optimiser's state after the round.
+    student_state: The student optimiser's state after the round.
+    generator_loss: Mean L_G.
+    fidelity: Mean L_fid.
+    transfer: Mean L_tran (student-teacher disagreement on generated data).
+    diversity: Mean L_div.
+    teacher_accuracy: Mean accuracy of D_T on the generator's labels (the
+      generator-step batches).
+    distill_loss: Mean KD loss of the student steps.
+    distill_first_loss: KD loss of the first iteration's student steps.
+    distill_last_loss: KD loss of the last iteration's student steps.
+  """
+
+  generator_state: object
+  student_state: object
+  generator_loss: tf.Tensor
+  fidelity: tf.Tensor
+  transfer: tf.Tensor
+  diversity: tf.Tensor
+  teacher_accuracy: tf.Tensor
+  distill_loss: tf.Tensor
+  distill_first_loss: tf.Tensor
+  distill_last_loss: tf.Tensor
+
+
+def _ensemble_logits(teachers: Sequence[tf.keras.Model], x: tf.Tensor,
+                     teacher_mask: tf.Tensor | None) -> tf.Tensor:
+  """[K, B, C] inference-mode logits; rows of masked-out teachers are 0."""
+  logits = tf.stack([tf.cast(t(x, training=False), tf.float32)
+                     for t in teachers])
+  if teacher_mask is None:
+    return logits
+  return logits * tf.reshape(tf.cast(teacher_mask, tf.float32), [-1, 1, 1])
+
+
+def fine_tune(student: tf.keras.Model,
+              teachers: Sequence[tf.keras.Model],
+              label_counts: tf.Tensor,
+              generator: tf.keras.Model,
+              generator_optimizer: tff.learning.optimizers.Optimizer,
+              generator_state,
+              student_optimizer: tff.learning.optimizers.Optimizer,
+              student_state,
+              distill_config: distillation.DistillConfig,
+              *,
+              iterations: int,
+              noise_dim: int,
+              seed,
+              noise: str = 'gaussian',
+              teacher_mask: tf.Tensor | None = None,
+              transfer_weight: float = 1.0,
+              diversity_weight: float = 1.0,
+              mask: str = 'agree',
+              ensemble: str = 'logits',
+              student_learning_rate: tf.Tensor | float | None = None
+              ) -> FineTuneResult:
+  """FedFTG's server fine-tuning of `student` (see module docstring).
+
+  The student's and the generator's variables change in place. Batch size
+  and number of student steps per iteration are `distill_config.batch_size`
+  and `.steps`; its temperature T is also the transfer term's.
+
+  Args:
+    student: The FedAvg model (built Keras classifier, logits).
+    teachers: K built client models (their weights already set).
+    label_counts: [K, C] per-client label counts n_{k,c}.
+    generator: Conditional generator `[noise, labels] -> images` of the
+      student's input shape (trained in training mode).
+    generator_optimizer: Reference: Adam, lr 0.01 (x 0.998 per round).
+    generator_state: Its state (over `generator.trainable_weights`).
+    student_optimizer: Reference: SGD, lr 0.1 (x 0.998 per round).
+    student_state: Its state (over `student.trainable_weights`).
+    distill_config: The student steps: `steps` per iteration (reference 5),
+      `batch_size` generated samples, temperature; `val_fraction` must be 0.
+    iterations: Generator/student iterations, >= 1 (reference 10).
+    noise_dim: Generator noise size.
+    seed: int or shape-[2] stateless seed of the round.
+    noise: 'gaussian' or 'uniform'.
+    teacher_mask: Optional [K] bool/0-1, teachers that take part (e.g. the
+      filled rows of a fixed-size stack); masked rows must have zero counts.
+    transfer_weight: beta_tran.
+    diversity_weight: beta_div.
+    mask: `hard_sample_generator_loss` mask.
+    ensemble: `class_weighted_teacher` ensemble.
+    student_learning_rate: Overrides the student optimiser's learning rate.
+
+  Returns:
+    A `FineTuneResult`.
+
+  Raises:
+    ConfigError: iterations < 1, val_fraction > 0, a bad `DistillConfig`,
+      or no teacher.
+  """
+  if not isinstance(iterations, int) or iterations < 1:
+    raise errors.ConfigError(
+        f'fedftg iterations must be an integer >= 1, got {iterations!r}')
+  distill_config.validate()
+  if distill_config.val_fraction:
+    raise errors.ConfigError(
+        'fedftg distills each generated batch for a fixed number of steps; '
+        f'val_fraction must be 0, got {distill_config.val_fraction}')
+  if not teachers:
+    raise errors.ConfigError('fedftg needs at least one teacher model')
+  if mask not in MASKS:
+    raise errors.ConfigError(
+        f"fedftg mask {mask!r} is unknown; choose one of {', '.join(MASKS)}")
+  if ensemble not in ('logits', 'probs'):
+    raise errors.ConfigError(
+        f"fedftg ensemble {ensemble!r} is unknown; choose logits or probs")
+  if student_learning_rate is not None:
+    student_learning_rate = tf.cast(student_learning_rate, tf.float32)
+  return _fine_tune(
+      student, tuple(teachers), tf.cast(label_counts, tf.float32), generator,
+      generator_optimizer, generator_state, student_optimizer, student_state,
+      distill_config, iterations, noise_dim,
+      generators._as_seed(seed),  # pylint: disable=protected-access
+      noise, teacher_mask, float(transfer_weight), float(diversity_weight),
+      mask, ensemble, student_learning_rate)
+
+
+@tf.function
+def _fine_tune(student, teachers, counts, generator, generator_optimizer,
+               generator_state, student_optimizer, student_state, config,
+               iterations, noise_dim, seed, noise, teacher_mask,
+               transfer_weight, diversity_weight, mask, ensemble,
+               student_learning_rate) -> FineTuneResult:
+  batch = config.batch_size
+  temperature = config.temperature
+  gen_vars = generator.trainable_weights
+  gen_state = tf.nest.map_structure(tf.convert_to_tensor, generator_state)
+  # The state `distill` returns: hyper-parameters as float32 tensors.
+  s_state = tf.nest.map_structure(tf.convert_to_tensor, student_state)
+  hparams = student_optimizer.get_hparams(s_state)
+  if student_learning_rate is not None:
+    hparams['learning_rate'] = student_learning_rate
+  hparams['learning_rate'] = tf.cast(hparams['learning_rate'], tf.float32)
+  s_state = student_optimizer.set_hparams(s_state, hparams)
+
+  sums = tf.zeros([6])
+  first_loss = tf.constant(0.0)
+  last_loss = tf.constant(0.0)
+  for it in tf.range(iterations):
+    seeds = tf.random.experimental.stateless_split(
+        tf.random.experimental.stateless_fold_in(seed, it), 4)
+    # 1. Generator step: hard samples the teachers still recognise.
+    labels = customized_label_sampling(counts, batch, seeds[0])
+    z = generators.sample_noise([batch, noise_dim], noise, seeds[1])
+    with tf.GradientTape() as tape:
+      x = generator([z, labels], training=True)
+      teacher = class_weighted_teacher(
+          _ensemble_logits(teachers, x, teacher_mask), labels, counts,
+          ensemble=ensemble)
+      terms = hard_sample_generator_loss(
+          student(x, training=False), teacher, labels, noise=z, samples=x,
+          transfer_weight=transfer_weight, diversity_weight=diversity_weight,
+          temperature=temperature, mask=mask)
+    grads = tape.gradient(terms.loss, gen_vars)
+    gen_state, updated = generator_optimizer.next(
+        gen_state, tuple(gen_vars), tuple(grads))
+    for variable, value in zip(gen_vars, updated):
+      variable.assign(value)
+    accuracy = tf.reduce_mean(tf.cast(tf.equal(
+        tf.argmax(teacher, axis=-1, output_type=tf.int32), labels),
+                                      tf.float32))
+    # 2. Student steps on a fresh batch from the updated generator.
+    labels = customized_label_sampling(counts, batch, seeds[2])
+    z = generators.sample_noise([batch, noise_dim], noise, seeds[3])
+    x = tf.stop_gradient(generator([z, labels], training=True))
+    targets = class_weighted_teacher(
+        _ensemble_logits(teachers, x, teacher_mask), labels, counts,
+        temperature=temperature, ensemble=ensemble)
+    result = distillation.distill(student, student_optimizer, x,
+                                  tf.stop_gradient(targets), config,
+                                  optimizer_state=s_state)
+    s_state = result.optimizer_state
+    if tf.equal(it, 0):
+      first_loss = result.first_loss
+    last_loss = result.last_loss
+    sums += tf.stack([terms.loss, terms.fidelity, terms.transfer,
+                      terms.diversity, accuracy, result.last_loss])
+  means = tf.unstack(sums / float(iterations))
+  return FineTuneResult(gen_state, s_state, *means[:5],
+                        distill_loss=means[5], distill_first_loss=first_loss,
+                        distill_last_loss=last_loss)

@@ -294,6 +294,79 @@ def generator_step(generator: tf.keras.Model,
                              accuracy)
 
 
+class GeneratorTrainingResult(NamedTuple):
+  """Means over the steps of one `train_generator` call (float32 scalars).
+
+  Attributes:
+    optimizer_state: The generator optimiser's state after the last step.
+    loss: Mean total loss.
+    teacher_loss: Mean `teacher_loss`.
+    diversity: Mean `diversity_loss`.
+    teacher_accuracy: Mean ensemble accuracy on the generated features.
+  """
+
+  optimizer_state: object
+  loss: tf.Tensor
+  teacher_loss: tf.Tensor
+  diversity: tf.Tensor
+  teacher_accuracy: tf.Tensor
+
+
+def train_generator(generator: tf.keras.Model,
+                    heads_fn: HeadsFn,
+                    label_counts: tf.Tensor,
+                    optimizer: tff.learning.optimizers.Optimizer,
+                    optimizer_state,
+                    *,
+                    steps: int,
+                    seed,
+                    **step_kwargs) -> GeneratorTrainingResult:
+  """FedGen's server round: `steps` `generator_step`s (reference: 50).
+
+  Step i draws its labels and noise from `fold_in(seed, i)`, so a round is
+  reproducible from (seed, round) and eager and graph runs agree.
+
+  Args:
+    generator: As in `generator_step` (its variables change).
+    heads_fn: As in `generator_step`.
+    label_counts: [K, C] counts of this round's clients.
+    optimizer: Generator optimiser (reference: Adam, 3e-4 on MNIST).
+    optimizer_state: Its state (carried across rounds by the caller).
+    steps: Number of steps, >= 1.
+    seed: int or shape-[2] stateless seed of the round.
+    **step_kwargs: `generator_step`'s keyword options (batch_size,
+      noise_dim, noise, label_probs, weights, ensemble, diversity_metric).
+
+  Returns:
+    A `GeneratorTrainingResult`.
+
+  Raises:
+    ValueError: steps < 1.
+  """
+  if not isinstance(steps, int) or steps < 1:
+    raise ValueError(f'generator steps must be an integer >= 1, got {steps!r}')
+  return _train_generator(generator, heads_fn, label_counts, optimizer,
+                          optimizer_state, steps,
+                          generators._as_seed(seed),  # pylint: disable=protected-access
+                          step_kwargs)
+
+
+@tf.function
+def _train_generator(generator, heads_fn, label_counts, optimizer,
+                     optimizer_state, steps, seed, step_kwargs):
+  state = tf.nest.map_structure(tf.convert_to_tensor, optimizer_state)
+  sums = tf.zeros([4])
+  for i in tf.range(steps):
+    r = generator_step(
+        generator, heads_fn, label_counts, optimizer, state,
+        seed=tf.random.experimental.stateless_fold_in(seed, i), **step_kwargs)
+    state = r.optimizer_state
+    sums += tf.stack([r.loss, r.teacher_loss, r.diversity,
+                      r.teacher_accuracy])
+  means = tf.unstack(sums / float(steps))
+  return GeneratorTrainingResult(state, *means)
+
+
 def decayed_coefficient(initial: float, round_num, *, decay: float = 0.98,
                         floor: float = 1e-4) -> tf.Tensor:
   """The reference's per-round decay max(floor, initial * decay^round)."""
@@ -322,7 +395,8 @@ def regularized_local_loss(classifier: classifiers.Classifier,
                            beta: float | tf.Tensor = 0.0,
                            gen_batch_size: int | None = None,
                            noise: str = 'gaussian',
-                           training: bool = True) -> LocalLoss:
+                           training: bool = True,
+                           logits: tf.Tensor | None = None) -> LocalLoss:
   """FedGen's client objective J_k on one batch (see module docstring).
 
   Call inside a `tf.GradientTape`; gradients flow into the classifier only
@@ -344,6 +418,9 @@ def regularized_local_loss(classifier: classifiers.Classifier,
     gen_batch_size: B' (default B).
     noise: 'gaussian' (the paper, default) or 'uniform' (reference code).
     training: Classifier mode.
+    logits: The classifier's logits on `x` if already computed (e.g. by
+      `local_training.train_locally`, which passes them to its
+      regulariser); otherwise computed here.
 
   Returns:
     A `LocalLoss` (each term already multiplied by its weight).
@@ -353,7 +430,8 @@ def regularized_local_loss(classifier: classifiers.Classifier,
   y = tf.cast(y, tf.int32)
   batch = tf.shape(y)[0]
   gen_batch = batch if gen_batch_size is None else gen_batch_size
-  logits = classifier.model(x, training=training)
+  if logits is None:
+    logits = classifier.model(x, training=training)
   ce = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
       labels=y, logits=logits))
 

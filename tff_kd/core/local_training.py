@@ -13,10 +13,14 @@ so `proximal_strength=0` is FedAvg's local SGD (McMahan et al., AISTATS 2017).
 Nothing here depends on a TFF placement; `tff_kd.federated` wraps it.
 """
 
-from typing import NamedTuple
+from typing import Callable, NamedTuple, Optional
 
 import tensorflow as tf
 import tensorflow_federated as tff
+
+
+# (batch, logits of the model on batch['x'], step index) -> scalar extra loss.
+Regularizer = Callable[[dict, tf.Tensor, tf.Tensor], tf.Tensor]
 
 
 class LocalResult(NamedTuple):
@@ -61,7 +65,8 @@ def train_locally(model: tf.keras.Model,
                   dataset: tf.data.Dataset,
                   learning_rate: tf.Tensor,
                   *,
-                  proximal_strength: float = 0.0) -> LocalResult:
+                  proximal_strength: float = 0.0,
+                  regularizer: Optional[Regularizer] = None) -> LocalResult:
   """Runs local (proximal) SGD-family training on one client.
 
   A `tf.function`: the loop over `dataset` is converted by AutoGraph, which
@@ -77,6 +82,11 @@ def train_locally(model: tf.keras.Model,
     dataset: Batches of `{'x': images, 'y': int labels}`.
     learning_rate: This round's client learning rate (scalar float32).
     proximal_strength: FedProx mu; 0 disables the proximal term.
+    regularizer: Optional extra term added to each step's mean batch loss
+      (e.g. FedGen's generated-feature regulariser), called inside the
+      gradient tape as `regularizer(batch, logits, step)` with the model's
+      training-mode logits on the batch and the 0-based step index. Not
+      counted in `loss_sum`.
 
   Returns:
     A `LocalResult`.
@@ -108,6 +118,8 @@ def train_locally(model: tf.keras.Model,
       if proximal_strength > 0:
         loss += 0.5 * proximal_strength * squared_distance(
             trainable, global_trainable)
+      if regularizer is not None:
+        loss += regularizer(batch, logits, num_steps)
     grads = tape.gradient(loss, trainable)
     opt_state, updated = optimizer.next(opt_state, tuple(trainable),
                                         tuple(grads))

@@ -45,13 +45,14 @@ from tff_kd import errors
 from tff_kd import models
 from tff_kd.algorithms import registry
 from tff_kd.algorithms import feddf as feddf_lib
+from tff_kd.core import fedd3a as fedd3a_lib
 from tff_kd.federated import client_data as client_data_lib
 from tff_kd.federated import server_data as server_data_lib
 from tff_kd.program import evaluation
 from tff_kd.program import export
 from tff_kd.program import sampling
 
-PARTITIONS = ('dirichlet', 'iid', 'fedgen')
+PARTITIONS = ('dirichlet', 'iid', 'fedgen', 'domain')
 _CONFIG_FILE = 'config.json'
 # Keys that may change between a run and its resumption.
 _RESUMABLE_KEYS = ('rounds', 'eval_every', 'checkpoint_every', 'export',
@@ -74,6 +75,9 @@ class Experiment(NamedTuple):
     server_data: The server's proxy pool / validation set, if configured.
     prototype_evaluators: For heterogeneous FedDF, whole-test-set
       evaluators of prototypes 1..P-1 (prototype 0 uses `evaluator`).
+    domain_evaluators: For multi-domain data (`dataset.domains`), one
+      (domain name, evaluator on that domain's whole test set) per client
+      domain; `test/accuracy` is then their mean.
   """
 
   config: ml_collections.ConfigDict
@@ -85,6 +89,7 @@ class Experiment(NamedTuple):
   slice_evaluator: Optional[evaluation.Evaluator]
   server_data: Optional[server_data_lib.ServerData] = None
   prototype_evaluators: tuple[evaluation.Evaluator, ...] = ()
+  domain_evaluators: tuple[tuple[str, evaluation.Evaluator], ...] = ()
 
 
 class RunResult(NamedTuple):
@@ -115,7 +120,8 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   from configs import base  # pylint: disable=g-import-not-at-top
   _check_keys(config, base.get_config())
   registry.get_method(config.method)
-  if config.dataset.name not in data_lib.DATASETS:
+  if not config.dataset.domains and (
+      config.dataset.name not in data_lib.DATASETS):
     raise errors.ConfigError(
         f"dataset {config.dataset.name!r} is unknown; choose one of "
         f"{', '.join(data_lib.DATASETS)}")
@@ -134,6 +140,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   if config.partition.kind == 'fedgen' and config.partition.per_class < 1:
     raise errors.ConfigError('partition.per_class must be >= 1 for the fedgen '
                              f'recipe, got {config.partition.per_class}')
+  _validate_domains(config)
   sampling.check_sampling(config.partition.num_clients,
                           config.clients_per_round)
   try:
@@ -144,8 +151,72 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     if config[key] < 1:
       raise errors.ConfigError(f'{key} must be >= 1, got {config[key]}')
   _validate_server_data(config)
+  if config.method == 'fedd3a':
+    fedd3a_lib.check_settings(**config.fedd3a)
   prototypes(config)
   registry.distill_config(config).validate()
+
+
+def domain_names(config: ml_collections.ConfigDict) -> list[str]:
+  """The client domains of `dataset.domains` ([] for single-domain data)."""
+  return [d.strip() for d in config.dataset.domains.split(',') if d.strip()]
+
+
+def image_shape(config: ml_collections.ConfigDict) -> tuple[int, int, int]:
+  """`dataset.image_shape` ('H,W,C') as integers."""
+  try:
+    shape = tuple(int(v) for v in config.dataset.image_shape.split(','))
+  except ValueError:
+    shape = ()
+  if len(shape) != 3 or min(shape) < 1 or shape[2] not in (1, 3):
+    raise errors.ConfigError(
+        f"dataset.image_shape must be 'H,W,C' with C 1 or 3, got "
+        f'{config.dataset.image_shape!r}')
+  return shape
+
+
+def _validate_domains(config: ml_collections.ConfigDict) -> None:
+  """Multi-domain data and the `domain` partition (FedD3A's settings)."""
+  names = domain_names(config)
+  p = config.partition
+  if names:
+    unknown = [n for n in names if n not in data_lib.DATASETS]
+    if unknown:
+      raise errors.ConfigError(
+          f"dataset.domains entry {unknown[0]!r} is unknown; choose from "
+          f"{', '.join(data_lib.DATASETS)}")
+    if len(set(names)) != len(names):
+      raise errors.ConfigError(
+          f'dataset.domains lists a domain twice: {config.dataset.domains!r}')
+    image_shape(config)
+  if p.kind != 'domain':
+    if names:
+      raise errors.ConfigError(
+          "dataset.domains needs partition.kind='domain' (clients that each "
+          'hold one domain)')
+    return
+  if not names:
+    raise errors.ConfigError(
+        "partition.kind='domain' needs dataset.domains, e.g. "
+        "'mnist,usps,mnist_m'")
+  if p.clients_per_domain < 1:
+    raise errors.ConfigError(
+        f'partition.clients_per_domain must be >= 1, got '
+        f'{p.clients_per_domain}')
+  if p.clients_per_domain > 1 and not p.alpha > 0:
+    raise errors.ConfigError(
+        f'partition.alpha must be > 0, got {p.alpha}')
+  expected = p.clients_per_domain * len(names)
+  if p.num_clients != expected:
+    raise errors.ConfigError(
+        f'partition.num_clients={p.num_clients} but {len(names)} domains '
+        f'with clients_per_domain={p.clients_per_domain} make {expected} '
+        'clients')
+  if config.server_data.proxy in names:
+    logging.warning(
+        'server_data.proxy %r is also a client domain: the server pool '
+        'overlaps that client\'s data (the paper\'s Figure 5 setting)',
+        config.server_data.proxy)
 
 
 def _validate_server_data(config: ml_collections.ConfigDict) -> None:
@@ -200,6 +271,14 @@ def _partition(config: ml_collections.ConfigDict, dataset: data_lib.Dataset):
   if p.kind == 'iid':
     return data_lib.iid_partition(len(dataset.y_train), p.num_clients,
                                   seed=config.seed), None
+  if p.kind == 'domain':
+    # One domain per client (cross-silo) or Dir(alpha) label skew over
+    # clients_per_domain clients inside every domain (cross-device).
+    return data_lib.domain_partition(
+        dataset.train_domains, clients_per_domain=p.clients_per_domain,
+        alpha=p.alpha if p.clients_per_domain > 1 else None,
+        labels=dataset.y_train, seed=config.seed,
+        min_size=p.min_size), None
   if p.kind == 'fedgen':
     return data_lib.fedgen_partition(
         dataset.y_train, p.num_clients, p.alpha, per_class=p.per_class,
@@ -212,6 +291,11 @@ def _partition(config: ml_collections.ConfigDict, dataset: data_lib.Dataset):
 def _fingerprint(config: ml_collections.ConfigDict) -> str:
   key = dict(dataset=config.dataset.to_dict(),
              partition=config.partition.to_dict(), seed=config.seed)
+  if not config.dataset.domains:  # Keeps older fingerprints unchanged.
+    for k in ('domains', 'image_shape'):
+      key['dataset'].pop(k, None)
+    if key['partition'].get('clients_per_domain') == 1:
+      key['partition'].pop('clients_per_domain')
   sd = config.server_data
   if sd.proxy or sd.val_size:  # Keeps older fingerprints unchanged.
     key['server_data'] = sd.to_dict()
@@ -291,11 +375,18 @@ def prepare(config: ml_collections.ConfigDict, root_dir: str) -> Experiment:
   """
   validate_config(config)
   method = registry.get_method(config.method)
-  dataset = data_lib.load_dataset(
-      config.dataset.name,
-      data_dir=os.path.expanduser(config.dataset.data_dir) or None,
-      manual_dir=config.dataset.manual_dir or None,
-      train_limit=config.dataset.train_limit or None)
+  if domain_names(config):
+    dataset = data_lib.load_domains(
+        domain_names(config), image_shape(config),
+        data_dir=os.path.expanduser(config.dataset.data_dir) or None,
+        manual_dir=config.dataset.manual_dir or None,
+        train_limit=config.dataset.train_limit or None)
+  else:
+    dataset = data_lib.load_dataset(
+        config.dataset.name,
+        data_dir=os.path.expanduser(config.dataset.data_dir) or None,
+        manual_dir=config.dataset.manual_dir or None,
+        train_limit=config.dataset.train_limit or None)
   dataset, proxy, val_x, val_y = _hold_out(config, dataset)
   parts, test_slices = _partition(config, dataset)
 
@@ -342,8 +433,17 @@ def prepare(config: ml_collections.ConfigDict, root_dir: str) -> Experiment:
       evaluation.Evaluator(fn(), dataset.x_test, dataset.y_test,
                            batch_size=config.eval_batch_size)
       for fn in model_fns[1:])
+  domain_evaluators = ()
+  if dataset.test_domains is not None:
+    domain_evaluators = tuple(
+        (name, evaluation.Evaluator(
+            model_fn(), dataset.x_test[dataset.test_domains == i],
+            dataset.y_test[dataset.test_domains == i],
+            batch_size=config.eval_batch_size))
+        for i, name in enumerate(dataset.domain_names))
   return Experiment(config, dataset, clients, process, model_fn, evaluator,
-                    slice_evaluator, server, prototype_evaluators)
+                    slice_evaluator, server, prototype_evaluators,
+                    domain_evaluators)
 
 
 def _check_resumable(config: ml_collections.ConfigDict, root_dir: str) -> None:
@@ -438,10 +538,22 @@ def _is_scalar(value) -> bool:
 
 def _evaluate(exp: Experiment, state) -> dict[str, float]:
   """Whole-test-set loss and accuracy of the global model (and of every
-  other FedDF prototype)."""
+  other FedDF prototype). With client domains: per domain
+  (`test/accuracy_<domain>`, `test/loss_<domain>`), and `test/accuracy` /
+  `test/loss` are the unweighted means over the client domains."""
   metrics = {}
-  metrics['test/loss'], metrics['test/accuracy'] = exp.evaluator(
-      exp.process.get_model_weights(state))
+  if exp.domain_evaluators:
+    weights = exp.process.get_model_weights(state)
+    results = [(name, ev(weights)) for name, ev in exp.domain_evaluators]
+    for name, r in results:
+      metrics[f'test/loss_{name}'] = r.loss
+      metrics[f'test/accuracy_{name}'] = r.accuracy
+    metrics['test/loss'] = float(np.mean([r.loss for _, r in results]))
+    metrics['test/accuracy'] = float(np.mean([r.accuracy
+                                              for _, r in results]))
+  else:
+    metrics['test/loss'], metrics['test/accuracy'] = exp.evaluator(
+        exp.process.get_model_weights(state))
   if exp.prototype_evaluators:
     others = feddf_lib.prototype_weights(state)[1:]
     for p, (ev, w) in enumerate(zip(exp.prototype_evaluators, others), 1):

@@ -1,0 +1,244 @@
+"""The FedGen process: golden server and client steps, state, bad input, e2e.
+
+One toy process (tests/algorithms/toy_kd.py) is built once per module. Its
+rounds are checked against the same pure-TF code run eagerly on the clients'
+eagerly computed updates: the FedAvg of the classifiers, the generator's
+50-step round (`tff_kd.federated.fedgen.generator_round`, i.e.
+`core.fedgen.train_generator`) on the received heads and label counts, and,
+in round 1, the clients' regularised local training.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tests.algorithms import toy_kd
+from tests.program.test_experiment import _config
+from tff_kd import errors
+from tff_kd import models
+from tff_kd.algorithms import fedgen
+from tff_kd.algorithms import registry
+from tff_kd.data import load_dataset
+from tff_kd.federated import fedgen as fedgen_tff
+from tff_kd.models import generators
+from tff_kd.program import evaluation
+from tff_kd.program import experiment
+
+ModelWeights = tff.learning.models.ModelWeights
+KW = dict(generator_steps=4, generator_batch_size=8, noise_dim=4, hidden=8,
+          local_gen_batch_size=4, local_alpha=2.0, local_beta=1.0, seed=7)
+
+
+def _build(data, **overrides):
+  kwargs = dict(KW, **overrides)
+  return fedgen.build_fedgen_process(
+      toy_kd.classifier_fn, data.element_spec,
+      num_classes=toy_kd.NUM_CLASSES, clients_per_round=2,
+      client_optimizer=tff.learning.optimizers.build_sgdm(toy_kd.LR),
+      server_optimizer=tff.learning.optimizers.build_sgdm(1.0),
+      generator_optimizer=tff.learning.optimizers.build_adam(1e-2),
+      learning_rate=toy_kd.LR, dataset_fn=data.dataset_fn(toy_kd.LOCAL),
+      local_batch_size=toy_kd.LOCAL.batch_size, **kwargs)
+
+
+def _generator_fn():
+  return generators.build_feature_generator(
+      noise_dim=4, num_classes=3, feature_dim=4, hidden=8, seed=7)
+
+
+def _training():
+  return fedgen_tff.GeneratorTraining(
+      generator_fn=_generator_fn,
+      optimizer=tff.learning.optimizers.build_adam(1e-2), steps=4,
+      batch_size=8, noise_dim=4, noise='gaussian', teacher_weight=1.0,
+      diversity_weight=1.0, ensemble='per_head', seed=7)
+
+
+@pytest.fixture(scope='module')
+def toy(tmp_path_factory):
+  data = toy_kd.make_data(str(tmp_path_factory.mktemp('clients')))
+  process = _build(data)
+  state0 = process.initialize()
+  keys0 = data.keys([0, 1], seed=0, round_num=0)
+  out0 = process.next(state0, keys0)
+  keys1 = data.keys([0, 1], seed=0, round_num=1)
+  out1 = process.next(out0.state, keys1)
+  return data, process, state0, out0, out1, (keys0, keys1)
+
+
+def _eager_generator_round(gen_weights, heads, counts, round_num):
+  gen = _generator_fn()
+  toy_kd.assign(gen, gen_weights)
+  training = _training()
+  state = training.optimizer.initialize(tuple(
+      tf.TensorSpec(v.shape, v.dtype) for v in gen.trainable_weights))
+  kernels = tf.constant(np.stack([h[0] for h in heads]))
+  biases = tf.constant(np.stack([h[1] for h in heads]))
+  result = fedgen_tff.generator_round(gen, kernels, biases,
+                                      tf.constant(counts), state, round_num,
+                                      training)
+  return result, toy_kd.values(gen)
+
+
+def test_round0_server_step_matches_eager_core(toy):
+  data, _, state0, out0, _, (keys0, _) = toy
+  clf0, gen0 = state0.global_model_weights
+  deltas = toy_kd.client_deltas(data, clf0, keys0)
+  n = np.array([3.0, 4.0])
+  expected = [w + (n[0] * d0 + n[1] * d1) / n.sum()
+              for w, d0, d1 in zip(clf0.trainable, *deltas)]
+  new_clf, new_gen = out0.state.global_model_weights
+  for got, want in zip(new_clf.trainable, expected):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+  # The generator trains on the clients' heads (last two trainables) with
+  # their label counts: head k = global head + client k's delta.
+  heads = [(clf0.trainable[-2] + d[-2], clf0.trainable[-1] + d[-1])
+           for d in deltas]
+  result, gen_values = _eager_generator_round(gen0, heads, toy_kd.COUNTS, 0)
+  # Weights in Keras order: hidden kernel, hidden bias, BN gamma, BN beta,
+  # output kernel, output bias, BN moving mean, moving variance. The hidden
+  # bias feeds BatchNorm, so its gradient is 0 up to rounding, which Adam
+  # magnifies to ~1e-4 (and the moving mean follows it): compare those two
+  # loosely, everything else tightly.
+  for i, (got, want) in enumerate(zip(toy_kd.flat(new_gen), gen_values)):
+    atol = 1e-3 if i in (1, 6) else 1e-6
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=atol, err_msg=i)
+  assert not np.allclose(toy_kd.flat(new_gen)[0], toy_kd.flat(gen0)[0])
+  m = out0.metrics['finalizer']
+  assert m['num_teachers'] == 2
+  for key, value in (('generator_loss', result.loss),
+                     ('teacher_loss', result.teacher_loss),
+                     ('diversity_loss', result.diversity),
+                     ('teacher_accuracy', result.teacher_accuracy)):
+    np.testing.assert_allclose(m[key], float(value), rtol=1e-4, err_msg=key)
+  np.testing.assert_allclose(
+      m['generator_loss'], m['teacher_loss'] + m['diversity_loss'], rtol=1e-5)
+  # The counts matter: with another client's counts the round differs, so
+  # the match above pins the counts the clients uploaded.
+  swapped, _ = _eager_generator_round(gen0, heads, toy_kd.COUNTS[::-1], 0)
+  assert abs(float(swapped.teacher_loss) - m['teacher_loss']) > 1e-3
+  cw = out0.metrics['client_work']
+  assert cw['num_examples'] == 7 and cw['num_clients'] == 2
+  # Down: classifier + generator; up: classifier + 3 counts + weight.
+  clf_bytes = sum(np.asarray(v).nbytes for v in toy_kd.flat(clf0))
+  gen_bytes = sum(np.asarray(v).nbytes for v in toy_kd.flat(gen0))
+  assert cw['bytes_down'] == 2 * (clf_bytes + gen_bytes)
+  assert cw['bytes_up'] == 2 * (clf_bytes + 4 * 4)
+
+
+def test_round1_clients_train_the_regularised_objective(toy):
+  data, _, _, out0, out1, (_, keys1) = toy
+  clf1, gen1 = out0.state.global_model_weights
+  reg = fedgen_tff.LocalRegularizer(
+      generator_fn=_generator_fn, noise_dim=4, alpha=2.0, beta=1.0,
+      decay=0.98, floor=1e-4, gen_batch_size=4, batch_size=8,
+      noise='gaussian', start_round=1)
+
+  def train(clf, dataset, key):
+    dataset = dataset.cache()  # As the client work: count, then train.
+    counts = fedgen_tff.count_labels(dataset, 3)
+    return fedgen_tff._train_regularized(  # pylint: disable=protected-access
+        clf, _generator_fn(), tff.learning.optimizers.build_sgdm(toy_kd.LR),
+        clf1, gen1, dataset, tf.constant(toy_kd.LR), counts,
+        tf.constant(1), tf.strings.to_hash_bucket_fast(key, 2**62), reg)
+
+  deltas = toy_kd.client_deltas(data, clf1, keys1, train)
+  plain = toy_kd.client_deltas(data, clf1, keys1)
+  n = np.array([3.0, 4.0])
+  new_clf = out1.state.global_model_weights[0]
+  for i, got in enumerate(new_clf.trainable):
+    want = clf1.trainable[i] + (n[0] * deltas[0][i] + n[1] * deltas[1][i]) / 7
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+  # The regulariser moved the head away from plain CE training.
+  assert np.abs(deltas[1][-2] - plain[1][-2]).max() > 1e-3
+
+
+def test_model_weights_view_is_the_classifier(toy):
+  _, process, state0, out0, _, _ = toy
+  clf, gen = out0.state.global_model_weights
+  got = process.get_model_weights(out0.state)
+  for a, b in zip(toy_kd.flat(got), toy_kd.flat(clf)):
+    np.testing.assert_array_equal(a, b)
+  new = process.set_model_weights(out0.state,
+                                  process.get_model_weights(state0))
+  for a, b in zip(toy_kd.flat(new.global_model_weights[0]),
+                  toy_kd.flat(state0.global_model_weights[0])):
+    np.testing.assert_array_equal(a, b)
+  for a, b in zip(toy_kd.flat(fedgen.generator_weights(new)),
+                  toy_kd.flat(gen)):
+    np.testing.assert_array_equal(a, b)  # The generator is untouched.
+
+
+@pytest.mark.parametrize('overrides,match', [
+    ({'generator_steps': 0}, 'generator_steps must be an integer >= 1'),
+    ({'noise': 'pink'}, "noise 'pink' is unknown"),
+    ({'teacher_ensemble': 'max'}, "teacher_ensemble 'max' is unknown"),
+    ({'local_alpha': -1.0}, 'local_alpha must be >= 0'),
+    ({'coefficient_decay': 0.0}, r'coefficient_decay must be in \(0, 1\]'),
+    ({'dataset_fn': None}, 'fedgen needs keyed client data'),
+])
+def test_bad_settings_fail_before_compute(tmp_path, overrides, match):
+  data = toy_kd.make_data(str(tmp_path))
+  with pytest.raises(errors.ConfigError, match=match):
+    if 'dataset_fn' in overrides:
+      fedgen.build_fedgen_process(
+          toy_kd.classifier_fn, data.element_spec, num_classes=3,
+          clients_per_round=2,
+          client_optimizer=tff.learning.optimizers.build_sgdm(0.1),
+          server_optimizer=tff.learning.optimizers.build_sgdm(1.0),
+          generator_optimizer=tff.learning.optimizers.build_adam(1e-3),
+          learning_rate=0.1, dataset_fn=None, local_batch_size=8)
+    else:
+      _build(data, **overrides)
+
+
+def test_nonlinear_head_is_refused(tmp_path):
+  def two_layer_head():
+    clf = toy_kd.classifier_fn()
+    feature_in = tf.keras.Input((4,))
+    head = tf.keras.Model(feature_in, tf.keras.layers.Dense(3)(
+        tf.keras.layers.Dense(5)(feature_in)))
+    inputs = tf.keras.Input((2,))
+    model = tf.keras.Model(inputs, head(clf.features(inputs)))
+    return models.Classifier(model, clf.features, head, 4)
+
+  data = toy_kd.make_data(str(tmp_path))
+  with pytest.raises(errors.ConfigError, match='head is one Dense layer'):
+    fedgen.build_fedgen_process(
+        two_layer_head, data.element_spec, num_classes=3,
+        clients_per_round=2,
+        client_optimizer=tff.learning.optimizers.build_sgdm(0.1),
+        server_optimizer=tff.learning.optimizers.build_sgdm(1.0),
+        generator_optimizer=tff.learning.optimizers.build_adam(1e-3),
+        learning_rate=0.1, dataset_fn=data.dataset_fn(toy_kd.LOCAL),
+        local_batch_size=8)
+
+
+def test_registry_and_shipped_config():
+  assert registry.get_method('fedgen').name == 'fedgen'
+  from configs import fedgen_method_mnist  # pylint: disable=g-import-not-at-top
+  c = fedgen_method_mnist.get_config()
+  experiment.validate_config(c)
+  assert c.method == 'fedgen' and c.partition.alpha == 0.1
+  assert c.clients_per_round == 8 and c.partition.num_clients == 20
+
+
+def test_fedgen_run_improves_accuracy(tmp_path):
+  c = _config(**{'method': 'fedgen', 'rounds': 3, 'export': False,
+                 'fedgen.generator_steps': 10, 'fedgen.hidden': 32})
+  result = experiment.run(c, str(tmp_path), progress=False)
+  digits = load_dataset('digits')
+  model = models.build_classifier('cnn', input_shape=(8, 8, 1),
+                                  num_classes=10, seed=c.seed).model
+  start = evaluation.Evaluator(model, digits.x_test, digits.y_test)(
+      ModelWeights([v.numpy() for v in model.trainable_weights],
+                   [v.numpy() for v in model.non_trainable_weights]))
+  assert result.final['test/accuracy'] > start.accuracy + 0.2, (
+      start, result.final)
+  last = result.history[-1]
+  assert last['distill/num_teachers'] == c.clients_per_round
+  for key in ('generator_loss', 'teacher_loss', 'diversity_loss'):
+    assert np.isfinite(last[f'distill/{key}']), key
+  assert 0 <= last['distill/teacher_accuracy'] <= 1
+  assert 0 < last['distill/diversity_loss'] <= 1

@@ -1,0 +1,120 @@
+"""FedD3A as a TFF learning process (homogeneous models).
+
+Su, Li and Xue, "Domain Discrepancy Aware Distillation for Model Aggregation
+in Federated Learning", AAAI 2023: each client uploads, with its model, the
+subspace projection P of its data's batch-mean features under the global
+backbone (eq. 5); the server weights the client models per unlabeled server
+sample by how close the sample's feature lies to each client's subspace
+(eq. 6), and distils that weighted ensemble (eq. 7) into the averaged model
+(eq. 8). This module validates the settings and wires the stages of
+`tff_kd.federated.fedd3a` (data flow of one round: see there; the maths:
+`tff_kd.core.fedd3a` and `tff_kd.core.projection`).
+
+State: `tff.learning.templates.LearningAlgorithmState` with one global
+`ModelWeights`, so `get_model_weights` / `set_model_weights` are TFF's.
+The paper's heterogeneous variant (clients of other architectures trained
+with CE + KD from the global model) is not built here.
+"""
+
+import collections
+from typing import Optional
+
+import tensorflow_federated as tff
+
+from tff_kd import errors
+from tff_kd.core import distillation
+from tff_kd.core import fedd3a as fedd3a_tf
+from tff_kd.federated import composer
+from tff_kd.federated import fedd3a as fedd3a_tff
+from tff_kd.federated import learning
+from tff_kd.federated import server_data as server_data_lib
+
+
+def build_fedd3a_process(
+    classifier_fn: fedd3a_tff.ClassifierFn,
+    element_spec: collections.OrderedDict,
+    *,
+    server_data: server_data_lib.ServerData,
+    clients_per_round: int,
+    client_optimizer: tff.learning.optimizers.Optimizer,
+    server_optimizer: tff.learning.optimizers.Optimizer,
+    distill_optimizer: tff.learning.optimizers.Optimizer,
+    distill_config: distillation.DistillConfig,
+    learning_rate: float,
+    alpha: float,
+    weighting: str = 'soft',
+    ensemble: str = 'probs',
+    projection_batches: int = 0,
+    learning_rate_decay: float = 1.0,
+    num_clients: int = 0,
+    dataset_fn: Optional[learning.DatasetFn] = None,
+) -> tff.learning.templates.LearningProcess:
+  """Builds FedD3A.
+
+  Args:
+    classifier_fn: No-arg builder of the global `tff_kd.models.Classifier`
+      (logits model plus its shared-variable backbone `features`).
+    element_spec: Batch structure of the client datasets.
+    server_data: The server's unlabeled pool (another domain).
+    clients_per_round: M, the most clients per round (stack rows).
+    client_optimizer: Client `tff.learning.optimizers` optimizer.
+    server_optimizer: Applies the mean delta before distillation
+      (`build_sgdm(1.0)`: the plain average, Algorithm 1 line 7).
+    distill_optimizer: Student optimiser.
+    distill_config: Distillation settings.
+    learning_rate: Client learning rate at round 0 (> 0).
+    alpha: Ridge of eq. 5 (> 0), in squared feature units.
+    weighting: 'soft' (eq. 6), or the ablation's 'onehot', 'avg', 'random'.
+    ensemble: 'probs' (eq. 7: weighted mean of probabilities) or 'logits'.
+    projection_batches: Cap on the local batches P is built from (0: all of
+      the round's batches).
+    learning_rate_decay: Client lr multiplier per round, in (0, 1].
+    num_clients: K of the federation, for the per-client weight report (0:
+      no report).
+    dataset_fn: Key -> dataset function (clients then receive keys, and the
+      per-client report knows their ids).
+
+  Returns:
+    A `tff.learning.templates.LearningProcess`.
+
+  Raises:
+    ConfigError: a bad hyper-parameter (alpha <= 0, unknown weighting, ...).
+    DataError: a server pool whose images do not match the model input.
+  """
+  fedd3a_tf.check_settings(alpha=alpha, weighting=weighting,
+                           ensemble=ensemble,
+                           projection_batches=projection_batches)
+  if not 0 < learning_rate:
+    raise errors.ConfigError(
+        f'client learning rate must be > 0, got {learning_rate}')
+  if not 0 < learning_rate_decay <= 1:
+    raise errors.ConfigError('client learning-rate decay must be in (0, 1], '
+                             f'got {learning_rate_decay}')
+  if (isinstance(clients_per_round, bool) or
+      not isinstance(clients_per_round, int) or clients_per_round < 1):
+    raise errors.ConfigError(
+        f'clients_per_round must be >= 1, got {clients_per_round!r}')
+  if not isinstance(num_clients, int) or num_clients < 0:
+    raise errors.ConfigError(f'num_clients must be >= 0, got {num_clients!r}')
+  distill_config.validate()
+  _, _, input_shape = fedd3a_tff.classifier_specs(classifier_fn)
+  fedd3a_tf.check_pool(server_data.image_shape, input_shape)
+
+  client_work = fedd3a_tff.build_client_work(
+      classifier_fn, element_spec, client_optimizer,
+      learning_rate=learning_rate, learning_rate_decay=learning_rate_decay,
+      alpha=float(alpha), projection_batches=projection_batches,
+      dataset_fn=dataset_fn)
+  aggregator = fedd3a_tff.build_stacking_aggregator(client_work,
+                                                    clients_per_round)
+  stack_type = aggregator.next.type_signature.result.result.member
+  finalizer = fedd3a_tff.build_finalizer(
+      classifier_fn, stack_type, server_optimizer, distill_optimizer,
+      server_data, distill_config, weighting=weighting, ensemble=ensemble,
+      num_clients=num_clients if dataset_fn is not None else 0)
+  model_fn = fedd3a_tff.model_fn_of(classifier_fn)
+  weights_type = client_work.next.type_signature.parameter[1].member
+  return composer.compose_learning_process(
+      learning.build_initial_weights_fn(model_fn),
+      tff.learning.templates.build_broadcast_process(weights_type),
+      client_work, aggregator, finalizer)

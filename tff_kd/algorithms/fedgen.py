@@ -1,0 +1,203 @@
+"""FedGen as a TFF learning process.
+
+Zhu, Hong and Zhou, "Data-Free Knowledge Distillation for Heterogeneous
+Federated Learning", ICML 2021 (Algorithm 1; generator objective eq. 4 with
+the supplement's label-count weighting, Sec. 9; client objective eq. 5).
+This module validates the settings and wires the stages of
+`tff_kd.federated.fedgen` (data flow of one round: see there) with the
+stacking aggregator of `tff_kd.federated.feddf`.
+
+State: `tff.learning.templates.LearningAlgorithmState` whose
+`global_model_weights` is `(classifier ModelWeights, generator
+ModelWeights)`; `get_model_weights` / `set_model_weights` see the
+classifier (`composer.first_model_view`); `generator_weights` reads the
+generator.
+"""
+
+import collections
+import math
+
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_kd import errors
+from tff_kd.core import fedgen as fedgen_tf
+from tff_kd.federated import composer
+from tff_kd.federated import feddf as feddf_tff
+from tff_kd.federated import fedgen as fedgen_tff
+from tff_kd.federated import learning
+from tff_kd.models import generators
+
+
+def build_fedgen_process(
+    classifier_fn: fedgen_tff.ClassifierFn,
+    element_spec: collections.OrderedDict,
+    *,
+    num_classes: int,
+    clients_per_round: int,
+    client_optimizer: tff.learning.optimizers.Optimizer,
+    server_optimizer: tff.learning.optimizers.Optimizer,
+    generator_optimizer: tff.learning.optimizers.Optimizer,
+    learning_rate: float,
+    dataset_fn: learning.DatasetFn,
+    local_batch_size: int,
+    learning_rate_decay: float = 1.0,
+    generator_steps: int = 50,
+    generator_batch_size: int = 32,
+    noise_dim: int = 32,
+    hidden: int = 256,
+    noise: str = 'gaussian',
+    output_activation: str | None = None,
+    teacher_ensemble: str = 'per_head',
+    teacher_weight: float = 1.0,
+    diversity_weight: float = 1.0,
+    local_alpha: float = 10.0,
+    local_beta: float = 10.0,
+    coefficient_decay: float = 0.98,
+    local_gen_batch_size: int = 32,
+    start_round: int = 1,
+    seed: int = 0,
+) -> tff.learning.templates.LearningProcess:
+  """Builds FedGen (defaults: the reference's MNIST settings).
+
+  Args:
+    classifier_fn: Builds the `tff_kd.models.Classifier`; its head must be
+      one Dense layer (FedGen's generator imitates the head's input).
+    element_spec: Batch structure of the client datasets.
+    num_classes: C.
+    clients_per_round: M, the most clients per round (stack slots).
+    client_optimizer: Client optimizer (reference: SGD).
+    server_optimizer: Applies the mean classifier delta (SGD lr 1: FedAvg).
+    generator_optimizer: Reference: Adam, lr 3e-4 (MNIST).
+    learning_rate: Client learning rate at round 0 (> 0).
+    dataset_fn: Key -> dataset function (required: clients read their round
+      number and build their dataset from the key).
+    local_batch_size: B, the clients' batch size (scales alpha by B'/B).
+    learning_rate_decay: Client lr multiplier per round, in (0, 1].
+    generator_steps: Server generator steps per round (reference 50).
+    generator_batch_size: Generated features per server step (reference
+      32).
+    noise_dim: d_n (32).
+    hidden: d_h (256 for MNIST).
+    noise: 'gaussian' (the paper) or 'uniform' (the reference code).
+    output_activation: The generator's last activation: None (reference) or
+      e.g. 'relu'.
+    teacher_ensemble: 'per_head' (reference) or 'logits' (the paper).
+    teacher_weight: Weight of the teacher loss (reference 1).
+    diversity_weight: Weight of the diversity loss (reference 1).
+    local_alpha: c0 of the clients' generated-feature CE (reference 10).
+    local_beta: c0 of the clients' latent KL term (reference 10; 0 = the
+      paper's objective).
+    coefficient_decay: Per-round decay of both (reference 0.98).
+    local_gen_batch_size: B', generated labels per client step (32).
+    start_round: First round whose clients use the regulariser (1).
+    seed: Seed of the generator's initial weights and of its noise.
+
+  Returns:
+    A `tff.learning.templates.LearningProcess`.
+
+  Raises:
+    ConfigError: A bad setting, or a classifier whose head is not linear.
+  """
+  _check(learning_rate=learning_rate, learning_rate_decay=learning_rate_decay,
+         clients_per_round=clients_per_round, generator_steps=generator_steps,
+         generator_batch_size=generator_batch_size, noise_dim=noise_dim,
+         hidden=hidden, noise=noise, teacher_ensemble=teacher_ensemble,
+         local_alpha=local_alpha, local_beta=local_beta,
+         coefficient_decay=coefficient_decay,
+         local_gen_batch_size=local_gen_batch_size,
+         local_batch_size=local_batch_size, start_round=start_round,
+         teacher_weight=teacher_weight, diversity_weight=diversity_weight)
+  if dataset_fn is None:
+    raise errors.ConfigError(
+        'fedgen needs keyed client data (dataset_fn): clients read the round '
+        'number, which decays their regulariser, from their key')
+  with tf.Graph().as_default():
+    classifier = classifier_fn()
+    try:
+      fedgen_tff.head_variables(classifier)
+    except ValueError as e:
+      raise errors.ConfigError(str(e)) from None
+    feature_dim = classifier.feature_dim
+    if classifier.model.output_shape[-1] != num_classes:
+      raise errors.ConfigError(
+          f'the classifier has {classifier.model.output_shape[-1]} outputs '
+          f'but num_classes is {num_classes}')
+
+  def generator_fn():
+    return generators.build_feature_generator(
+        noise_dim=noise_dim, num_classes=num_classes, feature_dim=feature_dim,
+        hidden=hidden, output_activation=output_activation or None,
+        seed=seed)
+
+  regularizer = fedgen_tff.LocalRegularizer(
+      generator_fn=generator_fn, noise_dim=noise_dim, alpha=local_alpha,
+      beta=local_beta, decay=coefficient_decay, floor=1e-4,
+      gen_batch_size=local_gen_batch_size, batch_size=local_batch_size,
+      noise=noise, start_round=start_round)
+  client_work = fedgen_tff.build_client_work(
+      classifier_fn, element_spec, client_optimizer, num_classes=num_classes,
+      learning_rate=learning_rate, learning_rate_decay=learning_rate_decay,
+      dataset_fn=dataset_fn, regularizer=regularizer)
+  update_type = client_work.next.type_signature.result.result.member.update
+  aggregator = feddf_tff.build_stacking_aggregator(update_type,
+                                                   clients_per_round)
+  stack_type = aggregator.next.type_signature.result.result.member
+  finalizer = fedgen_tff.build_generator_finalizer(
+      classifier_fn, stack_type, server_optimizer,
+      fedgen_tff.GeneratorTraining(
+          generator_fn=generator_fn, optimizer=generator_optimizer,
+          steps=generator_steps, batch_size=generator_batch_size,
+          noise_dim=noise_dim, noise=noise, teacher_weight=teacher_weight,
+          diversity_weight=diversity_weight, ensemble=teacher_ensemble,
+          seed=seed))
+  initial = fedgen_tff.initial_weights_fn(classifier_fn, generator_fn)
+  process = composer.compose_learning_process(
+      initial,
+      tff.learning.templates.build_broadcast_process(
+          initial.type_signature.result),
+      client_work, aggregator, finalizer)
+  return composer.first_model_view(process)
+
+
+def generator_weights(state) -> tff.learning.models.ModelWeights:
+  """The global generator's `ModelWeights` from a FedGen process state."""
+  return state.global_model_weights[1]
+
+
+def _check(**v) -> None:
+  def fail(message):
+    raise errors.ConfigError(f'fedgen {message}')
+
+  def finite(x):
+    return isinstance(x, (int, float)) and not isinstance(
+        x, bool) and math.isfinite(x)
+
+  if not (finite(v['learning_rate']) and v['learning_rate'] > 0):
+    fail(f"client learning rate must be > 0, got {v['learning_rate']!r}")
+  if not (finite(v['learning_rate_decay']) and
+          0 < v['learning_rate_decay'] <= 1):
+    fail('client learning-rate decay must be in (0, 1], got '
+         f"{v['learning_rate_decay']!r}")
+  for name in ('clients_per_round', 'generator_steps', 'generator_batch_size',
+               'noise_dim', 'hidden', 'local_gen_batch_size',
+               'local_batch_size'):
+    if not isinstance(v[name], int) or isinstance(v[name], bool) or (
+        v[name] < 1):
+      fail(f'{name} must be an integer >= 1, got {v[name]!r}')
+  if not isinstance(v['start_round'], int) or v['start_round'] < 0:
+    fail(f"start_round must be an integer >= 0, got {v['start_round']!r}")
+  if v['noise'] not in generators.NOISE_KINDS:
+    fail(f"noise {v['noise']!r} is unknown; choose one of "
+         f"{', '.join(generators.NOISE_KINDS)}")
+  if v['teacher_ensemble'] not in fedgen_tf.TEACHER_ENSEMBLES:
+    fail(f"teacher_ensemble {v['teacher_ensemble']!r} is unknown; choose one "
+         f"of {', '.join(fedgen_tf.TEACHER_ENSEMBLES)}")
+  for name in ('local_alpha', 'local_beta', 'teacher_weight',
+               'diversity_weight'):
+    if not (finite(v[name]) and v[name] >= 0):
+      fail(f'{name} must be >= 0, got {v[name]!r}')
+  if not (finite(v['coefficient_decay']) and
+          0 < v['coefficient_decay'] <= 1):
+    fail('coefficient_decay must be in (0, 1], got '
+         f"{v['coefficient_decay']!r}")

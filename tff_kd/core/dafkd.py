@@ -1,0 +1,460 @@
+"""DaFKD's client round and server round in pure TensorFlow.
+
+DaFKD (Wang et al., "DaFKD: Domain-aware Federated Knowledge Distillation",
+CVPR 2023, Algorithm 1). The single-step maths (eqs. 2, 3, 7, 9, appendix B)
+is `tff_kd.core.gan`; this module loops it over a client's data and runs
+the server's distillation. `tff_kd.federated.dafkd` places both.
+
+Client k, one round (Algorithm 1, lines 16-26; `client_round`): copy the
+broadcast classifier w_t and generator theta_t^g, and its own discriminator
+theta_k^d from the previous round (line 18); for every minibatch one
+`gan.client_gan_step` (eq. 9 on classifier + discriminator, then eq. 3 on
+the generator); return the classifier and generator deltas and the new
+discriminator row.
+
+Server, one round (lines 9-13; `server_round`): the mean classifier (eq. 6)
+and generator (eq. 4); a seeded pseudo pool from a generator
+(`pseudo_pool`); every client's classifier logits and discriminator scores
+on it (`teacher_outputs`); alpha of eq. (7) (`teacher_weights`, with the
+epsilon guard of `distillation.normalize_weights`), the target of eq. (8)
+(`distillation.weighted_ensemble`) and `distillation.distill` into the mean
+classifier. With appendix B's private discriminators the clients compute
+`gan.private_teacher_terms` on the same pool (`client_round` with a
+`PrivatePool`) and the server
+only sees their (secure) sums (`gan.private_teacher`).
+
+The discriminator state of a client (`discriminator_variables`) is the head
+alone when it shares the classifier's extractor (the extractor is part of the
+classifier, which is averaged), or the whole separate discriminator
+(trainable and BatchNorm statistics) in the "no sharing" ablation.
+
+Seeds are stateless: a client's step seeds come from its data key
+(`key_seed`), the pool's from (config seed, round) (`pool_seed`), so clients
+and server can draw the same pool (appendix B) and runs are reproducible.
+"""
+
+from typing import NamedTuple, Optional, Sequence
+
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_kd.core import distillation
+from tff_kd.core import gan
+from tff_kd.core import local_training
+from tff_kd.models import classifiers
+from tff_kd.models import generators
+
+ModelWeights = tff.learning.models.ModelWeights
+_HASH_BUCKETS = 2**62
+
+
+def client_id_of_key(key: tf.Tensor) -> tf.Tensor:
+  """The int32 client id of a data key `"<id>|<seed>|<round>"`."""
+  return tf.strings.to_number(tf.strings.split(key, '|')[0], tf.int32)
+
+
+def key_seed(key: tf.Tensor) -> tf.Tensor:
+  """An int64 seed word from a client's data key (unique per client/round)."""
+  return tf.strings.to_hash_bucket_fast(key, _HASH_BUCKETS)
+
+
+def step_seed(base: tf.Tensor, step: tf.Tensor) -> tf.Tensor:
+  """Shape-[2] stateless seed of local step `step` of a client round."""
+  return tf.stack([tf.cast(base, tf.int64), tf.cast(step, tf.int64)])
+
+
+def pool_seed(seed: int, round_num: tf.Tensor) -> tf.Tensor:
+  """Shape-[2] stateless seed of round `round_num`'s pseudo pool."""
+  # The offset keeps pool seeds apart from the client step seeds' streams.
+  return tf.stack([tf.constant(seed, tf.int64) + 7_919,
+                   tf.cast(round_num, tf.int64)])
+
+
+def discriminator_variables(
+    discriminator: generators.DiscriminatorHead) -> list:
+  """The variables a client keeps between rounds (its store row)."""
+  if discriminator.shared:
+    return list(discriminator.head.weights)
+  return list(discriminator.model.weights)
+
+
+def pseudo_pool(generator: tf.keras.Model, size: int, *, noise_dim: int,
+                num_classes: int, seed: tf.Tensor) -> tf.Tensor:
+  """The distillation pool D^g (Algorithm 1, line 11): `size` generated images.
+
+  Uniform pseudo labels, Gaussian noise, generator in inference mode.
+  """
+  return gan.generate(generator, size, noise_dim=noise_dim,
+                      num_classes=num_classes, seed=seed, training=False)[0]
+
+
+class GanSettings(NamedTuple):
+  """Client GAN settings (see `gan.client_gan_step`).
+
+  Attributes:
+    noise_dim: Generator noise size.
+    num_classes: C.
+    adv_weight: Weight of eq. (2) in eq. (9).
+    gp_weight: Gradient-penalty weight (reference code 0.3, paper 0).
+    generator_form: 'minimax' (eq. 3) or 'non_saturating'.
+  """
+
+  noise_dim: int
+  num_classes: int
+  adv_weight: float = 1.0
+  gp_weight: float = 0.0
+  generator_form: str = 'minimax'
+
+
+class ClientRoundResult(NamedTuple):
+  """One client's round.
+
+  Attributes:
+    classifier_delta: `ModelWeights`: trainable local - global, and the final
+      non-trainable values.
+    generator_delta: The same for the generator.
+    discriminator: Final values of `discriminator_variables`.
+    local: `local_training.LocalResult` (no delta) for the standard stats:
+      examples, summed cross-entropy, steps.
+    means: float32 [6]: means over steps of (joint loss eq. 9, cross-entropy,
+      eq. 2 loss, eq. 3 loss, real accuracy, fake accuracy); zeros if no step.
+    private_terms: Appendix B's (f_k s_k [N, C], f_k [N]) on the round's pool
+      (drawn from the broadcast generator), or None.
+  """
+
+  classifier_delta: ModelWeights
+  generator_delta: ModelWeights
+  discriminator: list
+  local: local_training.LocalResult
+  means: tf.Tensor
+  private_terms: Optional[tuple[tf.Tensor, tf.Tensor]] = None
+
+
+class PrivatePool(NamedTuple):
+  """Appendix B: the pool every client regenerates, and its teacher terms.
+
+  Attributes:
+    size: N.
+    seed: `pool_seed` of the round (the server uses the same).
+    temperature: T of the soft predictions s_k.
+    correlation: f_k from the discriminator, or 1 (uniform ablation).
+  """
+
+  size: int
+  seed: tf.Tensor
+  temperature: float
+  correlation: bool = True
+
+
+MEAN_NAMES = ('joint_loss', 'ce_loss', 'disc_loss', 'generator_loss',
+              'disc_real_accuracy', 'disc_fake_accuracy')
+
+
+def _assign(variables, values) -> None:
+  for v, x in zip(variables, values):
+    v.assign(x)
+
+
+def _delta(variables: ModelWeights, start: Sequence[tf.Tensor]) -> ModelWeights:
+  return ModelWeights(
+      [v - s for v, s in zip(variables.trainable, start)],
+      [tf.identity(v) for v in variables.non_trainable])
+
+
+@tf.function
+def client_round(classifier: classifiers.Classifier,
+                 discriminator: generators.DiscriminatorHead,
+                 generator: tf.keras.Model,
+                 weights: tuple[ModelWeights, ModelWeights],
+                 discriminator_row: Sequence[tf.Tensor],
+                 dataset: tf.data.Dataset,
+                 *,
+                 joint_optimizer: tff.learning.optimizers.Optimizer,
+                 generator_optimizer: tff.learning.optimizers.Optimizer,
+                 learning_rate: tf.Tensor,
+                 seed: tf.Tensor,
+                 settings: GanSettings,
+                 private_pool: Optional[PrivatePool] = None
+                 ) -> ClientRoundResult:
+  """Algorithm 1, lines 16-25, on one client (models built outside).
+
+  Optimiser states start fresh each round (as in `local_training`); the joint
+  optimiser's learning rate is set to `learning_rate`.
+
+  Args:
+    classifier: The client's classifier (overwritten).
+    discriminator: Its discriminator (overwritten).
+    generator: The generator (overwritten).
+    weights: Broadcast (classifier, generator) `ModelWeights`.
+    discriminator_row: This client's discriminator values from its last
+      round (`discriminator_variables` order).
+    dataset: Batches `{'x', 'y'}`.
+    joint_optimizer: Optimiser of eq. (9).
+    generator_optimizer: Optimiser of eq. (3).
+    learning_rate: This round's joint learning rate.
+    seed: int64 seed word of this client round (`key_seed`).
+    settings: `GanSettings`.
+    private_pool: Appendix B: after training, draw the round's pool with the
+      broadcast generator and compute `gan.private_teacher_terms` with the
+      trained classifier and discriminator (inference mode).
+
+  Returns:
+    A `ClientRoundResult`.
+  """
+  clf_vars = local_training.model_weights(classifier.model)
+  gen_vars = local_training.model_weights(generator)
+  tf.nest.map_structure(lambda v, t: v.assign(t), clf_vars, weights[0])
+  tf.nest.map_structure(lambda v, t: v.assign(t), gen_vars, weights[1])
+  _assign(discriminator_variables(discriminator), discriminator_row)
+  clf_start = [tf.identity(v) for v in clf_vars.trainable]
+  gen_start = [tf.identity(v) for v in gen_vars.trainable]
+  variables = gan.gan_variables(classifier, discriminator, generator)
+  joint_state = gan.initial_optimizer_state(joint_optimizer, variables.joint,
+                                            learning_rate)
+  gen_state = gan.initial_optimizer_state(generator_optimizer,
+                                          variables.generator)
+  num_examples = tf.constant(0.0)
+  ce_sum = tf.constant(0.0)
+  sums = tf.zeros([len(MEAN_NAMES)])
+  steps = tf.constant(0)
+  for batch in iter(dataset):
+    r = gan.client_gan_step(
+        classifier, discriminator, generator, batch,
+        joint_optimizer=joint_optimizer, joint_state=joint_state,
+        generator_optimizer=generator_optimizer, generator_state=gen_state,
+        noise_dim=settings.noise_dim, num_classes=settings.num_classes,
+        seed=step_seed(seed, steps), adv_weight=settings.adv_weight,
+        gp_weight=settings.gp_weight, generator_form=settings.generator_form)
+    joint_state, gen_state = r.joint_state, r.generator_state
+    batch_size = tf.cast(tf.shape(batch['y'])[0], tf.float32)
+    joint = r.ce_loss + settings.adv_weight * r.disc_loss
+    if settings.gp_weight:
+      joint += settings.gp_weight * r.penalty
+    sums += tf.stack([joint, r.ce_loss, r.disc_loss, r.gen_loss,
+                      r.real_accuracy, r.fake_accuracy])
+    num_examples += batch_size
+    ce_sum += r.ce_loss * batch_size
+    steps += 1
+  means = sums / tf.maximum(tf.cast(steps, tf.float32), 1.0)
+  clf_delta = _delta(clf_vars, clf_start)
+  gen_delta = _delta(gen_vars, gen_start)
+  disc_row = [tf.identity(v) for v in discriminator_variables(discriminator)]
+  terms = None
+  if private_pool is not None:
+    # The delta is read first (tf.function orders stateful ops).
+    tf.nest.map_structure(lambda v, t: v.assign(t), gen_vars, weights[1])
+    pool = pseudo_pool(generator, private_pool.size,
+                       noise_dim=settings.noise_dim,
+                       num_classes=settings.num_classes,
+                       seed=private_pool.seed)
+    logits = distillation.teacher_logits([classifier.model], pool)[0]
+    if private_pool.correlation:
+      scores = distillation.teacher_logits([discriminator.model], pool)[0]
+    else:
+      scores = tf.ones([private_pool.size, 1])
+    fs, f = gan.private_teacher_terms(scores, logits,
+                                      private_pool.temperature)
+    # Static shapes: TFF's (secure) aggregation needs fully defined types.
+    terms = (tf.ensure_shape(fs, [private_pool.size, settings.num_classes]),
+             tf.ensure_shape(f, [private_pool.size]))
+  return ClientRoundResult(
+      clf_delta, gen_delta, disc_row,
+      local_training.LocalResult(None, num_examples, ce_sum, steps), means,
+      terms)
+
+
+@tf.function
+def teacher_outputs(classifier: classifiers.Classifier,
+                    discriminator: generators.DiscriminatorHead,
+                    global_weights: ModelWeights,
+                    deltas: ModelWeights,
+                    discriminator_rows: Sequence[tf.Tensor],
+                    valid: tf.Tensor,
+                    x: tf.Tensor,
+                    batch_size: int = 256) -> tuple[tf.Tensor, tf.Tensor]:
+  """Every received client's logits s_k and discriminator score f_k on x.
+
+  Row k's classifier is `global + delta_k` with its own non-trainable values,
+  its discriminator `discriminator_rows[..][k]` (on that classifier's
+  extractor when shared). One set of Keras models serves all rows.
+
+  Args:
+    classifier: A built classifier (overwritten).
+    discriminator: Its discriminator (overwritten).
+    global_weights: The broadcast classifier `ModelWeights`.
+    deltas: Stacked [M, ...] classifier deltas (as `ClientRoundResult`).
+    discriminator_rows: Stacked [M, ...] discriminator values.
+    valid: [M] bool, rows that hold a client.
+    x: Pool [N, ...].
+    batch_size: Examples per forward pass.
+
+  Returns:
+    (logits [M, N, C], scores f_k(x_i) [M, N] in [0, 1]); zeros in invalid
+    rows.
+  """
+  variables = local_training.model_weights(classifier.model)
+  disc_vars = discriminator_variables(discriminator)
+  num_slots = int(valid.shape[0])
+  num_classes = int(classifier.model.output_shape[-1])
+  logits_out = tf.TensorArray(tf.float32, size=num_slots,
+                              element_shape=tf.TensorShape([None, num_classes]))
+  scores_out = tf.TensorArray(tf.float32, size=num_slots,
+                              element_shape=tf.TensorShape([None]))
+  n = tf.shape(x)[0]
+  # Every row is evaluated (no tf.cond around two nested models: a much
+  # smaller graph); rows without a client are zeroed afterwards.
+  for k in tf.range(num_slots):
+    for v, g, d in zip(variables.trainable, global_weights.trainable,
+                       deltas.trainable):
+      v.assign(g + d[k])
+    for v, d in zip(variables.non_trainable, deltas.non_trainable):
+      v.assign(d[k])
+    for v, d in zip(disc_vars, discriminator_rows):
+      v.assign(d[k])
+    logits = distillation.teacher_logits([classifier.model], x, batch_size)[0]
+    scores = tf.reshape(distillation.teacher_logits(
+        [discriminator.model], x, batch_size)[0], [n])
+    keep = tf.cast(valid[k], tf.float32)
+    logits_out = logits_out.write(k, keep * logits)
+    scores_out = scores_out.write(k, keep * scores)
+  return logits_out.stack(), scores_out.stack()
+
+
+def teacher_weights(scores: tf.Tensor, valid: tf.Tensor, *,
+                    correlation: bool = True,
+                    eps: float = 1e-12) -> tf.Tensor:
+  """alpha[k, i] of eq. (7) over the received clients ([M, N], columns sum 1).
+
+  Rows that hold no client get 0. A sample every discriminator rejects
+  (scores summing to <= eps) gets uniform weights. `correlation=False` is
+  the "no correlation" ablation: uniform 1/K_t (FedDF's plain average).
+  """
+  scores = tf.convert_to_tensor(scores, tf.float32)
+  raw = scores if correlation else tf.ones_like(scores)
+  return distillation.normalize_weights(raw, eps,
+                                        mask=tf.cast(valid, tf.float32))
+
+
+def mean_update(global_weights: ModelWeights, deltas: ModelWeights,
+                valid: tf.Tensor) -> ModelWeights:
+  """Eqs. (4) and (6): the plain mean 1/K_t sum_k of the received models.
+
+  Non-trainable values (BatchNorm statistics) are the clients' mean too.
+  """
+  alpha = tf.cast(valid, tf.float32) / tf.maximum(
+      tf.reduce_sum(tf.cast(valid, tf.float32)), 1.0)
+  any_client = tf.reduce_any(valid)
+
+  def mean(stacked):
+    a = tf.reshape(alpha, [-1] + [1] * (stacked.shape.rank - 1))
+    return tf.reduce_sum(a * stacked, axis=0)
+
+  return ModelWeights(
+      [g + mean(d) for g, d in zip(global_weights.trainable,
+                                   deltas.trainable)],
+      [tf.where(any_client, mean(d), g) for g, d in zip(
+          global_weights.non_trainable, deltas.non_trainable)])
+
+
+class ServerRoundResult(NamedTuple):
+  """The server's round.
+
+  Attributes:
+    classifier: New classifier `ModelWeights` w_{t+1} (distilled).
+    generator: New generator `ModelWeights` theta_{t+1}^g (eq. 4).
+    distill: `distillation.DistillResult`.
+    alpha_entropy: Mean entropy (nats) of alpha; -1 in private mode.
+    alpha_sum_error: max_i |sum_k alpha[k, i] - 1|; 0 in private mode.
+    mean_score: Mean discriminator score f_k(x_i) over received clients and
+      the pool (private mode: sum_k f_k / K_t).
+  """
+
+  classifier: ModelWeights
+  generator: ModelWeights
+  distill: distillation.DistillResult
+  alpha_entropy: tf.Tensor
+  alpha_sum_error: tf.Tensor
+  mean_score: tf.Tensor
+
+
+@tf.function
+def server_round(classifier: classifiers.Classifier,
+                 discriminator: generators.DiscriminatorHead,
+                 generator: tf.keras.Model,
+                 distill_optimizer: tff.learning.optimizers.Optimizer,
+                 global_weights: tuple[ModelWeights, ModelWeights],
+                 classifier_deltas: ModelWeights,
+                 generator_deltas: ModelWeights,
+                 valid: tf.Tensor,
+                 *,
+                 pool_size: int,
+                 pool_seed_value: tf.Tensor,
+                 pool_from_broadcast: bool,
+                 settings: GanSettings,
+                 config: distillation.DistillConfig,
+                 ensemble: str = 'probs',
+                 correlation: bool = True,
+                 discriminator_rows: Optional[Sequence[tf.Tensor]] = None,
+                 private_sums: Optional[tuple[tf.Tensor, tf.Tensor]] = None
+                 ) -> ServerRoundResult:
+  """Algorithm 1, lines 9-13 (models built outside, overwritten here).
+
+  Exactly one of `discriminator_rows` (the discriminators were uploaded) and
+  `private_sums` ((sum_k f_k s_k, sum_k f_k) of appendix B) is given.
+
+  Args:
+    classifier: A classifier (teacher slot, then the student).
+    discriminator: Its discriminator (teacher slots).
+    generator: A generator (draws the pool).
+    distill_optimizer: The student's optimiser (fresh state every round).
+    global_weights: Broadcast (classifier, generator) `ModelWeights`.
+    classifier_deltas: Stacked [M, ...] classifier deltas.
+    generator_deltas: Stacked [M, ...] generator deltas.
+    valid: [M] bool, rows that hold a client.
+    pool_size: N.
+    pool_seed_value: `pool_seed` of this round.
+    pool_from_broadcast: Draw the pool from the broadcast generator theta_t
+      (appendix B: clients have no other) instead of theta_{t+1}.
+    settings: `GanSettings` (noise size, classes).
+    config: `DistillConfig`; its temperature also tempers the teachers.
+    ensemble: 'probs' (eq. 8) or 'logits' (the reference code).
+    correlation: Weights of eq. (7), or uniform (ablation).
+    discriminator_rows: Stacked [M, ...] discriminator values.
+    private_sums: Appendix B sums ([N, C], [N]).
+
+  Returns:
+    A `ServerRoundResult`.
+  """
+  new_classifier = mean_update(global_weights[0], classifier_deltas, valid)
+  new_generator = mean_update(global_weights[1], generator_deltas, valid)
+  gen_vars = local_training.model_weights(generator)
+  tf.nest.map_structure(
+      lambda v, t: v.assign(t), gen_vars,
+      global_weights[1] if pool_from_broadcast else new_generator)
+  pool = pseudo_pool(generator, pool_size, noise_dim=settings.noise_dim,
+                     num_classes=settings.num_classes, seed=pool_seed_value)
+  num_clients = tf.maximum(tf.reduce_sum(tf.cast(valid, tf.float32)), 1.0)
+  if private_sums is None:
+    logits, scores = teacher_outputs(
+        classifier, discriminator, global_weights[0], classifier_deltas,
+        discriminator_rows, valid, pool)
+    alpha = teacher_weights(scores, valid, correlation=correlation)
+    target = distillation.weighted_ensemble(
+        logits, alpha, temperature=config.temperature, ensemble=ensemble)
+    entropy = gan.weights_entropy(alpha)
+    sum_error = tf.reduce_max(tf.abs(tf.reduce_sum(alpha, axis=0) - 1.0))
+    mean_score = tf.reduce_sum(tf.reduce_mean(scores, axis=1)) / num_clients
+  else:
+    sum_fs, sum_f = private_sums
+    target = tf.ensure_shape(gan.private_teacher(sum_fs, sum_f),
+                             [pool_size, settings.num_classes])
+    entropy = tf.constant(-1.0)
+    sum_error = tf.constant(0.0)
+    mean_score = tf.reduce_mean(sum_f) / num_clients
+  tf.nest.map_structure(lambda v, t: v.assign(t),
+                        local_training.model_weights(classifier.model),
+                        new_classifier)
+  result = distillation.distill(classifier.model, distill_optimizer, pool,
+                                target, config)
+  return ServerRoundResult(result.weights, new_generator, result, entropy,
+                           sum_error, mean_score)

@@ -1,0 +1,450 @@
+"""TFF stages of DaFKD: GAN client work with per-client discriminators,
+stacking (and secure-sum) aggregation, domain-aware distillation finalizer.
+
+DaFKD (Wang et al., "DaFKD: Domain-aware Federated Knowledge Distillation",
+CVPR 2023, Algorithm 1; the maths is `tff_kd.core.dafkd` and
+`tff_kd.core.gan`). One round:
+
+1. distributor: broadcast the server model, a tuple (classifier
+   `ModelWeights`, generator `ModelWeights`) (line 6);
+2. client work (`build_client_work`): its state is (round number, the
+   discriminator store). The store is a [K, ...] structure holding every
+   client's discriminator (`core.dafkd.discriminator_variables`: the head
+   when it shares the classifier's extractor, the whole network otherwise),
+   indexed by client id, so that line 18 ("set theta_k^d as the same in
+   previous round") holds for stateless simulated clients and the store is
+   checkpointed and resumed with the rest of the state. The store is
+   broadcast; client k reads row `id` (from its key `"<id>|<seed>|<round>"`),
+   runs `core.dafkd.client_round` (eq. 9 then eq. 3 per minibatch), and its
+   new row comes back through a `tff.federated_aggregate` that scatters rows
+   by id; rows of clients not sampled this round are unchanged. There is no
+   optimiser state to keep: local optimisers start fresh every round, as in
+   `local_training`. With appendix B (`private`), the client also draws the
+   round's pool from the broadcast generator and computes f_k s_k and f_k;
+3. aggregator: `feddf.build_stacking_aggregator` stacks every client's
+   classifier and generator deltas (and, plain mode, discriminator) into
+   [M, ...] rows. In private mode the discriminator is not in the stack and
+   the f_k s_k, f_k terms go through `tff.aggregators.SecureSumFactory`
+   (clipped to [0, 1], quantised to 32 bits, `federated_secure_sum_bitwidth`),
+   so the server sees only sum_k f_k s_k and sum_k f_k;
+4. finalizer (`build_finalizer`): `core.dafkd.server_round`: plain means of
+   classifiers (eq. 6) and generators (eq. 4), a pool of `pool_size`
+   generated images seeded by (seed, round), alpha of eq. (7), the target of
+   eq. (8) and `distillation.distill` into the mean classifier.
+
+Cost of the server-held store: the simulation broadcasts all K rows to
+every client and each client's aggregation accumulator has K rows, i.e.
+K x (head size) floats (20 x 257 for ResNet-11's head; the whole
+discriminator without sharing: 20 x ~0.6 M for ResNet-11). A real client
+keeps its own row on its device, so `bytes_down` / `bytes_up` count only the
+client's own row (plain mode: it is uploaded, line 26, and read back next
+time; private mode: it never moves, so it is not counted at all, and the
+store stands for the clients' own storage, never read by the finalizer).
+In plain mode the uploaded row reaches the server twice in the simulation
+(the stack for the finalizer, the scatter for the store); it is counted once.
+
+A secure-sum intrinsic needs an execution context that implements it: TFF
+0.87's `tff.backends.test` contexts (`tff_kd.program.context`'s
+`set_test_context`) replace it by an insecure sum; the plain local C++
+context rejects it.
+"""
+
+import collections
+from typing import Callable, NamedTuple, Optional
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_kd.core import dafkd as dafkd_tf
+from tff_kd.core import distillation
+from tff_kd.core import feddf as feddf_tf
+from tff_kd.core import local_training
+from tff_kd.federated import feddf as feddf_tff
+from tff_kd.federated import learning
+from tff_kd.models import classifiers
+from tff_kd.models import generators
+
+ModelWeights = tff.learning.models.ModelWeights
+_FLOAT_BYTES = np.dtype(np.float32).itemsize
+
+
+class ModelSpec(NamedTuple):
+  """How every stage builds DaFKD's models (inside its own computation).
+
+  Attributes:
+    classifier_fn: No-arg builder of the `Classifier` (shared features).
+    generator_fn: No-arg builder of the conditional image generator.
+    shared: The discriminator shares the classifier's extractor.
+    discriminator_seed: Initialiser seed of the discriminator.
+    settings: `core.dafkd.GanSettings`.
+  """
+
+  classifier_fn: Callable[[], classifiers.Classifier]
+  generator_fn: Callable[[], tf.keras.Model]
+  shared: bool
+  discriminator_seed: int
+  settings: dafkd_tf.GanSettings
+
+  def build(self):
+    """(classifier, discriminator, generator), freshly built."""
+    classifier = self.classifier_fn()
+    discriminator = generators.build_discriminator_head(
+        classifier, seed=self.discriminator_seed, shared=self.shared)
+    return classifier, discriminator, self.generator_fn()
+
+
+class PrivateSettings(NamedTuple):
+  """Appendix B: pool size, seed, temperature and whether f_k is used."""
+
+  pool_size: int
+  seed: int
+  temperature: float
+  correlation: bool
+
+
+def _model_values(spec: ModelSpec):
+  classifier, _, generator = spec.build()
+  return (local_training.model_weights(classifier.model),
+          local_training.model_weights(generator))
+
+
+def models_type(spec: ModelSpec) -> tff.Type:
+  """TFF type of the server model: (classifier, generator) `ModelWeights`."""
+  with tf.Graph().as_default():
+    return learning.spec_to_type(_model_values(spec))
+
+
+def build_initial_weights_fn(spec: ModelSpec) -> tff.Computation:
+  """A no-arg TFF computation returning the initial server model."""
+
+  @tff.tensorflow.computation
+  def initial_weights():
+    return _model_values(spec)
+
+  return initial_weights
+
+
+def _row_values(spec: ModelSpec) -> tuple:
+  _, discriminator, _ = spec.build()
+  return tuple(dafkd_tf.discriminator_variables(discriminator))
+
+
+def build_client_work(
+    spec: ModelSpec,
+    element_spec: collections.OrderedDict,
+    dataset_fn: learning.DatasetFn,
+    *,
+    joint_optimizer: tff.learning.optimizers.Optimizer,
+    generator_optimizer: tff.learning.optimizers.Optimizer,
+    num_clients: int,
+    learning_rate: float,
+    learning_rate_decay: float = 1.0,
+    private: Optional[PrivateSettings] = None,
+) -> tff.templates.MeasuredProcess:
+  """DaFKD's client work with the per-client discriminator store.
+
+  State: `(round_num, store)` at the server (see the module docstring). The
+  round number sets the joint learning rate `lr * decay**round` (and the
+  private pool's seed). Update per client: `classifier` and `generator`
+  deltas (`ModelWeights`), plus `discriminator` (plain) or `fs` [N, C] and
+  `f` [N] (private); weight: its number of examples. Measurements: the
+  standard sums of `learning.build_scheduled_client_work` and the client
+  means of `core.dafkd.MEAN_NAMES`.
+
+  Args:
+    spec: `ModelSpec`.
+    element_spec: Batch structure of the client datasets.
+    dataset_fn: Key -> dataset (keyed client data carries the client id).
+    joint_optimizer: Optimiser of eq. (9).
+    generator_optimizer: Optimiser of eq. (3).
+    num_clients: K, the rows of the store; client ids must be in [0, K).
+    learning_rate: Joint learning rate at round 0.
+    learning_rate_decay: Its multiplier per round.
+    private: Appendix B settings, or None (plain DaFKD).
+
+  Returns:
+    A `tff.templates.MeasuredProcess` (clients take keys).
+  """
+  weights_type = models_type(spec)
+  data_type = learning.client_data_type(element_spec, dataset_fn)
+  with tf.Graph().as_default():
+    row_specs = tuple(tf.TensorSpec(v.shape, v.dtype)
+                      for v in _row_values(spec))
+  row_type = learning.spec_to_type(row_specs)
+  model_bytes = float(learning.payload_bytes(weights_type))
+  row_bytes = float(learning.payload_bytes(row_type))
+  if private is None:
+    # Down: the models and the client's row; up: both, its weight, its id.
+    bytes_down = model_bytes + row_bytes
+    bytes_up = model_bytes + row_bytes + 2 * _FLOAT_BYTES
+  else:
+    num_terms = private.pool_size * (spec.settings.num_classes + 1)
+    bytes_down = model_bytes
+    bytes_up = model_bytes + (num_terms + 1) * _FLOAT_BYTES
+
+  @tff.tensorflow.computation
+  def initial_store():
+    return tuple(tf.tile(v[tf.newaxis], [num_clients] + [1] * v.shape.rank)
+                 for v in _row_values(spec))
+
+  store_type = initial_store.type_signature.result
+
+  @tff.tensorflow.computation(weights_type, data_type, np.float32, np.int32,
+                              store_type)
+  def client_update(weights, key, lr, round_num, store):
+    client_id = dafkd_tf.client_id_of_key(key)
+    checks = [
+        tf.debugging.assert_less(
+            client_id, num_clients,
+            message=f'client id out of range for the {num_clients} '
+            'discriminators this DaFKD process keeps (num_clients)'),
+        tf.debugging.assert_non_negative(client_id),
+    ]
+    with tf.control_dependencies(checks):
+      row = [tf.gather(s, client_id) for s in store]
+    classifier, discriminator, generator = spec.build()
+    private_pool = None
+    if private is not None:
+      private_pool = dafkd_tf.PrivatePool(
+          private.pool_size, dafkd_tf.pool_seed(private.seed, round_num),
+          private.temperature, private.correlation)
+    r = dafkd_tf.client_round(
+        classifier, discriminator, generator, weights, row,
+        dataset_fn(key), joint_optimizer=joint_optimizer,
+        generator_optimizer=generator_optimizer, learning_rate=lr,
+        seed=dafkd_tf.key_seed(key), settings=spec.settings,
+        private_pool=private_pool)
+    update = collections.OrderedDict(classifier=r.classifier_delta,
+                                     generator=r.generator_delta)
+    if private is None:
+      update['discriminator'] = tuple(r.discriminator)
+    else:
+      update['fs'], update['f'] = r.private_terms
+    gan_means = collections.OrderedDict(
+        zip(dafkd_tf.MEAN_NAMES, tf.unstack(r.means)))
+    return (tff.learning.templates.ClientResult(
+        update=update, update_weight=r.local.num_examples),
+            learning.client_stats(r.local, bytes_down, bytes_up), gan_means,
+            (tuple(r.discriminator), client_id))
+
+  # Scatter of the returned rows into a [K, ...] accumulator (with a count).
+  @tff.tensorflow.computation
+  def zeros():
+    return (tuple(tf.zeros([num_clients, *s.shape], s.dtype)
+                  for s in row_specs), tf.zeros([num_clients], tf.float32))
+
+  acc_type = zeros.type_signature.result
+
+  @tff.tensorflow.computation(acc_type, tff.types.StructWithPythonType(
+      [row_type, tff.TensorType(np.int32)], tuple))
+  def accumulate(acc, row_and_id):
+    rows, counts = acc
+    row, client_id = row_and_id
+    index = tf.reshape(client_id, [1, 1])
+    return (tuple(tf.tensor_scatter_nd_add(a, index, r[tf.newaxis])
+                  for a, r in zip(rows, row)),
+            tf.tensor_scatter_nd_add(counts, index, [1.0]))
+
+  @tff.tensorflow.computation(acc_type, acc_type)
+  def merge(a, b):
+    return tf.nest.map_structure(tf.add, a, b)
+
+  @tff.tensorflow.computation(acc_type)
+  def report(acc):
+    return acc
+
+  @tff.tensorflow.computation(store_type, acc_type)
+  def apply_rows(store, acc):
+    rows, counts = acc
+    # Sampling is without replacement, so counts are 0 or 1.
+    def update(old, new):
+      c = tf.reshape(counts, [-1] + [1] * (old.shape.rank - 1))
+      return tf.where(c > 0, new / tf.maximum(c, 1.0), old)
+    return tuple(update(o, n) for o, n in zip(store, rows))
+
+  @tff.tensorflow.computation(np.int32)
+  def round_learning_rate(round_num):
+    return tf.constant(learning_rate, tf.float32) * tf.pow(
+        tf.constant(learning_rate_decay, tf.float32),
+        tf.cast(round_num, tf.float32))
+
+  @tff.tensorflow.computation(np.int32)
+  def increment(round_num):
+    return round_num + 1
+
+  @tff.federated_computation
+  def init_fn():
+    return tff.federated_zip((tff.federated_value(np.int32(0), tff.SERVER),
+                              tff.federated_eval(initial_store, tff.SERVER)))
+
+  @tff.federated_computation(
+      init_fn.type_signature.result,
+      tff.FederatedType(weights_type, tff.CLIENTS),
+      tff.FederatedType(data_type, tff.CLIENTS))
+  def next_fn(state, weights, data):
+    round_num, store = state[0], state[1]
+    lr = tff.federated_map(round_learning_rate, round_num)
+    client_results, stats, gan_means, rows = tff.federated_map(
+        client_update, (weights, data, tff.federated_broadcast(lr),
+                        tff.federated_broadcast(round_num),
+                        tff.federated_broadcast(store)))
+    scattered = tff.federated_aggregate(rows, zeros(), accumulate, merge,
+                                        report)
+    new_store = tff.federated_map(apply_rows, (store, scattered))
+    totals = tff.federated_sum(stats)
+    means = tff.federated_mean(gan_means)
+    measurements = collections.OrderedDict(
+        bytes_down=totals.bytes_down,
+        bytes_up=totals.bytes_up,
+        train_loss_sum=totals.loss_sum,
+        num_examples=totals.num_examples,
+        num_steps=totals.num_steps,
+        learning_rate=lr,
+        num_clients=tff.federated_sum(tff.federated_value(1.0, tff.CLIENTS)))
+    for name in dafkd_tf.MEAN_NAMES:
+      measurements[name] = means[name]
+    return tff.templates.MeasuredProcessOutput(
+        state=tff.federated_zip((tff.federated_map(increment, round_num),
+                                 new_store)),
+        result=client_results,
+        measurements=tff.federated_zip(measurements))
+
+  return tff.templates.MeasuredProcess(init_fn, next_fn)
+
+
+def build_private_aggregator(
+    update_type: tff.Type, num_slots: int) -> tff.templates.AggregationProcess:
+  """Stacks the models; securely sums appendix B's `fs` and `f` terms.
+
+  Args:
+    update_type: Unplaced type of a private-mode client update
+      (`classifier`, `generator`, `fs`, `f`).
+    num_slots: M, the most clients per round.
+
+  Returns:
+    An `AggregationProcess` whose result is `(Stack of {classifier,
+    generator}, {fs: sum_k f_k s_k, f: sum_k f_k})`; measurements: the
+    stacked count and `SecureSumFactory`'s clipping counts.
+  """
+  models_part_type = tff.to_type(collections.OrderedDict(
+      classifier=update_type.classifier, generator=update_type.generator))
+  terms_type = tff.to_type(collections.OrderedDict(fs=update_type.fs,
+                                                   f=update_type.f))
+  stacking = feddf_tff.build_stacking_aggregator(models_part_type, num_slots)
+  # f_k s_k and f_k lie in [0, 1]: no clipping, 32-bit quantisation.
+  secure = tff.aggregators.SecureSumFactory(
+      upper_bound_threshold=1.0, lower_bound_threshold=0.0).create(terms_type)
+
+  @tff.tensorflow.computation(update_type)
+  def models_part(update):
+    return collections.OrderedDict(classifier=update['classifier'],
+                                   generator=update['generator'])
+
+  @tff.tensorflow.computation(update_type)
+  def terms_part(update):
+    return collections.OrderedDict(fs=update['fs'], f=update['f'])
+
+  @tff.federated_computation
+  def init_fn():
+    return tff.federated_zip((stacking.initialize(), secure.initialize()))
+
+  @tff.federated_computation(
+      init_fn.type_signature.result,
+      tff.FederatedType(update_type, tff.CLIENTS),
+      tff.FederatedType(np.float32, tff.CLIENTS))
+  def next_fn(state, value, weight):
+    stacked = stacking.next(state[0], tff.federated_map(models_part, value),
+                            weight)
+    summed = secure.next(state[1], tff.federated_map(terms_part, value))
+    return tff.templates.MeasuredProcessOutput(
+        state=tff.federated_zip((stacked.state, summed.state)),
+        result=tff.federated_zip((stacked.result, summed.result)),
+        measurements=tff.federated_zip(collections.OrderedDict(
+            num_stacked=stacked.measurements,
+            secure_sum=summed.measurements)))
+
+  return tff.templates.AggregationProcess(init_fn, next_fn)
+
+
+def build_finalizer(
+    spec: ModelSpec,
+    aggregate_type: tff.Type,
+    distill_optimizer: tff.learning.optimizers.Optimizer,
+    config: distillation.DistillConfig,
+    *,
+    pool_size: int,
+    seed: int,
+    pool_from_broadcast: bool,
+    ensemble: str = 'probs',
+    correlation: bool = True,
+    private: bool = False,
+) -> tff.templates.MeasuredProcess:
+  """`core.dafkd.server_round` as a finalizer; its state is the round number.
+
+  Measurements: `num_teachers`, `alpha_entropy` (mean entropy of eq. 7's
+  weights; -1 in private mode), `alpha_sum_error`, `mean_disc_score`, the
+  distillation's `steps`, `first_loss`, `last_loss` and `pool_size`.
+
+  Args:
+    spec: `ModelSpec`.
+    aggregate_type: Unplaced type of the aggregator's result.
+    distill_optimizer: Student optimiser (fresh state every round).
+    config: `DistillConfig` (its temperature also tempers the teachers).
+    pool_size: N, generated images per round.
+    seed: Seed of the pool (with the round number).
+    pool_from_broadcast: Draw the pool from theta_t rather than theta_{t+1}.
+    ensemble: 'probs' (eq. 8) or 'logits'.
+    correlation: eq. (7) weights, or uniform.
+    private: The aggregate is `build_private_aggregator`'s.
+
+  Returns:
+    A `tff.templates.MeasuredProcess` with the finalizer signature.
+  """
+  weights_type = models_type(spec)
+
+  @tff.tensorflow.computation(np.int32, weights_type, aggregate_type)
+  def server_tf(round_num, weights, aggregate):
+    if private:
+      stack = feddf_tf.Stack(*aggregate[0])
+      sums = aggregate[1]
+      kwargs = dict(private_sums=(sums['fs'], sums['f']))
+    else:
+      stack = feddf_tf.Stack(*aggregate)
+      kwargs = dict(discriminator_rows=stack.values['discriminator'])
+    num_slots = int(stack.weights.shape[0])
+    valid = tf.range(num_slots) < stack.count
+    classifier, discriminator, generator = spec.build()
+    r = dafkd_tf.server_round(
+        classifier, discriminator, generator, distill_optimizer,
+        (weights[0], weights[1]), stack.values['classifier'],
+        stack.values['generator'], valid, pool_size=pool_size,
+        pool_seed_value=dafkd_tf.pool_seed(seed, round_num),
+        pool_from_broadcast=pool_from_broadcast, settings=spec.settings,
+        config=config, ensemble=ensemble, correlation=correlation, **kwargs)
+    metrics = collections.OrderedDict(
+        num_teachers=tf.cast(stack.count, tf.float32),
+        alpha_entropy=r.alpha_entropy,
+        alpha_sum_error=r.alpha_sum_error,
+        mean_disc_score=r.mean_score,
+        steps=tf.cast(r.distill.steps_run, tf.float32),
+        first_loss=r.distill.first_loss,
+        last_loss=r.distill.last_loss,
+        pool_size=tf.constant(float(pool_size)))
+    return round_num + 1, (r.classifier, r.generator), metrics
+
+  @tff.federated_computation
+  def init_fn():
+    return tff.federated_value(np.int32(0), tff.SERVER)
+
+  @tff.federated_computation(
+      tff.FederatedType(np.int32, tff.SERVER),
+      tff.FederatedType(weights_type, tff.SERVER),
+      tff.FederatedType(aggregate_type, tff.SERVER))
+  def next_fn(round_num, weights, aggregate):
+    new_round, new_weights, metrics = tff.federated_map(
+        server_tf, (round_num, weights, aggregate))
+    return tff.templates.MeasuredProcessOutput(
+        state=new_round, result=new_weights, measurements=metrics)
+
+  return tff.templates.MeasuredProcess(init_fn, next_fn)

@@ -1,0 +1,259 @@
+"""TFF stages of FedD3A: projection client work and the weighted-KD finalizer.
+
+FedD3A (Su, Li and Xue, "Domain Discrepancy Aware Distillation for Model
+Aggregation in Federated Learning", AAAI 2023, Algorithm 1). One round:
+
+1. distributor: broadcast the global `ModelWeights`;
+2. client work (`build_client_work`): `tff_kd.core.fedd3a.client_round`
+   builds the projection P (eq. 5) from the received backbone's batch-mean
+   features, then trains locally; the update is
+   `{'delta': ModelWeights, 'projection': [d, d], 'client_id': int32}`,
+   weighted by the number of examples (client id: the first field of the
+   data key, -1 for sequence data);
+3. aggregator: FedDF's stacking aggregator
+   (`tff_kd.federated.feddf.build_stacking_aggregator`): every client's
+   delta, P and id reach the server as rows of an [M, ...] stack;
+4. finalizer (`build_finalizer`), a server TF computation: the
+   example-weighted mean delta is applied with the server optimiser (SGD lr
+   1: FedAvg's average, the student's start), then
+   `tff_kd.core.fedd3a.server_round` weights the client models per server
+   sample (eq. 6), builds the eq. 7 target and distils it (eq. 8) through
+   `tff_kd.core.distillation.distill`. The server's unlabeled pool is read
+   from files (`ServerData`). Its state is the server-optimiser state and
+   the round number (the 'random' weighting's seed).
+"""
+
+import collections
+import functools
+from typing import Callable, Optional
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_kd import models
+from tff_kd.core import distillation
+from tff_kd.core import fedd3a as fedd3a_tf
+from tff_kd.core import feddf as feddf_tf
+from tff_kd.core import local_training
+from tff_kd.federated import feddf as feddf_tff
+from tff_kd.federated import learning
+from tff_kd.federated import server_data as server_data_lib
+
+ClassifierFn = Callable[[], models.Classifier]
+ModelWeights = tff.learning.models.ModelWeights
+
+
+def model_fn_of(classifier_fn: ClassifierFn) -> learning.ModelFn:
+  """The Keras-model builder of a classifier builder."""
+  return lambda: classifier_fn().model
+
+
+def classifier_specs(classifier_fn: ClassifierFn):
+  """(`ModelWeights` of `tf.TensorSpec`s, feature dim, input shape).
+
+  Built once in a throwaway graph, so no variables leak into the caller.
+  """
+  with tf.Graph().as_default():
+    classifier = classifier_fn()
+    specs = tf.nest.map_structure(
+        lambda v: tf.TensorSpec(v.shape, v.dtype),
+        local_training.model_weights(classifier.model))
+    return (specs, int(classifier.feature_dim),
+            tuple(classifier.model.input_shape[1:]))
+
+
+def client_id_of_key(key: tf.Tensor) -> tf.Tensor:
+  """The int32 client id, the first field of a `"<id>|<seed>|<round>"` key."""
+  return tf.strings.to_number(tf.strings.split(key, '|')[0], tf.int32)
+
+
+def build_client_work(
+    classifier_fn: ClassifierFn,
+    element_spec: collections.OrderedDict,
+    client_optimizer: tff.learning.optimizers.Optimizer,
+    *,
+    learning_rate: float,
+    alpha: float,
+    learning_rate_decay: float = 1.0,
+    projection_batches: int = 0,
+    dataset_fn: Optional[learning.DatasetFn] = None,
+) -> tff.templates.MeasuredProcess:
+  """FedD3A's client work: P with the received backbone, then local SGD.
+
+  Same schedule, state and measurements as
+  `tff_kd.federated.learning.build_client_work`; `bytes_up` includes P.
+
+  Args:
+    classifier_fn: Builds the global `Classifier` (model, features, head).
+    element_spec: Batch structure of the client datasets.
+    client_optimizer: A `tff.learning.optimizers` optimizer.
+    learning_rate: Client learning rate at round 0.
+    alpha: Ridge of eq. 5 (> 0; validated by the caller).
+    learning_rate_decay: Multiplicative decay per round.
+    projection_batches: Cap on the batches P is built from (0: all).
+    dataset_fn: Key -> dataset function; None: clients receive sequences.
+
+  Returns:
+    A `tff.templates.MeasuredProcess` (a `ClientWorkProcess` for sequences).
+  """
+  weights_specs, d, _ = classifier_specs(classifier_fn)
+  weights_type = learning.spec_to_type(weights_specs)
+  data_type = learning.client_data_type(element_spec, dataset_fn)
+  itemsize = np.dtype(np.float32).itemsize
+  bytes_down = float(learning.payload_bytes(weights_type))
+  # Up: the delta, P, the client id and the weight.
+  bytes_up = bytes_down + d * d * itemsize + 2 * itemsize
+
+  @tff.tensorflow.computation(weights_type, data_type, np.float32)
+  def client_update(weights, data, lr):
+    if dataset_fn is None:
+      dataset, client_id = data, tf.constant(-1, tf.int32)
+    else:
+      dataset, client_id = dataset_fn(data), client_id_of_key(data)
+    result = fedd3a_tf.client_round(
+        classifier_fn(), client_optimizer, weights, dataset, lr,
+        alpha=alpha, projection_batches=projection_batches)
+    update = collections.OrderedDict(
+        delta=result.local.weights_delta, projection=result.projection,
+        client_id=client_id)
+    return (tff.learning.templates.ClientResult(
+        update=update, update_weight=result.local.num_examples),
+            learning.client_stats(result.local, bytes_down, bytes_up))
+
+  return learning.build_scheduled_client_work(
+      client_update, learning_rate=learning_rate,
+      learning_rate_decay=learning_rate_decay,
+      sequence_data=dataset_fn is None)
+
+
+def _select(condition: tf.Tensor, new: tf.Tensor, old: tf.Tensor) -> tf.Tensor:
+  return tf.where(condition, new, old)
+
+
+def build_finalizer(
+    classifier_fn: ClassifierFn,
+    stack_type: tff.Type,
+    server_optimizer: tff.learning.optimizers.Optimizer,
+    distill_optimizer: tff.learning.optimizers.Optimizer,
+    server_data: server_data_lib.ServerData,
+    config: distillation.DistillConfig,
+    *,
+    weighting: str = 'soft',
+    ensemble: str = 'probs',
+    num_clients: int = 0,
+) -> tff.templates.MeasuredProcess:
+  """Averages the client deltas, then domain-aware ensemble distillation.
+
+  Measurements (per round): `num_teachers`; `score_mean` (mean r_k over the
+  round's clients and the pool); `weight_entropy` (mean over samples of the
+  entropy of alpha, nats; ln M for uniform weights) and `weight_max` (mean
+  largest weight); `projection_trace` (mean trace of the received P, the
+  "soft rank" of the client subspaces); the distillation's `steps`,
+  `first_loss`, `last_loss`; `teacher_seconds`, `distill_seconds`; and, when
+  `num_clients` > 0, `client_weight_<k>` and `client_score_<k>` for every
+  client id k: its mean weight / score over the pool (0 for clients not in
+  the round; the weights sum to 1 over the round's clients).
+
+  Args:
+    classifier_fn: Builds the global `Classifier`.
+    stack_type: Unplaced type of the stack the aggregator reports.
+    server_optimizer: Applies the mean delta (SGD lr 1: the plain average).
+    distill_optimizer: Student optimiser, fresh state every round.
+    server_data: The unlabeled server pool, read from files.
+    config: Distillation settings (validated).
+    weighting: 'soft', 'onehot', 'avg' or 'random'.
+    ensemble: 'probs' (eq. 7) or 'logits'.
+    num_clients: K of the federation, for the per-client vectors (0: none).
+
+  Returns:
+    A `tff.templates.MeasuredProcess` with the finalizer signature.
+  """
+  model_fn = model_fn_of(classifier_fn)
+  weights_specs, _, _ = classifier_specs(classifier_fn)
+  weights_type = learning.spec_to_type(weights_specs)
+  trainable_specs = tuple(weights_specs.trainable)
+  num_slots = int(stack_type[1].shape[0])
+  seed = int(config.seed)
+
+  @tff.tensorflow.computation
+  def init_tf():
+    return (server_optimizer.initialize(trainable_specs),
+            tf.constant(0, tf.int32))
+
+  state_type = init_tf.type_signature.result
+
+  @tff.tensorflow.computation(state_type, weights_type, stack_type)
+  def finalize_tf(state, global_weights, stack):
+    opt_state, round_num = state
+    stack = feddf_tf.Stack(*stack)
+    valid = tf.range(num_slots) < stack.count
+    values = stack.values
+    alpha = feddf_tf.prototype_alpha(stack.weights, valid)
+    mean = feddf_tf.average_update(values['delta'], alpha,
+                                   global_weights.non_trainable)
+    new_opt_state, trainable = server_optimizer.next(
+        opt_state, tuple(global_weights.trainable),
+        tuple(-u for u in mean.trainable))
+    any_client = tf.reduce_any(valid)
+    keep = functools.partial(_select, any_client)
+    new_opt_state = tf.nest.map_structure(keep, new_opt_state, opt_state)
+    start = ModelWeights(
+        [keep(t, g) for t, g in zip(trainable, global_weights.trainable)],
+        list(mean.non_trainable))
+    result = fedd3a_tf.server_round(
+        classifier_fn(), model_fn(), distill_optimizer,
+        global_weights=global_weights, deltas=values['delta'],
+        projections=values['projection'], valid=valid,
+        start_weights=start, pool=server_data.read_pool(), config=config,
+        weighting=weighting, ensemble=ensemble,
+        seed=tf.stack([tf.constant(seed, tf.int64),
+                       tf.cast(round_num, tf.int64)]))
+    count = tf.maximum(tf.cast(stack.count, tf.float32), 1.0)
+    w = result.teacher_weights
+    traces = tf.linalg.trace(values['projection'])
+    metrics = collections.OrderedDict(
+        num_teachers=tf.cast(stack.count, tf.float32),
+        score_mean=tf.reduce_sum(tf.reduce_mean(result.scores, 1)) / count,
+        weight_entropy=fedd3a_tf.weight_entropy(w),
+        weight_max=tf.reduce_mean(tf.reduce_max(w, axis=0)),
+        projection_trace=tf.reduce_sum(
+            traces * tf.cast(valid, tf.float32)) / count,
+        steps=tf.cast(result.distill.steps_run, tf.float32),
+        first_loss=result.distill.first_loss,
+        last_loss=result.distill.last_loss,
+        teacher_seconds=result.teacher_seconds,
+        distill_seconds=result.distill_seconds)
+    if num_clients > 0:
+      ids = values['client_id']
+      client_w = fedd3a_tf.per_client_mean(w, ids, valid, num_clients)
+      client_r = fedd3a_tf.per_client_mean(result.scores, ids, valid,
+                                           num_clients)
+      for k in range(num_clients):
+        metrics[f'client_weight_{k}'] = client_w[k]
+        metrics[f'client_score_{k}'] = client_r[k]
+    return (new_opt_state, round_num + 1), result.weights, metrics
+
+  @tff.federated_computation
+  def init_fn():
+    return tff.federated_eval(init_tf, tff.SERVER)
+
+  @tff.federated_computation(
+      tff.FederatedType(state_type, tff.SERVER),
+      tff.FederatedType(weights_type, tff.SERVER),
+      tff.FederatedType(stack_type, tff.SERVER))
+  def next_fn(state, weights, stack):
+    new_state, new_weights, metrics = tff.federated_map(
+        finalize_tf, (state, weights, stack))
+    return tff.templates.MeasuredProcessOutput(
+        state=new_state, result=new_weights, measurements=metrics)
+
+  return tff.templates.MeasuredProcess(init_fn, next_fn)
+
+
+def build_stacking_aggregator(client_work: tff.templates.MeasuredProcess,
+                              num_slots: int
+                              ) -> tff.templates.AggregationProcess:
+  """FedDF's stacking aggregator for this client work's updates."""
+  update_type = client_work.next.type_signature.result.result.member.update
+  return feddf_tff.build_stacking_aggregator(update_type, num_slots)

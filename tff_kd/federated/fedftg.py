@@ -1,0 +1,235 @@
+"""TFF stage of FedFTG: FedAvg, then data-free fine-tuning at the server.
+
+FedFTG (Zhang, Shen, Ding, Tao and Duan, "Fine-tuning Global Model via
+Data-Free Knowledge Distillation for Non-IID Federated Learning", CVPR
+2022; the maths is in `tff_kd.core.fedftg`). One round:
+
+1. distributor: broadcast the classifier's `ModelWeights`;
+2. client work: plain local training plus label counts
+   (`tff_kd.federated.fedgen.build_client_work` without a regulariser);
+3. aggregator: `tff_kd.federated.feddf.build_stacking_aggregator`, so every
+   client's model and label counts reach the server;
+4. finalizer (`build_fine_tune_finalizer`): the example-weighted mean delta
+   is applied with the server optimiser (FedAvg); then
+   `fedftg.fine_tune` runs `iterations` generator/student iterations on
+   that averaged model, with each received client model as a teacher
+   weighted per class by n_{k,c} / sum_j n_{j,c}.
+
+The conditional image generator and its Adam state are server state: they
+live in the finalizer's state across rounds (as in the paper, where the
+generator keeps improving over the rounds) and are never broadcast, so the
+global model stays a single classifier. The student optimiser's state is
+fresh every round (the reference's SGD has none); the student and generator
+learning rates decay by `lr_decay` per round (reference 0.998).
+"""
+
+import collections
+from typing import Callable, NamedTuple
+
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_kd.core import distillation
+from tff_kd.core import feddf as feddf_tf
+from tff_kd.core import fedftg as fedftg_tf
+from tff_kd.core import local_training
+from tff_kd.federated import learning
+
+ModelWeights = tff.learning.models.ModelWeights
+
+
+class FineTuning(NamedTuple):
+  """Server fine-tuning settings (`fedftg.fine_tune`).
+
+  Attributes:
+    generator_fn: Builds the conditional image generator.
+    generator_optimizer: Reference: Adam, lr 0.01.
+    student_optimizer: Reference: SGD, lr 0.1.
+    distill_config: Student steps per iteration (`steps`, reference 5),
+      generated batch size, temperature, student mode; val_fraction 0.
+    iterations: Iterations per round (reference 10).
+    noise_dim: Generator noise size.
+    noise: 'gaussian' or 'uniform'.
+    transfer_weight: beta_tran.
+    diversity_weight: beta_div.
+    mask: Hard-sample mask, 'agree' or 'none'.
+    ensemble: Class-level ensemble, 'logits' or 'probs'.
+    lr_decay: Per-round factor of both learning rates (reference 0.998).
+    seed: Seed of the generated labels and noise (with the round number).
+  """
+
+  generator_fn: Callable[[], tf.keras.Model]
+  generator_optimizer: tff.learning.optimizers.Optimizer
+  student_optimizer: tff.learning.optimizers.Optimizer
+  distill_config: distillation.DistillConfig
+  iterations: int
+  noise_dim: int
+  noise: str
+  transfer_weight: float
+  diversity_weight: float
+  mask: str
+  ensemble: str
+  lr_decay: float
+  seed: int
+
+
+def _trainable_specs(weights: ModelWeights) -> tuple:
+  return tuple(tf.TensorSpec(v.shape, v.dtype) for v in weights.trainable)
+
+
+def build_fine_tune_finalizer(
+    model_fn: learning.ModelFn,
+    stack_type: tff.Type,
+    server_optimizer: tff.learning.optimizers.Optimizer,
+    tuning: FineTuning,
+) -> tff.templates.MeasuredProcess:
+  """FedAvg of the client models, then FedFTG's server fine-tuning.
+
+  State: `{'server': server-optimiser state, 'generator': generator
+  ModelWeights, 'generator_optimizer': its Adam state, 'round': int32}`.
+  Measurements (means over the round's iterations): `num_teachers`,
+  `generator_loss`, `fidelity`, `transfer`, `diversity`,
+  `teacher_accuracy` (class-level ensemble on the generator's labels),
+  `distill_loss`, `distill_first_loss`, `distill_last_loss`,
+  `student_learning_rate`.
+
+  Args:
+    model_fn: Builds the Keras classifier (logits).
+    stack_type: Unplaced type of the aggregator's `Stack`.
+    server_optimizer: Applies the mean delta (SGD lr 1: FedAvg).
+    tuning: Fine-tuning settings.
+
+  Returns:
+    A `tff.templates.MeasuredProcess` with the finalizer signature.
+  """
+  with tf.Graph().as_default():
+    clf_weights = local_training.model_weights(model_fn())
+    gen_weights = local_training.model_weights(tuning.generator_fn())
+  weights_type = learning.spec_to_type(clf_weights)
+  clf_specs = _trainable_specs(clf_weights)
+  gen_specs = _trainable_specs(gen_weights)
+  num_slots = int(stack_type[1].shape[0])
+
+  @tff.tensorflow.computation
+  def init_tf():
+    return collections.OrderedDict(
+        server=server_optimizer.initialize(clf_specs),
+        generator=local_training.model_weights(tuning.generator_fn()),
+        generator_optimizer=tuning.generator_optimizer.initialize(gen_specs),
+        round=tf.constant(0, tf.int32))
+
+  state_type = init_tf.type_signature.result
+
+  @tff.tensorflow.computation(state_type, weights_type, stack_type)
+  def finalize_tf(state, g, stack):
+    stack = feddf_tf.Stack(*stack)
+    filled = tf.range(num_slots) < stack.count
+    deltas = stack.values['delta']
+    mean = feddf_tf.average_update(
+        deltas, feddf_tf.prototype_alpha(stack.weights, filled),
+        g.non_trainable)
+    server_state, trainable = server_optimizer.next(
+        state['server'], tuple(g.trainable),
+        tuple(-u for u in mean.trainable))
+    start = ModelWeights(list(trainable), list(mean.non_trainable))
+    result, student, generator = _server_round(
+        model_fn(), [model_fn() for _ in range(num_slots)],
+        tuning.generator_fn(), start, g, deltas, filled,
+        stack.values['label_counts'], state['generator'],
+        state['generator_optimizer'], state['round'], tuning)
+    new_state = collections.OrderedDict(
+        server=server_state, generator=generator,
+        generator_optimizer=result.generator_state,
+        round=state['round'] + 1)
+    metrics = collections.OrderedDict(
+        num_teachers=tf.cast(stack.count, tf.float32),
+        generator_loss=result.generator_loss,
+        fidelity=result.fidelity,
+        transfer=result.transfer,
+        diversity=result.diversity,
+        teacher_accuracy=result.teacher_accuracy,
+        distill_loss=result.distill_loss,
+        distill_first_loss=result.distill_first_loss,
+        distill_last_loss=result.distill_last_loss,
+        student_learning_rate=tuning.student_optimizer.get_hparams(
+            result.student_state)['learning_rate'])
+    return new_state, student, metrics
+
+  @tff.federated_computation
+  def init_fn():
+    return tff.federated_eval(init_tf, tff.SERVER)
+
+  @tff.federated_computation(
+      tff.FederatedType(state_type, tff.SERVER),
+      tff.FederatedType(weights_type, tff.SERVER),
+      tff.FederatedType(stack_type, tff.SERVER))
+  def next_fn(state, weights, stack):
+    new_state, new_weights, metrics = tff.federated_map(
+        finalize_tf, (state, weights, stack))
+    return tff.templates.MeasuredProcessOutput(
+        state=new_state, result=new_weights, measurements=metrics)
+
+  return tff.templates.MeasuredProcess(init_fn, next_fn)
+
+
+def round_fine_tune(student: tf.keras.Model, teachers, label_counts,
+                    generator: tf.keras.Model, generator_state, round_num,
+                    tuning: FineTuning, *, teacher_mask=None
+                    ) -> fedftg_tf.FineTuneResult:
+  """`fedftg.fine_tune` with this round's learning rates and seed.
+
+  Models must already hold their weights. Shared by the finalizer and by
+  tests that check it eagerly.
+  """
+  decay = tf.pow(tf.constant(tuning.lr_decay, tf.float32),
+                 tf.cast(round_num, tf.float32))
+  gen_state = tf.nest.map_structure(tf.convert_to_tensor, generator_state)
+  gen_hparams = tuning.generator_optimizer.get_hparams(gen_state)
+  base_lr = tuning.generator_optimizer.get_hparams(
+      tuning.generator_optimizer.initialize(()))['learning_rate']
+  gen_hparams['learning_rate'] = tf.cast(base_lr, tf.float32) * decay
+  gen_state = tuning.generator_optimizer.set_hparams(gen_state, gen_hparams)
+  student_state = tuning.student_optimizer.initialize(
+      _trainable_specs(local_training.model_weights(student)))
+  student_lr = tf.cast(tuning.student_optimizer.get_hparams(student_state)[
+      'learning_rate'], tf.float32) * decay
+  return fedftg_tf.fine_tune(
+      student, teachers, label_counts, generator,
+      tuning.generator_optimizer, gen_state, tuning.student_optimizer,
+      student_state, tuning.distill_config, iterations=tuning.iterations,
+      noise_dim=tuning.noise_dim,
+      seed=tf.stack([tf.constant(tuning.seed, tf.int64),
+                     tf.cast(round_num, tf.int64)]),
+      noise=tuning.noise, teacher_mask=teacher_mask,
+      transfer_weight=tuning.transfer_weight,
+      diversity_weight=tuning.diversity_weight, mask=tuning.mask,
+      ensemble=tuning.ensemble, student_learning_rate=student_lr)
+
+
+@tf.function
+def _server_round(student, teachers, generator, start, global_weights, deltas,
+                  filled, label_counts, generator_weights, generator_state,
+                  round_num, tuning):
+  """Sets every model's weights, fine-tunes; returns (result, student
+  weights, generator weights)."""
+  assign = lambda v, t: v.assign(t)
+  tf.nest.map_structure(assign, local_training.model_weights(student), start)
+  tf.nest.map_structure(assign, local_training.model_weights(generator),
+                        generator_weights)
+  for k, teacher in enumerate(teachers):
+    variables = local_training.model_weights(teacher)
+    for v, g, d in zip(variables.trainable, global_weights.trainable,
+                       deltas.trainable):
+      v.assign(g + d[k])
+    # An empty slot keeps the global statistics (finite logits, masked out).
+    for v, g, d in zip(variables.non_trainable,
+                       global_weights.non_trainable, deltas.non_trainable):
+      v.assign(tf.where(filled[k], d[k], g))
+  result = round_fine_tune(student, teachers, label_counts, generator,
+                           generator_state, round_num, tuning,
+                           teacher_mask=filled)
+  return (result,
+          tf.nest.map_structure(tf.identity,
+                                local_training.model_weights(student)),
+          tf.nest.map_structure(tf.identity,
+                                local_training.model_weights(generator)))

@@ -1,0 +1,379 @@
+"""TFF stages of FedGen: label-counting client work and generator finalizer.
+
+FedGen (Zhu, Hong and Zhou, "Data-Free Knowledge Distillation for
+Heterogeneous Federated Learning", ICML 2021; supplement Sec. 9, Algorithm
+1; the maths is in `tff_kd.core.fedgen`). The global model is a pair
+(classifier `ModelWeights`, feature-generator `ModelWeights`). One round:
+
+1. distributor: broadcast both (a client needs G for its regulariser);
+2. client work (`build_client_work`): the client builds this round's
+   dataset from its key `"<id>|<seed>|<round>"`, caches it and counts its
+   labels n_{k,y} over the batches it will train on (the reference counts
+   the same batches), then trains with `local_training.train_locally`
+   whose regulariser is `fedgen.regularized_local_loss` (the ICML paper's
+   eq. 5 plus the reference's latent term), with the reference's
+   coefficients max(1e-4, c0 * 0.98^t) (t read from the key) and the
+   regulariser off before `start_round` (reference: round 0, untrained G).
+   Generated labels are drawn uniformly over the labels the client holds
+   (reference `available_labels`). It uploads its classifier delta and its
+   label counts, weighted by its number of examples;
+3. aggregator: `tff_kd.federated.feddf.build_stacking_aggregator`, so the
+   server receives every client's update as an [M, ...] stack;
+4. finalizer (`build_generator_finalizer`): the example-weighted mean delta
+   of the classifiers is applied with the server optimiser (FedAvg), and the
+   generator takes `steps` Adam steps (`fedgen.train_generator`) against
+   the received client heads (global head + each client's head delta; the
+   classifier's last layer is linear) with the label-count-weighted teacher
+   loss and the diversity loss. The generator's optimiser state, like its
+   weights, lives in the server state across rounds (the reference keeps
+   one Adam optimiser for the whole run).
+
+FedFTG (`tff_kd.federated.fedftg`) reuses `build_client_work` without a
+regulariser: its clients upload the same delta and label counts.
+"""
+
+import collections
+from typing import Callable, NamedTuple, Optional
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_kd.core import feddf as feddf_tf
+from tff_kd.core import fedgen as fedgen_tf
+from tff_kd.core import local_training
+from tff_kd.federated import learning
+from tff_kd.models import classifiers
+
+ModelWeights = tff.learning.models.ModelWeights
+ClassifierFn = Callable[[], classifiers.Classifier]
+GeneratorFn = Callable[[], tf.keras.Model]
+
+
+class LocalRegularizer(NamedTuple):
+  """FedGen's client regulariser settings (`fedgen.regularized_local_loss`).
+
+  Attributes:
+    generator_fn: Builds the feature generator (same as the server's).
+    noise_dim: Generator noise size.
+    alpha: c0 of the generated-feature CE (reference: 10 on MNIST).
+    beta: c0 of the latent KL term (reference: 10; the paper: 0).
+    decay: Per-round decay of both coefficients (reference 0.98).
+    floor: Lower bound of the decayed coefficients (reference 1e-4).
+    gen_batch_size: B', generated labels per step (reference: 32, = B).
+    batch_size: B, the local batch size (alpha is scaled by B'/B).
+    noise: 'gaussian' or 'uniform'.
+    start_round: First round with the regulariser on (reference: 1).
+  """
+
+  generator_fn: GeneratorFn
+  noise_dim: int
+  alpha: float
+  beta: float
+  decay: float
+  floor: float
+  gen_batch_size: int
+  batch_size: int
+  noise: str
+  start_round: int
+
+
+def initial_weights_fn(classifier_fn: ClassifierFn,
+                       generator_fn: GeneratorFn) -> tff.Computation:
+  """No-arg TFF computation: (classifier weights, generator weights)."""
+
+  @tff.tensorflow.computation
+  def initial_weights():
+    return (local_training.model_weights(classifier_fn().model),
+            local_training.model_weights(generator_fn()))
+
+  return initial_weights
+
+
+def _round_of_key(key: tf.Tensor) -> tf.Tensor:
+  return tf.strings.to_number(tf.strings.split(key, '|')[2], tf.int32)
+
+
+def count_labels(dataset: tf.data.Dataset, num_classes: int) -> tf.Tensor:
+  """[C] float32 counts of the labels of every batch of `dataset`."""
+  return dataset.reduce(
+      tf.zeros([num_classes]),
+      lambda acc, batch: acc + tf.math.bincount(
+          tf.cast(batch['y'], tf.int32), minlength=num_classes,
+          maxlength=num_classes, dtype=tf.float32))
+
+
+def build_client_work(
+    classifier_fn: ClassifierFn,
+    element_spec: collections.OrderedDict,
+    client_optimizer: tff.learning.optimizers.Optimizer,
+    *,
+    num_classes: int,
+    learning_rate: float,
+    learning_rate_decay: float = 1.0,
+    dataset_fn: learning.DatasetFn,
+    regularizer: Optional[LocalRegularizer] = None,
+) -> tff.templates.MeasuredProcess:
+  """Local training that also uploads the client's label counts.
+
+  With `regularizer`, clients receive (classifier weights, generator
+  weights) and train FedGen's regularised objective; without, they receive
+  the classifier's weights and train plain CE (FedFTG's clients). The
+  update is `{'delta': ModelWeights, 'label_counts': [C] float32}`,
+  weighted by the number of examples. State and measurements: those of
+  `learning.build_scheduled_client_work`.
+
+  Args:
+    classifier_fn: Builds the `Classifier` (model, features, head).
+    element_spec: Batch structure of the client datasets.
+    client_optimizer: A `tff.learning.optimizers` optimizer.
+    num_classes: C.
+    learning_rate: Client learning rate at round 0.
+    learning_rate_decay: Multiplicative decay per round.
+    dataset_fn: Key -> dataset function (keys carry the round number).
+    regularizer: FedGen's regulariser settings, or None.
+
+  Returns:
+    A `tff.templates.MeasuredProcess` whose clients take keys.
+  """
+  with tf.Graph().as_default():
+    classifier_weights = local_training.model_weights(classifier_fn().model)
+    if regularizer is None:
+      weights_spec = classifier_weights
+    else:
+      weights_spec = (classifier_weights, local_training.model_weights(
+          regularizer.generator_fn()))
+  weights_type = learning.spec_to_type(weights_spec)
+  data_type = learning.client_data_type(element_spec, dataset_fn)
+  bytes_down = float(learning.payload_bytes(weights_type))
+  # The classifier delta, the label counts and the weight go up.
+  bytes_up = float(learning.payload_bytes(learning.spec_to_type(
+      classifier_weights)) + (num_classes + 1) * np.dtype(np.float32).itemsize)
+
+  @tff.tensorflow.computation(weights_type, data_type, np.float32)
+  def client_update(weights, key, lr):
+    # Cached: the counting pass and training see the very same batches.
+    dataset = dataset_fn(key).cache()
+    counts = count_labels(dataset, num_classes)
+    classifier = classifier_fn()
+    if regularizer is None:
+      result = local_training.train_locally(
+          classifier.model, client_optimizer, weights, dataset, lr)
+    else:
+      generator = regularizer.generator_fn()
+      result = _train_regularized(
+          classifier, generator, client_optimizer, weights[0], weights[1],
+          dataset, lr, counts, _round_of_key(key),
+          tf.strings.to_hash_bucket_fast(key, 2**62), regularizer)
+    update = collections.OrderedDict(delta=result.weights_delta,
+                                     label_counts=counts)
+    return (tff.learning.templates.ClientResult(
+        update=update, update_weight=result.num_examples),
+            learning.client_stats(result, bytes_down, bytes_up))
+
+  return learning.build_scheduled_client_work(
+      client_update, learning_rate=learning_rate,
+      learning_rate_decay=learning_rate_decay)
+
+
+@tf.function
+def _train_regularized(classifier, generator, optimizer, classifier_weights,
+                       generator_weights, dataset, lr, counts, round_num,
+                       key_hash, reg: LocalRegularizer):
+  """FedGen's local round: G's weights set, then regularised local SGD."""
+  tf.nest.map_structure(lambda v, t: v.assign(t),
+                        local_training.model_weights(generator),
+                        generator_weights)
+  active = tf.cast(round_num >= reg.start_round, tf.float32)
+  alpha = active * fedgen_tf.decayed_coefficient(
+      reg.alpha, round_num, decay=reg.decay, floor=reg.floor) * (
+          reg.gen_batch_size / reg.batch_size)
+  beta = 0.0 if reg.beta == 0 else active * fedgen_tf.decayed_coefficient(
+      reg.beta, round_num, decay=reg.decay, floor=reg.floor)
+  available = tf.cast(counts > 0, tf.float32)
+
+  def regularizer(batch, logits, step):
+    terms = fedgen_tf.regularized_local_loss(
+        classifier, generator, batch['x'], batch['y'], logits=logits,
+        label_probs=available, noise_dim=reg.noise_dim,
+        seed=tf.stack([key_hash, tf.cast(step, tf.int64)]), alpha=alpha,
+        beta=beta, gen_batch_size=reg.gen_batch_size, noise=reg.noise)
+    return terms.teacher + terms.latent
+
+  return local_training.train_locally(
+      classifier.model, optimizer, classifier_weights, dataset, lr,
+      regularizer=regularizer)
+
+
+def head_variables(classifier: classifiers.Classifier) -> tuple[int, int]:
+  """Indices of the linear head's kernel and bias in the trainable weights.
+
+  Raises:
+    ValueError: the head is not one Dense layer at the end of
+      `classifier.model.trainable_weights` (FedGen's heads are linear).
+  """
+  head = classifier.head.trainable_weights
+  weights = classifier.model.trainable_weights
+  if (len(head) != 2 or len(weights) < 2 or weights[-2] is not head[0] or
+      weights[-1] is not head[1] or head[0].shape.rank != 2):
+    raise ValueError(
+        'FedGen needs a classifier whose head is one Dense layer (kernel and '
+        'bias, the last trainable weights of the model)')
+  return len(weights) - 2, len(weights) - 1
+
+
+class GeneratorTraining(NamedTuple):
+  """Server generator settings (`fedgen.train_generator`).
+
+  Attributes:
+    generator_fn: Builds the feature generator.
+    optimizer: Generator optimiser (reference: Adam, 3e-4 on MNIST).
+    steps: Steps per round (reference 50).
+    batch_size: Generated features per step (reference 32).
+    noise_dim: Generator noise size.
+    noise: 'gaussian' or 'uniform'.
+    teacher_weight: The reference's ensemble_alpha (1).
+    diversity_weight: The reference's ensemble_eta (1).
+    ensemble: 'per_head' (reference) or 'logits' (the paper).
+    seed: Seed of the generated labels and noise (with the round number).
+  """
+
+  generator_fn: GeneratorFn
+  optimizer: tff.learning.optimizers.Optimizer
+  steps: int
+  batch_size: int
+  noise_dim: int
+  noise: str
+  teacher_weight: float
+  diversity_weight: float
+  ensemble: str
+  seed: int
+
+
+def _trainable_specs(weights: ModelWeights) -> tuple:
+  return tuple(tf.TensorSpec(v.shape, v.dtype) for v in weights.trainable)
+
+
+def build_generator_finalizer(
+    classifier_fn: ClassifierFn,
+    stack_type: tff.Type,
+    server_optimizer: tff.learning.optimizers.Optimizer,
+    training: GeneratorTraining,
+) -> tff.templates.MeasuredProcess:
+  """FedAvg of the classifiers, then FedGen's generator round.
+
+  State: `{'server': server-optimiser state, 'generator': generator
+  optimiser state, 'round': int32}`. Measurements: `num_teachers`,
+  `generator_loss`, `teacher_loss`, `diversity_loss`, `teacher_accuracy`
+  (means over the round's generator steps).
+
+  Args:
+    classifier_fn: Builds the `Classifier`.
+    stack_type: Unplaced type of the aggregator's `Stack`.
+    server_optimizer: Applies the mean classifier delta (SGD lr 1: FedAvg).
+    training: Generator settings.
+
+  Returns:
+    A `tff.templates.MeasuredProcess` with the finalizer signature.
+  """
+  with tf.Graph().as_default():
+    classifier = classifier_fn()
+    kernel_idx, bias_idx = head_variables(classifier)
+    clf_weights = local_training.model_weights(classifier.model)
+    gen_weights = local_training.model_weights(training.generator_fn())
+  weights_type = learning.spec_to_type((clf_weights, gen_weights))
+  clf_specs = _trainable_specs(clf_weights)
+  gen_specs = _trainable_specs(gen_weights)
+
+  @tff.tensorflow.computation
+  def init_tf():
+    return collections.OrderedDict(
+        server=server_optimizer.initialize(clf_specs),
+        generator=training.optimizer.initialize(gen_specs),
+        round=tf.constant(0, tf.int32))
+
+  state_type = init_tf.type_signature.result
+
+  @tff.tensorflow.computation(state_type, weights_type, stack_type)
+  def finalize_tf(state, weights, stack):
+    stack = feddf_tf.Stack(*stack)
+    g, gen = weights
+    num_slots = int(stack.weights.shape[0])
+    filled = tf.range(num_slots) < stack.count
+    deltas = stack.values['delta']
+    mean = feddf_tf.average_update(
+        deltas, feddf_tf.prototype_alpha(stack.weights, filled),
+        g.non_trainable)
+    server_state, trainable = server_optimizer.next(
+        state['server'], tuple(g.trainable),
+        tuple(-u for u in mean.trainable))
+    new_classifier = ModelWeights(list(trainable), list(mean.non_trainable))
+    # Each received client's head: the broadcast head plus its delta.
+    kernels = (g.trainable[kernel_idx][tf.newaxis] +
+               deltas.trainable[kernel_idx])[:stack.count]
+    biases = (g.trainable[bias_idx][tf.newaxis] +
+              deltas.trainable[bias_idx])[:stack.count]
+    counts = stack.values['label_counts'][:stack.count]
+    result, new_gen = _generator_round(
+        training.generator_fn(), gen, kernels, biases, counts,
+        state['generator'], state['round'], training)
+    new_state = collections.OrderedDict(
+        server=server_state, generator=result.optimizer_state,
+        round=state['round'] + 1)
+    metrics = collections.OrderedDict(
+        num_teachers=tf.cast(stack.count, tf.float32),
+        generator_loss=result.loss,
+        teacher_loss=result.teacher_loss,
+        diversity_loss=result.diversity,
+        teacher_accuracy=result.teacher_accuracy)
+    return new_state, (new_classifier, new_gen), metrics
+
+  @tff.federated_computation
+  def init_fn():
+    return tff.federated_eval(init_tf, tff.SERVER)
+
+  @tff.federated_computation(
+      tff.FederatedType(state_type, tff.SERVER),
+      tff.FederatedType(weights_type, tff.SERVER),
+      tff.FederatedType(stack_type, tff.SERVER))
+  def next_fn(state, weights, stack):
+    new_state, new_weights, metrics = tff.federated_map(
+        finalize_tf, (state, weights, stack))
+    return tff.templates.MeasuredProcessOutput(
+        state=new_state, result=new_weights, measurements=metrics)
+
+  return tff.templates.MeasuredProcess(init_fn, next_fn)
+
+
+def generator_round(generator: tf.keras.Model, kernels: tf.Tensor,
+                    biases: tf.Tensor, label_counts: tf.Tensor,
+                    optimizer_state, round_num,
+                    training: GeneratorTraining
+                    ) -> fedgen_tf.GeneratorTrainingResult:
+  """One server generator round on an already-built generator.
+
+  The round's seed is (training.seed, round_num). Shared by the finalizer
+  and by tests that check it eagerly.
+  """
+  return fedgen_tf.train_generator(
+      generator,
+      lambda z: fedgen_tf.linear_heads_logits(z, kernels, biases),
+      label_counts, training.optimizer, optimizer_state,
+      steps=training.steps,
+      seed=tf.stack([tf.constant(training.seed, tf.int64),
+                     tf.cast(round_num, tf.int64)]),
+      batch_size=training.batch_size, noise_dim=training.noise_dim,
+      noise=training.noise, teacher_weight=training.teacher_weight,
+      diversity_weight=training.diversity_weight,
+      ensemble=training.ensemble)
+
+
+@tf.function
+def _generator_round(generator, weights, kernels, biases, counts,
+                     optimizer_state, round_num, training):
+  """Sets the generator's weights, trains it; returns (result, weights)."""
+  variables = local_training.model_weights(generator)
+  tf.nest.map_structure(lambda v, t: v.assign(t), variables, weights)
+  result = generator_round(generator, kernels, biases, counts,
+                           optimizer_state, round_num, training)
+  return result, tf.nest.map_structure(tf.identity, variables)
