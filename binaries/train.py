@@ -77,7 +77,7 @@ def main(argv: list[str]) -> None:
       config.method = _METHOD.value
     if _SEED.value is not None:
       config.seed = _SEED.value
-  context.set_local_context()
+  context.set_context_for(experiment.needs_secure_sum(config))
   try:
     result = experiment.run(config, _ROOT_DIR.value,
                             progress=_PROGRESS.value)

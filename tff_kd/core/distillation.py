@@ -13,7 +13,7 @@ the weights come from; this module owns everything else.
   shares) into alpha with sum_k alpha[k, i] = 1.
 * The target (`weighted_ensemble`): either the weighted mean of tempered
   soft predictions, sum_k alpha[k, i] softmax(z_k(x_i) / T) (DaFKD eq. 8,
-  FedD3A, Chen et al., AAAI 2023, eq. 7), or the softmax of the weighted
+  FedD3A, Su et al., AAAI 2023, eq. 7), or the softmax of the weighted
   mean of logits, softmax(sum_k alpha[k, i] z_k(x_i) / T) (FedDF's AVGLOGITS,
   Lin et al., NeurIPS 2020, with uniform alpha; DaFKD's released code).
 * FedDF's drop-worst (`drop_worst`): teachers at or below random-guess

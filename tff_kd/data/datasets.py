@@ -6,7 +6,7 @@ Sources:
   47-class split), `svhn_cropped`, `cifar10`. With `manual_dir` tfds builds
   MNIST and Fashion-MNIST offline from the canonical raw IDX files; the
   others need the network or an already prepared `data_dir`.
-* raw files, for the digit-domain experiments of FedD3A (Dong et al., AAAI
+* raw files, for the digit-domain experiments of FedD3A (Su, Li, Xue, AAAI
   2023): `usps` from `usps.h5` (16x16 grey in [0, 1]) and `mnist_m` from
   `mnist_m.tar.gz` (32x32 RGB PNGs, Ganin & Lempitsky's MNIST-M). Decoded
   arrays are cached as `.npz` under `data_dir/tff_kd_cache`.

@@ -2,7 +2,7 @@
 
 DaFKD (Wang et al., CVPR 2023, Sec. 3.4) puts its domain discriminator on the
 classifier's feature extractor, FedGen (Zhu et al., ICML 2021) feeds
-generated features to the classifier's last layer, and FedD3A (Dong et al.,
+generated features to the classifier's last layer, and FedD3A (Su, Li, Xue,
 AAAI 2023, eq. 5-6) projects backbone features. So every classifier here is
 built as two Keras models that share their variables with the full model:
 

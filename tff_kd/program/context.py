@@ -125,3 +125,26 @@ def set_local_context() -> None:
 
   install_worker_reaper()
   tff.backends.native.set_sync_local_cpp_execution_context()
+
+
+def set_test_context() -> None:
+  """Installs TFF's synchronous *test* C++ context, with the reaper.
+
+  The same runtime as `set_local_context`, but it also implements the
+  secure-aggregation intrinsics (`tff.federated_secure_sum_bitwidth`, used
+  by `tff.aggregators.SecureSumFactory`) by rewriting them to plain sums, as
+  simulation needs; the local context rejects them. DaFKD's private mode
+  (appendix B) runs under it.
+  """
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+
+  install_worker_reaper()
+  tff.backends.test.set_sync_test_cpp_execution_context()
+
+
+def set_context_for(needs_secure_sum: bool) -> None:
+  """The test context if the process uses secure sums, else the local one."""
+  if needs_secure_sum:
+    set_test_context()
+  else:
+    set_local_context()

@@ -108,6 +108,13 @@ def _check_keys(config: ml_collections.ConfigDict,
       _check_keys(value, reference[key], f'{prefix}{key}.')
 
 
+def needs_secure_sum(config: ml_collections.ConfigDict) -> bool:
+  """Whether the method's process uses secure aggregation (DaFKD private
+  mode), which only TFF's test context simulates
+  (`tff_kd.program.context.set_context_for`)."""
+  return config.method == 'dafkd' and bool(config.dafkd.private)
+
+
 def validate_config(config: ml_collections.ConfigDict) -> None:
   """Checks every setting that can be checked without loading data.
 
