@@ -331,18 +331,4 @@ def build_fusion_finalizer(
           result.student_val_accuracy_after[p])
     return tuple(new_states), tuple(result.weights), metrics
 
-  @tff.federated_computation
-  def init_fn():
-    return tff.federated_eval(init_tf, tff.SERVER)
-
-  @tff.federated_computation(
-      tff.FederatedType(opt_state_type, tff.SERVER),
-      tff.FederatedType(weights_type, tff.SERVER),
-      tff.FederatedType(stack_type, tff.SERVER))
-  def next_fn(opt_states, weights, stack):
-    new_states, new_weights, metrics = tff.federated_map(
-        fuse_tf, (opt_states, weights, stack))
-    return tff.templates.MeasuredProcessOutput(
-        state=new_states, result=new_weights, measurements=metrics)
-
-  return tff.templates.MeasuredProcess(init_fn, next_fn)
+  return learning.build_server_finalizer(init_tf, fuse_tf)

@@ -155,21 +155,7 @@ def build_fine_tune_finalizer(
             result.student_state)['learning_rate'])
     return new_state, student, metrics
 
-  @tff.federated_computation
-  def init_fn():
-    return tff.federated_eval(init_tf, tff.SERVER)
-
-  @tff.federated_computation(
-      tff.FederatedType(state_type, tff.SERVER),
-      tff.FederatedType(weights_type, tff.SERVER),
-      tff.FederatedType(stack_type, tff.SERVER))
-  def next_fn(state, weights, stack):
-    new_state, new_weights, metrics = tff.federated_map(
-        finalize_tf, (state, weights, stack))
-    return tff.templates.MeasuredProcessOutput(
-        state=new_state, result=new_weights, measurements=metrics)
-
-  return tff.templates.MeasuredProcess(init_fn, next_fn)
+  return learning.build_server_finalizer(init_tf, finalize_tf)
 
 
 def round_fine_tune(student: tf.keras.Model, teachers, label_counts,

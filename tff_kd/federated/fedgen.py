@@ -328,21 +328,7 @@ def build_generator_finalizer(
         teacher_accuracy=result.teacher_accuracy)
     return new_state, (new_classifier, new_gen), metrics
 
-  @tff.federated_computation
-  def init_fn():
-    return tff.federated_eval(init_tf, tff.SERVER)
-
-  @tff.federated_computation(
-      tff.FederatedType(state_type, tff.SERVER),
-      tff.FederatedType(weights_type, tff.SERVER),
-      tff.FederatedType(stack_type, tff.SERVER))
-  def next_fn(state, weights, stack):
-    new_state, new_weights, metrics = tff.federated_map(
-        finalize_tf, (state, weights, stack))
-    return tff.templates.MeasuredProcessOutput(
-        state=new_state, result=new_weights, measurements=metrics)
-
-  return tff.templates.MeasuredProcess(init_fn, next_fn)
+  return learning.build_server_finalizer(init_tf, finalize_tf)
 
 
 def generator_round(generator: tf.keras.Model, kernels: tf.Tensor,

@@ -147,6 +147,41 @@ def client_stats(result: local_training.LocalResult, bytes_down: tf.Tensor,
       bytes_up=tf.cast(bytes_up, tf.float32))
 
 
+def build_round_schedule(learning_rate: float, learning_rate_decay: float
+                         ) -> tuple[tff.Computation, tff.Computation]:
+  """TF computations (round -> `lr * decay**round`, round -> round + 1)."""
+
+  @tff.tensorflow.computation(np.int32)
+  def round_learning_rate(round_num):
+    return tf.constant(learning_rate, tf.float32) * tf.pow(
+        tf.constant(learning_rate_decay, tf.float32),
+        tf.cast(round_num, tf.float32))
+
+  @tff.tensorflow.computation(np.int32)
+  def increment(round_num):
+    return round_num + 1
+
+  return round_learning_rate, increment
+
+
+def client_measurements(stats, lr) -> collections.OrderedDict:
+  """The standard client-work measurements (at the server), unzipped.
+
+  Call inside a federated computation with the clients' `client_stats`
+  and the round's learning rate at the server: the summed stats, the
+  learning rate and the number of clients.
+  """
+  totals = tff.federated_sum(stats)
+  return collections.OrderedDict(
+      bytes_down=totals.bytes_down,
+      bytes_up=totals.bytes_up,
+      train_loss_sum=totals.loss_sum,
+      num_examples=totals.num_examples,
+      num_steps=totals.num_steps,
+      learning_rate=lr,
+      num_clients=tff.federated_sum(tff.federated_value(1.0, tff.CLIENTS)))
+
+
 def build_scheduled_client_work(
     client_update: tff.Computation,
     *,
@@ -176,16 +211,8 @@ def build_scheduled_client_work(
     learning rate and the number of clients.
   """
   weights_type, data_type, _ = client_update.type_signature.parameter
-
-  @tff.tensorflow.computation(np.int32)
-  def round_learning_rate(round_num):
-    return tf.constant(learning_rate, tf.float32) * tf.pow(
-        tf.constant(learning_rate_decay, tf.float32),
-        tf.cast(round_num, tf.float32))
-
-  @tff.tensorflow.computation(np.int32)
-  def increment(round_num):
-    return round_num + 1
+  round_learning_rate, increment = build_round_schedule(learning_rate,
+                                                        learning_rate_decay)
 
   @tff.federated_computation
   def init_fn():
@@ -199,16 +226,7 @@ def build_scheduled_client_work(
     lr = tff.federated_map(round_learning_rate, round_num)
     client_results, stats = tff.federated_map(
         client_update, (weights, data, tff.federated_broadcast(lr)))
-    totals = tff.federated_sum(stats)
-    num_clients = tff.federated_sum(tff.federated_value(1.0, tff.CLIENTS))
-    measurements = tff.federated_zip(collections.OrderedDict(
-        bytes_down=totals.bytes_down,
-        bytes_up=totals.bytes_up,
-        train_loss_sum=totals.loss_sum,
-        num_examples=totals.num_examples,
-        num_steps=totals.num_steps,
-        learning_rate=lr,
-        num_clients=num_clients))
+    measurements = tff.federated_zip(client_measurements(stats, lr))
     return tff.templates.MeasuredProcessOutput(
         state=tff.federated_map(increment, round_num),
         result=client_results,
@@ -275,6 +293,43 @@ def build_weights_finalizer(
         measurements=tff.federated_value((), tff.SERVER))
 
   return tff.learning.templates.FinalizerProcess(init_fn, next_fn)
+
+
+def build_server_finalizer(
+    init_tf: tff.Computation,
+    finalize_tf: tff.Computation) -> tff.templates.MeasuredProcess:
+  """A finalizer process that runs one TF computation at the server.
+
+  Every KD method's server stage has this shape: its state comes from
+  `init_tf()`, and `finalize_tf(state, global_weights, aggregate)` returns
+  `(new_state, new_global_weights, metrics)`, all placed at the server.
+
+  Args:
+    init_tf: No-arg TF computation returning the initial finalizer state.
+    finalize_tf: TF computation `(state, weights, aggregate) -> (state,
+      weights, metrics)`.
+
+  Returns:
+    A `tff.templates.MeasuredProcess` with the finalizer signature.
+  """
+  state_type, weights_type, aggregate_type = (
+      finalize_tf.type_signature.parameter)
+
+  @tff.federated_computation
+  def init_fn():
+    return tff.federated_eval(init_tf, tff.SERVER)
+
+  @tff.federated_computation(
+      tff.FederatedType(state_type, tff.SERVER),
+      tff.FederatedType(weights_type, tff.SERVER),
+      tff.FederatedType(aggregate_type, tff.SERVER))
+  def next_fn(state, weights, aggregate):
+    new_state, new_weights, metrics = tff.federated_map(
+        finalize_tf, (state, weights, aggregate))
+    return tff.templates.MeasuredProcessOutput(
+        state=new_state, result=new_weights, measurements=metrics)
+
+  return tff.templates.MeasuredProcess(init_fn, next_fn)
 
 
 def build_keras_learning_process(
