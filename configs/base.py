@@ -93,6 +93,13 @@ def get_config() -> ml_collections.ConfigDict:
       weighting='soft',  # soft (eq. 6) | onehot | avg | random (Table 1).
       ensemble='probs',  # probs (eq. 7) | logits.
       projection_batches=0,  # Local batches P is built from; 0 = all.
+      # Heterogeneous clients: '' = every client trains `model`. Otherwise a
+      # comma list `name[:norm]` (e.g. 'cnn,resnet11'); client i keeps its
+      # own model of entry i % A across rounds, trained with CE + kd_weight
+      # * KD (temperature kd_temperature) from the received global model.
+      client_models='',
+      kd_weight=1.0,
+      kd_temperature=1.0,
   ))
 
   # FedGen (Zhu et al., ICML 2021); defaults: its reference code on MNIST.

@@ -95,7 +95,7 @@ def build_feddf_process(
     raise errors.ConfigError(
         'feddf.drop_worst needs a labeled server validation set '
         '(server_data.val_size > 0)')
-  _check_prototypes(model_fns, server_data)
+  check_models(model_fns, server_data)
 
   client_work = feddf_tff.build_prototype_client_work(
       model_fns, element_spec, client_optimizer,
@@ -116,8 +116,15 @@ def build_feddf_process(
   return composer.first_model_view(process)
 
 
-def _check_prototypes(model_fns, server_data) -> None:
-  """Input shapes and class counts of the prototypes and the proxy pool."""
+def check_models(model_fns: Sequence[learning.ModelFn],
+                 server_data: server_data_lib.ServerData,
+                 *, what: str = 'feddf prototypes') -> None:
+  """Raises unless the models share input shape and classes with the pool.
+
+  Raises:
+    ConfigError: models with different input shapes or class counts.
+    DataError: pool images whose shape is not the models' input.
+  """
   shapes, classes = [], []
   with tf.Graph().as_default():
     for fn in model_fns:
@@ -126,7 +133,7 @@ def _check_prototypes(model_fns, server_data) -> None:
       classes.append(model.output_shape[-1])
   if len(set(shapes)) > 1 or len(set(classes)) > 1:
     raise errors.ConfigError(
-        f'feddf prototypes must share input shape and classes, got input '
+        f'{what} must share input shape and classes, got input '
         f'shapes {shapes} and {classes} classes')
   feddf_tf.check_pool_shape(server_data.image_shape, shapes[0])
 

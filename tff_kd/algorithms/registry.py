@@ -7,6 +7,7 @@ hyper-parameters; the registry only maps names.
 """
 
 import collections
+import functools
 from typing import Callable, NamedTuple, Optional
 
 import ml_collections
@@ -147,6 +148,17 @@ def _build_fedd3a(inputs: ProcessInputs, config: ml_collections.ConfigDict):
         'fedd3a needs a classifier_fn (the backbone whose features define '
         'the client subspaces)')
   f = config.fedd3a
+  # Heterogeneous clients (`fedd3a.client_models` non-empty): client k uses
+  # entry k % A; the global model stays `model`'s architecture.
+  input_shape = tuple(inputs.element_spec['x'].shape[1:])
+  client_model_fns = tuple(
+      functools.partial(
+          lambda **kw: models.build_classifier(**kw).model, name=name,
+          input_shape=input_shape, num_classes=inputs.num_classes,
+          norm=norm, seed=config.seed)
+      for name, norm in models.parse_model_list(
+          f.get('client_models', ''), default_norm=config.model.norm,
+          key='fedd3a.client_models'))
   return fedd3a.build_fedd3a_process(
       inputs.classifier_fn, inputs.element_spec,
       server_data=inputs.server_data,
@@ -156,7 +168,10 @@ def _build_fedd3a(inputs: ProcessInputs, config: ml_collections.ConfigDict):
       distill_config=distill_config(config), alpha=f.alpha,
       weighting=f.weighting, ensemble=f.ensemble,
       projection_batches=f.projection_batches,
-      num_clients=inputs.num_clients, **_common(inputs, config))
+      num_clients=inputs.num_clients, client_model_fns=client_model_fns,
+      kd_weight=f.get('kd_weight', 1.0),
+      kd_temperature=f.get('kd_temperature', 1.0),
+      **_common(inputs, config))
 
 
 

@@ -31,12 +31,28 @@ models and projections and the student's starting point (their average):
 5. eq. 8, KL between the student and y, minimised by the shared
    `distillation.distill` from the averaged model.
 
-Both rounds are `tf.function`s, so their variable assignments and reads run
+Heterogeneous models (the paper's "Application to Heterogeneous Models",
+Sec. 3): every client keeps its own model h_k, of its own architecture,
+across rounds. `hetero_client_round` builds P exactly as above from the
+received *global* backbone (so every P_k lives in the global feature
+space), then trains h_k from its previous weights with cross-entropy plus
+`kd_weight` * `distillation.kd_loss` towards the received global model's
+tempered softmax (`global_kd_regularizer`); the upload is h_k's weights and
+P. `hetero_server_round` scores and weights the server samples with the
+previous global model's backbone (there is no average across
+architectures), evaluates each h_k in its own architecture
+(`stacked_logits` per architecture, whole weights), and distils the eq. 7
+target into the previous global model. Both variants share
+`client_projection` and the server's weighting and distillation
+(`_weighted_distill`).
+
+All rounds are `tf.function`s, so their variable assignments and reads run
 in program order also inside a TFF computation's graph; everything runs
 eagerly as well (tests compare the TFF process with these functions).
 """
 
-from typing import NamedTuple, Optional, Sequence, Union
+import math
+from typing import Callable, NamedTuple, Optional, Sequence, Union
 
 import tensorflow as tf
 import tensorflow_federated as tff
@@ -53,9 +69,21 @@ WEIGHTINGS = projection.STRATEGIES
 ENSEMBLES = ('probs', 'logits')
 
 
+def _finite_number(value) -> bool:
+  return (not isinstance(value, bool) and isinstance(value, (int, float)) and
+          math.isfinite(value))
+
+
 def check_settings(*, alpha: float, weighting: str, ensemble: str = 'probs',
-                   projection_batches: int = 0) -> None:
-  """Raises `errors.ConfigError` for a bad FedD3A hyper-parameter."""
+                   projection_batches: int = 0, client_models: str = '',
+                   kd_weight: float = 1.0, kd_temperature: float = 1.0
+                   ) -> None:
+  """Raises `errors.ConfigError` for a bad FedD3A hyper-parameter.
+
+  Takes the keys of `config.fedd3a`; `client_models` ('' homogeneous, else
+  a comma list `name[:norm]`), `kd_weight` (>= 0) and `kd_temperature`
+  (> 0) are the heterogeneous variant's.
+  """
   if (isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or
       not alpha > 0 or alpha == float('inf')):
     raise errors.ConfigError(
@@ -74,6 +102,19 @@ def check_settings(*, alpha: float, weighting: str, ensemble: str = 'probs',
     raise errors.ConfigError(
         'fedd3a.projection_batches must be an integer >= 0 (0: all of the '
         f"round's batches), got {projection_batches!r}")
+  if not isinstance(client_models, str):
+    raise errors.ConfigError(
+        "fedd3a.client_models must be a comma list such as 'cnn,resnet11', "
+        f'got {client_models!r}')
+  models.parse_model_list(client_models, default_norm='batch',
+                          key='fedd3a.client_models')
+  if not _finite_number(kd_weight) or kd_weight < 0:
+    raise errors.ConfigError(
+        f'fedd3a.kd_weight must be a finite number >= 0, got {kd_weight!r}')
+  if not _finite_number(kd_temperature) or not kd_temperature > 0:
+    raise errors.ConfigError(
+        'fedd3a.kd_temperature must be a finite number > 0, got '
+        f'{kd_temperature!r}')
 
 
 # ---------------------------------------------------------------------------
@@ -121,16 +162,129 @@ def client_round(classifier: models.Classifier,
   Returns:
     A `ClientRound`.
   """
+  p, num_batches = client_projection(classifier, initial_weights, dataset,
+                                     alpha=alpha,
+                                     projection_batches=projection_batches)
+  local = local_training.train_locally(classifier.model, optimizer,
+                                       initial_weights, dataset, learning_rate)
+  return ClientRound(local, p, num_batches)
+
+
+def client_projection(classifier: models.Classifier,
+                      global_weights: ModelWeights,
+                      dataset: tf.data.Dataset,
+                      *,
+                      alpha: float,
+                      projection_batches: int = 0
+                      ) -> tuple[tf.Tensor, tf.Tensor]:
+  """(P of eq. 5, m) from the received global backbone's batch means.
+
+  Loads `global_weights` into `classifier` (it stays loaded). Call inside a
+  `tf.function` (the client rounds do) so the assignments come first.
+  """
   tf.nest.map_structure(lambda v, w: v.assign(w),
                         local_training.model_weights(classifier.model),
-                        initial_weights)
+                        global_weights)
   batches = dataset.take(projection_batches) if projection_batches else dataset
   means = projection.dataset_batch_means(
       classifier.features, batches, feature_dim=classifier.feature_dim)
-  p = projection.recursive_projection(means, alpha)
-  local = local_training.train_locally(classifier.model, optimizer,
-                                       initial_weights, dataset, learning_rate)
-  return ClientRound(local, p, tf.shape(means)[0])
+  return projection.recursive_projection(means, alpha), tf.shape(means)[0]
+
+
+def global_kd_regularizer(teacher: tf.keras.Model, *, weight: float,
+                          temperature: float) -> local_training.Regularizer:
+  """`weight` * KD from `teacher` (inference mode) as a local-loss term.
+
+  For `local_training.train_locally`: the step's loss becomes
+  CE + weight * T^2 KL(softmax(g(x) / T) || softmax(h(x) / T)) with g the
+  received global model and h the local model (the paper's heterogeneous
+  local training, Sec. 3), through `distillation.kd_loss`.
+  """
+
+  def regularizer(batch, logits, step):
+    del step
+    target = tf.stop_gradient(tf.nn.softmax(
+        teacher(batch['x'], training=False) / temperature, axis=-1))
+    return weight * distillation.kd_loss(logits, target, temperature)
+
+  return regularizer
+
+
+class HeteroClientRound(NamedTuple):
+  """One heterogeneous client's FedD3A round.
+
+  Attributes:
+    local: Summed `LocalResult` statistics (`weights_delta` None).
+    weights: One `ModelWeights` per architecture: the trained local model
+      for the client's own architecture, the given weights for the others.
+    projection: [d, d] P of eq. 5 in the global feature space.
+    num_batches: m, the batch means P was built from.
+  """
+
+  local: local_training.LocalResult
+  weights: tuple
+  projection: tf.Tensor
+  num_batches: tf.Tensor
+
+
+@tf.function
+def hetero_client_round(global_classifier: models.Classifier,
+                        local_models: Sequence[tf.keras.Model],
+                        optimizer: tff.learning.optimizers.Optimizer,
+                        global_weights: ModelWeights,
+                        local_weights: Sequence[ModelWeights],
+                        dataset: tf.data.Dataset,
+                        learning_rate: tf.Tensor,
+                        *,
+                        architecture: Union[int, tf.Tensor],
+                        alpha: float,
+                        kd_weight: float,
+                        temperature: float,
+                        projection_batches: int = 0) -> HeteroClientRound:
+  """P with the received global backbone, then CE + KD local training.
+
+  Args:
+    global_classifier: Built `Classifier` of the global architecture
+      (overwritten with `global_weights`; the KD teacher).
+    local_models: One built Keras model per client architecture
+      (overwritten).
+    optimizer: Client `tff.learning.optimizers` optimizer.
+    global_weights: The received global `ModelWeights`.
+    local_weights: The client's previous local `ModelWeights`, one per
+      architecture (only `architecture`'s is used).
+    dataset: The round's local batches `{'x', 'y'}`.
+    learning_rate: This round's client learning rate.
+    architecture: The client's architecture index (int32 scalar).
+    alpha: Ridge of eq. 5, > 0.
+    kd_weight: Weight of the KD term (0: cross-entropy only).
+    temperature: KD temperature T > 0.
+    projection_batches: Cap on the batches P is built from; 0 = all.
+
+  Returns:
+    A `HeteroClientRound`.
+  """
+  p, num_batches = client_projection(global_classifier, global_weights,
+                                     dataset, alpha=alpha,
+                                     projection_batches=projection_batches)
+  regularizer = global_kd_regularizer(global_classifier.model,
+                                      weight=kd_weight,
+                                      temperature=temperature)
+  results, weights = [], []
+  for a, (model, start) in enumerate(zip(local_models, local_weights)):
+    # take(-1) is the whole dataset, take(0) none (FedDF's prototypes).
+    count = tf.where(tf.equal(architecture, a), tf.constant(-1, tf.int64),
+                     tf.constant(0, tf.int64))
+    results.append(local_training.train_locally(
+        model, optimizer, start, dataset.take(count), learning_rate,
+        regularizer=regularizer))
+    weights.append(tf.nest.map_structure(
+        tf.identity, local_training.model_weights(model)))
+  local = local_training.LocalResult(
+      weights_delta=None,
+      num_examples=tf.add_n([r.num_examples for r in results]),
+      loss_sum=tf.add_n([r.loss_sum for r in results]),
+      num_steps=tf.add_n([r.num_steps for r in results]))
+  return HeteroClientRound(local, tuple(weights), p, num_batches)
 
 
 # ---------------------------------------------------------------------------
@@ -241,6 +395,93 @@ def server_round(student: models.Classifier,
   Returns:
     A `ServerRound`.
   """
+  return _weighted_distill(
+      student, optimizer, start_weights=start_weights, pool=pool,
+      projections=projections, valid=valid,
+      teacher_logits_fn=lambda: feddf_tf.stacked_logits(
+          teacher, global_weights, deltas, valid, pool, batch_size),
+      config=config, weighting=weighting, ensemble=ensemble, seed=seed,
+      batch_size=batch_size)
+
+
+@tf.function
+def hetero_server_round(student: models.Classifier,
+                        teachers: Sequence[tf.keras.Model],
+                        optimizer: tff.learning.optimizers.Optimizer,
+                        *,
+                        client_weights: Sequence[ModelWeights],
+                        architectures: tf.Tensor,
+                        projections: tf.Tensor,
+                        valid: tf.Tensor,
+                        start_weights: ModelWeights,
+                        pool: tf.Tensor,
+                        config: distillation.DistillConfig,
+                        weighting: str = 'soft',
+                        ensemble: str = 'probs',
+                        seed: Optional[Union[int, tf.Tensor]] = None,
+                        batch_size: int = 256) -> ServerRound:
+  """The server round with heterogeneous client models (eq. 6-8).
+
+  The student starts from the previous global model (`start_weights`):
+  client models of other architectures cannot be averaged. Its backbone
+  gives the features of eq. 6; teacher k is client k's own model h_k.
+
+  Args:
+    student: Built `Classifier` of the global architecture (overwritten).
+    teachers: One built Keras model per client architecture (overwritten).
+    optimizer: Distillation optimiser, fresh state.
+    client_weights: Per architecture, the stacked whole client
+      `ModelWeights` ([M, ...] leaves; rows of other architectures unused).
+    architectures: [M] int32 architecture index of each row.
+    projections: [M, d, d] client projections.
+    valid: [M] bool, rows holding a client.
+    start_weights: The previous global `ModelWeights`.
+    pool: Unlabeled server samples [N, ...].
+    config: A `DistillConfig`; its temperature is also the teachers'.
+    weighting: 'soft' (eq. 6), 'onehot', 'avg' or 'random'.
+    ensemble: 'probs' (eq. 7) or 'logits'.
+    seed: Stateless seed of the 'random' weighting.
+    batch_size: Forward-pass batch size.
+
+  Returns:
+    A `ServerRound`.
+  """
+  architectures = tf.cast(architectures, tf.int32)
+
+  def teacher_logits():
+    # Row k is valid for exactly one architecture; the others give zeros.
+    return tf.add_n([
+        feddf_tf.stacked_logits(
+            model, None, weights,
+            tf.logical_and(valid, tf.equal(architectures, a)), pool,
+            batch_size)
+        for a, (model, weights) in enumerate(zip(teachers, client_weights))])
+
+  return _weighted_distill(
+      student, optimizer, start_weights=start_weights, pool=pool,
+      projections=projections, valid=valid, teacher_logits_fn=teacher_logits,
+      config=config, weighting=weighting, ensemble=ensemble, seed=seed,
+      batch_size=batch_size)
+
+
+def _weighted_distill(student: models.Classifier,
+                      optimizer: tff.learning.optimizers.Optimizer,
+                      *,
+                      start_weights: ModelWeights,
+                      pool: tf.Tensor,
+                      projections: tf.Tensor,
+                      valid: tf.Tensor,
+                      teacher_logits_fn: Callable[[], tf.Tensor],
+                      config: distillation.DistillConfig,
+                      weighting: str,
+                      ensemble: str,
+                      seed: Optional[Union[int, tf.Tensor]],
+                      batch_size: int) -> ServerRound:
+  """Eq. 6-8 from the student's start: features, weights, target, distill.
+
+  Runs inside the calling round's `tf.function`; `teacher_logits_fn`
+  returns the [M, N, C] teacher logits on `pool` (zeros in invalid rows).
+  """
   t0 = tf.timestamp()
   tf.nest.map_structure(lambda v, w: v.assign(w),
                         local_training.model_weights(student.model),
@@ -252,8 +493,7 @@ def server_round(student: models.Classifier,
   valid_f = tf.cast(valid, tf.float32)[:, tf.newaxis]
   scores = scores * valid_f
   alpha = masked_teacher_weights(scores, valid, weighting, seed=seed)
-  logits = feddf_tf.stacked_logits(teacher, global_weights, deltas, valid,
-                                   pool, batch_size)
+  logits = teacher_logits_fn()
   target = tf.stop_gradient(distillation.weighted_ensemble(
       logits, alpha, temperature=config.temperature, ensemble=ensemble))
   with tf.control_dependencies([target]):

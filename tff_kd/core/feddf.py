@@ -27,7 +27,7 @@ Everything in this module is plain TensorFlow: `fuse` runs eagerly and
 inside the server's `tff.tensorflow.computation`.
 """
 
-from typing import NamedTuple, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -185,19 +185,23 @@ def average_update(deltas: ModelWeights, alpha: tf.Tensor,
 # Teachers and the AVGLOGITS target.
 
 
-def stacked_logits(model: tf.keras.Model, global_weights: ModelWeights,
+def stacked_logits(model: tf.keras.Model,
+                   global_weights: Optional[ModelWeights],
                    deltas: ModelWeights, valid: tf.Tensor, x: tf.Tensor,
                    batch_size: int = 256) -> tf.Tensor:
   """Logits [M, N, C] of each stacked client model (zeros for invalid rows).
 
   Row k's model is `global + delta_k` (trainable) with the client's own
-  non-trainable values. One Keras model is reused for all rows, so the
-  server builds one model per prototype, not one per client. Call inside a
-  `tf.function` (as `fuse` does) so that the weight assignments are ordered.
+  non-trainable values; with `global_weights=None` the rows are whole
+  models (FedD3A's heterogeneous clients upload their weights). One Keras
+  model is reused for all rows, so the server builds one model per
+  prototype, not one per client. Call inside a `tf.function` (as `fuse`
+  does) so that the weight assignments are ordered.
 
   Args:
     model: A built Keras model of the rows' architecture (overwritten).
-    global_weights: This prototype's global `ModelWeights` (broadcast).
+    global_weights: This prototype's global `ModelWeights` (broadcast), or
+      None when `deltas` holds whole weights.
     deltas: Stacked client results, as in `average_update`.
     valid: [M] bool, rows to evaluate.
     x: Inputs [N, ...].
@@ -208,11 +212,12 @@ def stacked_logits(model: tf.keras.Model, global_weights: ModelWeights,
   num_classes = int(model.output_shape[-1])
   outputs = tf.TensorArray(tf.float32, size=num_slots,
                            element_shape=tf.TensorShape([None, num_classes]))
+  bases = (global_weights.trainable if global_weights is not None else
+           [None] * len(variables.trainable))
   for k in tf.range(num_slots):
     if valid[k]:
-      for v, g, d in zip(variables.trainable, global_weights.trainable,
-                         deltas.trainable):
-        v.assign(g + d[k])
+      for v, g, d in zip(variables.trainable, bases, deltas.trainable):
+        v.assign(d[k] if g is None else g + d[k])
       for v, d in zip(variables.non_trainable, deltas.non_trainable):
         v.assign(d[k])
       logits = distillation.teacher_logits([model], x, batch_size)[0]

@@ -17,10 +17,11 @@ CVPR 2023, Algorithm 1; the maths is `tff_kd.core.dafkd` and
    broadcast; client k reads row `id` (from its key `"<id>|<seed>|<round>"`),
    runs `core.dafkd.client_round` (eq. 9 then eq. 3 per minibatch), and its
    new row comes back through a `tff.federated_aggregate` that scatters rows
-   by id; rows of clients not sampled this round are unchanged. There is no
-   optimiser state to keep: local optimisers start fresh every round, as in
-   `local_training`. With appendix B (`private`), the client also draws the
-   round's pool from the broadcast generator and computes f_k s_k and f_k;
+   by id (`tff_kd.federated.client_store.ClientStore`); rows of clients
+   not sampled this round are unchanged. There is no optimiser state to
+   keep: local optimisers start fresh every round, as in `local_training`.
+   With appendix B (`private`), the client also draws the round's pool from
+   the broadcast generator and computes f_k s_k and f_k;
 3. aggregator: `feddf.build_stacking_aggregator` stacks every client's
    classifier and generator deltas (and, plain mode, discriminator) into
    [M, ...] rows. In private mode the discriminator is not in the stack and
@@ -60,6 +61,7 @@ from tff_kd.core import dafkd as dafkd_tf
 from tff_kd.core import distillation
 from tff_kd.core import feddf as feddf_tf
 from tff_kd.core import local_training
+from tff_kd.federated import client_store
 from tff_kd.federated import feddf as feddf_tff
 from tff_kd.federated import learning
 from tff_kd.models import classifiers
@@ -168,12 +170,10 @@ def build_client_work(
   """
   weights_type = models_type(spec)
   data_type = learning.client_data_type(element_spec, dataset_fn)
-  with tf.Graph().as_default():
-    row_specs = tuple(tf.TensorSpec(v.shape, v.dtype)
-                      for v in _row_values(spec))
-  row_type = learning.spec_to_type(row_specs)
+  store = client_store.ClientStore(lambda: _row_values(spec), num_clients,
+                                   what='client')
   model_bytes = float(learning.payload_bytes(weights_type))
-  row_bytes = float(learning.payload_bytes(row_type))
+  row_bytes = store.row_bytes
   if private is None:
     # Down: the models and the client's row; up: both, its weight, its id.
     bytes_down = model_bytes + row_bytes
@@ -183,26 +183,11 @@ def build_client_work(
     bytes_down = model_bytes
     bytes_up = model_bytes + (num_terms + 1) * _FLOAT_BYTES
 
-  @tff.tensorflow.computation
-  def initial_store():
-    return tuple(tf.tile(v[tf.newaxis], [num_clients] + [1] * v.shape.rank)
-                 for v in _row_values(spec))
-
-  store_type = initial_store.type_signature.result
-
   @tff.tensorflow.computation(weights_type, data_type, np.float32, np.int32,
-                              store_type)
-  def client_update(weights, key, lr, round_num, store):
+                              store.store_type)
+  def client_update(weights, key, lr, round_num, rows):
     client_id = dafkd_tf.client_id_of_key(key)
-    checks = [
-        tf.debugging.assert_less(
-            client_id, num_clients,
-            message=f'client id out of range for the {num_clients} '
-            'discriminators this DaFKD process keeps (num_clients)'),
-        tf.debugging.assert_non_negative(client_id),
-    ]
-    with tf.control_dependencies(checks):
-      row = [tf.gather(s, client_id) for s in store]
+    row = list(store.read(rows, client_id))
     classifier, discriminator, generator = spec.build()
     private_pool = None
     if private is not None:
@@ -226,82 +211,30 @@ def build_client_work(
     return (tff.learning.templates.ClientResult(
         update=update, update_weight=r.local.num_examples),
             learning.client_stats(r.local, bytes_down, bytes_up), gan_means,
-            (tuple(r.discriminator), client_id))
+            store.entry(r.discriminator, client_id))
 
-  # Scatter of the returned rows into a [K, ...] accumulator (with a count).
-  @tff.tensorflow.computation
-  def zeros():
-    return (tuple(tf.zeros([num_clients, *s.shape], s.dtype)
-                  for s in row_specs), tf.zeros([num_clients], tf.float32))
-
-  acc_type = zeros.type_signature.result
-
-  @tff.tensorflow.computation(acc_type, tff.types.StructWithPythonType(
-      [row_type, tff.TensorType(np.int32)], tuple))
-  def accumulate(acc, row_and_id):
-    rows, counts = acc
-    row, client_id = row_and_id
-    index = tf.reshape(client_id, [1, 1])
-    return (tuple(tf.tensor_scatter_nd_add(a, index, r[tf.newaxis])
-                  for a, r in zip(rows, row)),
-            tf.tensor_scatter_nd_add(counts, index, [1.0]))
-
-  @tff.tensorflow.computation(acc_type, acc_type)
-  def merge(a, b):
-    return tf.nest.map_structure(tf.add, a, b)
-
-  @tff.tensorflow.computation(acc_type)
-  def report(acc):
-    return acc
-
-  @tff.tensorflow.computation(store_type, acc_type)
-  def apply_rows(store, acc):
-    rows, counts = acc
-    # Sampling is without replacement, so counts are 0 or 1.
-    def update(old, new):
-      c = tf.reshape(counts, [-1] + [1] * (old.shape.rank - 1))
-      return tf.where(c > 0, new / tf.maximum(c, 1.0), old)
-    return tuple(update(o, n) for o, n in zip(store, rows))
-
-  @tff.tensorflow.computation(np.int32)
-  def round_learning_rate(round_num):
-    return tf.constant(learning_rate, tf.float32) * tf.pow(
-        tf.constant(learning_rate_decay, tf.float32),
-        tf.cast(round_num, tf.float32))
-
-  @tff.tensorflow.computation(np.int32)
-  def increment(round_num):
-    return round_num + 1
+  round_learning_rate, increment = learning.build_round_schedule(
+      learning_rate, learning_rate_decay)
 
   @tff.federated_computation
   def init_fn():
     return tff.federated_zip((tff.federated_value(np.int32(0), tff.SERVER),
-                              tff.federated_eval(initial_store, tff.SERVER)))
+                              tff.federated_eval(store.initial, tff.SERVER)))
 
   @tff.federated_computation(
       init_fn.type_signature.result,
       tff.FederatedType(weights_type, tff.CLIENTS),
       tff.FederatedType(data_type, tff.CLIENTS))
   def next_fn(state, weights, data):
-    round_num, store = state[0], state[1]
+    round_num, rows = state[0], state[1]
     lr = tff.federated_map(round_learning_rate, round_num)
-    client_results, stats, gan_means, rows = tff.federated_map(
+    client_results, stats, gan_means, entries = tff.federated_map(
         client_update, (weights, data, tff.federated_broadcast(lr),
                         tff.federated_broadcast(round_num),
-                        tff.federated_broadcast(store)))
-    scattered = tff.federated_aggregate(rows, zeros(), accumulate, merge,
-                                        report)
-    new_store = tff.federated_map(apply_rows, (store, scattered))
-    totals = tff.federated_sum(stats)
+                        tff.federated_broadcast(rows)))
+    new_store = store.update(rows, entries)
     means = tff.federated_mean(gan_means)
-    measurements = collections.OrderedDict(
-        bytes_down=totals.bytes_down,
-        bytes_up=totals.bytes_up,
-        train_loss_sum=totals.loss_sum,
-        num_examples=totals.num_examples,
-        num_steps=totals.num_steps,
-        learning_rate=lr,
-        num_clients=tff.federated_sum(tff.federated_value(1.0, tff.CLIENTS)))
+    measurements = learning.client_measurements(stats, lr)
     for name in dafkd_tf.MEAN_NAMES:
       measurements[name] = means[name]
     return tff.templates.MeasuredProcessOutput(
@@ -433,18 +366,8 @@ def build_finalizer(
         pool_size=tf.constant(float(pool_size)))
     return round_num + 1, (r.classifier, r.generator), metrics
 
-  @tff.federated_computation
-  def init_fn():
-    return tff.federated_value(np.int32(0), tff.SERVER)
+  @tff.tensorflow.computation
+  def init_tf():
+    return tf.constant(0, tf.int32)
 
-  @tff.federated_computation(
-      tff.FederatedType(np.int32, tff.SERVER),
-      tff.FederatedType(weights_type, tff.SERVER),
-      tff.FederatedType(aggregate_type, tff.SERVER))
-  def next_fn(round_num, weights, aggregate):
-    new_round, new_weights, metrics = tff.federated_map(
-        server_tf, (round_num, weights, aggregate))
-    return tff.templates.MeasuredProcessOutput(
-        state=new_round, result=new_weights, measurements=metrics)
-
-  return tff.templates.MeasuredProcess(init_fn, next_fn)
+  return learning.build_server_finalizer(init_tf, server_tf)

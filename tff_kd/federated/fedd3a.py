@@ -21,11 +21,24 @@ Aggregation in Federated Learning", AAAI 2023, Algorithm 1). One round:
    `tff_kd.core.distillation.distill`. The server's unlabeled pool is read
    from files (`ServerData`). Its state is the server-optimiser state and
    the round number (the 'random' weighting's seed).
+
+Heterogeneous client models (the paper's "Application to Heterogeneous
+Models"; `build_hetero_client_work`, `build_hetero_finalizer`): client k
+has architecture k % A and keeps its own local model across rounds in a
+server-held `tff_kd.federated.client_store.ClientStore` (one table per
+architecture, row k // A: exactly K models, no padding; the simulation
+broadcasts all K models to every client, a real client keeps its own). It
+builds P from the received global backbone and trains its local model with
+CE + KD from the received global model; the stack delivers every client's
+whole local model (one zero-filled slot per other architecture: M x the sum
+of the architectures' sizes), P, id and architecture; the finalizer distils
+the eq. 7 ensemble of the clients' own models into the previous global
+model (no averaging across architectures).
 """
 
 import collections
 import functools
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -36,6 +49,7 @@ from tff_kd.core import distillation
 from tff_kd.core import fedd3a as fedd3a_tf
 from tff_kd.core import feddf as feddf_tf
 from tff_kd.core import local_training
+from tff_kd.federated import client_store
 from tff_kd.federated import feddf as feddf_tff
 from tff_kd.federated import learning
 from tff_kd.federated import server_data as server_data_lib
@@ -209,46 +223,41 @@ def build_finalizer(
         weighting=weighting, ensemble=ensemble,
         seed=tf.stack([tf.constant(seed, tf.int64),
                        tf.cast(round_num, tf.int64)]))
-    count = tf.maximum(tf.cast(stack.count, tf.float32), 1.0)
-    w = result.teacher_weights
-    traces = tf.linalg.trace(values['projection'])
-    metrics = collections.OrderedDict(
-        num_teachers=tf.cast(stack.count, tf.float32),
-        score_mean=tf.reduce_sum(tf.reduce_mean(result.scores, 1)) / count,
-        weight_entropy=fedd3a_tf.weight_entropy(w),
-        weight_max=tf.reduce_mean(tf.reduce_max(w, axis=0)),
-        projection_trace=tf.reduce_sum(
-            traces * tf.cast(valid, tf.float32)) / count,
-        steps=tf.cast(result.distill.steps_run, tf.float32),
-        first_loss=result.distill.first_loss,
-        last_loss=result.distill.last_loss,
-        teacher_seconds=result.teacher_seconds,
-        distill_seconds=result.distill_seconds)
-    if num_clients > 0:
-      ids = values['client_id']
-      client_w = fedd3a_tf.per_client_mean(w, ids, valid, num_clients)
-      client_r = fedd3a_tf.per_client_mean(result.scores, ids, valid,
-                                           num_clients)
-      for k in range(num_clients):
-        metrics[f'client_weight_{k}'] = client_w[k]
-        metrics[f'client_score_{k}'] = client_r[k]
+    metrics = _round_metrics(result, stack, valid, num_clients)
     return (new_opt_state, round_num + 1), result.weights, metrics
 
-  @tff.federated_computation
-  def init_fn():
-    return tff.federated_eval(init_tf, tff.SERVER)
+  return learning.build_server_finalizer(init_tf, finalize_tf)
 
-  @tff.federated_computation(
-      tff.FederatedType(state_type, tff.SERVER),
-      tff.FederatedType(weights_type, tff.SERVER),
-      tff.FederatedType(stack_type, tff.SERVER))
-  def next_fn(state, weights, stack):
-    new_state, new_weights, metrics = tff.federated_map(
-        finalize_tf, (state, weights, stack))
-    return tff.templates.MeasuredProcessOutput(
-        state=new_state, result=new_weights, measurements=metrics)
 
-  return tff.templates.MeasuredProcess(init_fn, next_fn)
+def _round_metrics(result: fedd3a_tf.ServerRound, stack: feddf_tf.Stack,
+                   valid: tf.Tensor, num_clients: int
+                   ) -> collections.OrderedDict:
+  """The finalizers' measurements (see `build_finalizer`)."""
+  values = stack.values
+  count = tf.maximum(tf.cast(stack.count, tf.float32), 1.0)
+  w = result.teacher_weights
+  traces = tf.linalg.trace(values['projection'])
+  metrics = collections.OrderedDict(
+      num_teachers=tf.cast(stack.count, tf.float32),
+      score_mean=tf.reduce_sum(tf.reduce_mean(result.scores, 1)) / count,
+      weight_entropy=fedd3a_tf.weight_entropy(w),
+      weight_max=tf.reduce_mean(tf.reduce_max(w, axis=0)),
+      projection_trace=tf.reduce_sum(
+          traces * tf.cast(valid, tf.float32)) / count,
+      steps=tf.cast(result.distill.steps_run, tf.float32),
+      first_loss=result.distill.first_loss,
+      last_loss=result.distill.last_loss,
+      teacher_seconds=result.teacher_seconds,
+      distill_seconds=result.distill_seconds)
+  if num_clients > 0:
+    ids = values['client_id']
+    client_w = fedd3a_tf.per_client_mean(w, ids, valid, num_clients)
+    client_r = fedd3a_tf.per_client_mean(result.scores, ids, valid,
+                                         num_clients)
+    for k in range(num_clients):
+      metrics[f'client_weight_{k}'] = client_w[k]
+      metrics[f'client_score_{k}'] = client_r[k]
+  return metrics
 
 
 def build_stacking_aggregator(client_work: tff.templates.MeasuredProcess,
@@ -257,3 +266,237 @@ def build_stacking_aggregator(client_work: tff.templates.MeasuredProcess,
   """FedDF's stacking aggregator for this client work's updates."""
   update_type = client_work.next.type_signature.result.result.member.update
   return feddf_tff.build_stacking_aggregator(update_type, num_slots)
+
+
+# ---------------------------------------------------------------------------
+# Heterogeneous client models.
+
+
+def _weights_row(model_fn: learning.ModelFn) -> tuple:
+  """A freshly built model's variables, trainable then non-trainable."""
+  weights = local_training.model_weights(model_fn())
+  return tuple(weights.trainable) + tuple(weights.non_trainable)
+
+
+def _row_weights(row, num_trainable: int) -> ModelWeights:
+  return ModelWeights(list(row[:num_trainable]), list(row[num_trainable:]))
+
+
+def _row_flat(weights: ModelWeights) -> tuple:
+  return tuple(weights.trainable) + tuple(weights.non_trainable)
+
+
+def build_local_model_stores(client_model_fns: Sequence[learning.ModelFn],
+                             num_clients: int
+                             ) -> list[client_store.ClientStore]:
+  """One `ClientStore` per client architecture.
+
+  Client k uses architecture a = k % A and row k // A of store a, so store
+  a has one row per client of that architecture (|{k < K: k % A = a}|) and
+  the stores together hold exactly K models, without padding. Each row is
+  a model's variables (trainable, then non-trainable), initialised to the
+  architecture's seeded initial weights.
+  """
+  num_archs = len(client_model_fns)
+  return [
+      client_store.ClientStore(
+          functools.partial(_weights_row, fn),
+          len(range(a, num_clients, num_archs)), what='client')
+      for a, fn in enumerate(client_model_fns)
+  ]
+
+
+def build_hetero_client_work(
+    classifier_fn: ClassifierFn,
+    client_model_fns: Sequence[learning.ModelFn],
+    element_spec: collections.OrderedDict,
+    client_optimizer: tff.learning.optimizers.Optimizer,
+    dataset_fn: learning.DatasetFn,
+    *,
+    num_clients: int,
+    learning_rate: float,
+    alpha: float,
+    kd_weight: float,
+    kd_temperature: float,
+    learning_rate_decay: float = 1.0,
+    projection_batches: int = 0,
+) -> tff.templates.MeasuredProcess:
+  """Heterogeneous FedD3A client work with the per-client model stores.
+
+  State: `(round_num, stores)`, one `ClientStore` table per architecture
+  (`build_local_model_stores`). Client k (id from its key) has
+  architecture a = k % A; it reads its previous local model from row k // A
+  of store a, runs `core.fedd3a.hetero_client_round` (P from the received
+  global backbone; CE + KD from the received global model), and its new
+  local model is scattered back into the store. Update: `{'models': one
+  whole `ModelWeights` per architecture (zero but the client's own),
+  'projection', 'client_id', 'architecture'}`, weighted by its examples.
+  Measurements: `learning.client_measurements`.
+
+  Traffic (`bytes_down` / `bytes_up`) counts what a real client moves: the
+  global model and its own local model down (the store row; a client that
+  kept its model on its device would skip that part), its own local model,
+  P, its id, architecture and weight up. Not counted: the simulation's
+  broadcast of every store and the other architectures' zero slots.
+
+  Args:
+    classifier_fn: Builds the global `Classifier`.
+    client_model_fns: One Keras model builder (logits) per architecture.
+    element_spec: Batch structure of the client datasets.
+    client_optimizer: A `tff.learning.optimizers` optimizer.
+    dataset_fn: Key -> dataset (the key carries the client id).
+    num_clients: K; client ids must lie in [0, K).
+    learning_rate: Client learning rate at round 0.
+    alpha: Ridge of eq. 5 (> 0).
+    kd_weight: Weight of the KD term in the local loss.
+    kd_temperature: Its temperature.
+    learning_rate_decay: Multiplicative decay per round.
+    projection_batches: Cap on the batches P is built from (0: all).
+
+  Returns:
+    A `tff.templates.MeasuredProcess` (clients take keys).
+  """
+  num_archs = len(client_model_fns)
+  stores = build_local_model_stores(client_model_fns, num_clients)
+  with tf.Graph().as_default():
+    num_trainable = [len(fn().trainable_weights) for fn in client_model_fns]
+  weights_specs, d, _ = classifier_specs(classifier_fn)
+  weights_type = learning.spec_to_type(weights_specs)
+  data_type = learning.client_data_type(element_spec, dataset_fn)
+  stores_type = tff.types.StructWithPythonType(
+      [s.store_type for s in stores], tuple)
+  itemsize = np.dtype(np.float32).itemsize
+  global_bytes = float(learning.payload_bytes(weights_type))
+  model_bytes = [s.row_bytes for s in stores]
+  # Up besides the local model: P, the id, the architecture and the weight.
+  extra_up = d * d * itemsize + 3 * itemsize
+
+  @tff.tensorflow.computation(weights_type, data_type, np.float32,
+                              stores_type)
+  def client_update(global_weights, key, lr, tables):
+    client_id = client_id_of_key(key)
+    architecture = feddf_tff.prototype_of_key(key, num_archs)
+    own = [tf.equal(architecture, a) for a in range(num_archs)]
+    # Only the own architecture's index is checked; others read row 0.
+    indices = [tf.where(own[a], client_id // num_archs, 0)
+               for a in range(num_archs)]
+    local_weights = [
+        _row_weights(store.read(table, index), n)
+        for store, table, index, n in zip(stores, tables, indices,
+                                          num_trainable)]
+    result = fedd3a_tf.hetero_client_round(
+        classifier_fn(), [fn() for fn in client_model_fns], client_optimizer,
+        global_weights, local_weights, dataset_fn(key), lr,
+        architecture=architecture, alpha=alpha, kd_weight=kd_weight,
+        temperature=kd_temperature, projection_batches=projection_batches)
+    uploads = tuple(
+        tf.nest.map_structure(lambda v, o=o: v * tf.cast(o, v.dtype), w)
+        for w, o in zip(result.weights, own))
+    update = collections.OrderedDict(
+        models=uploads, projection=result.projection, client_id=client_id,
+        architecture=architecture)
+    own_bytes = tf.gather(tf.constant(model_bytes, tf.float32), architecture)
+    entries = tuple(
+        store.entry(_row_flat(w), index, tf.cast(o, tf.float32))
+        for store, w, index, o in zip(stores, result.weights, indices, own))
+    return (tff.learning.templates.ClientResult(
+        update=update, update_weight=result.local.num_examples),
+            learning.client_stats(result.local, global_bytes + own_bytes,
+                                  own_bytes + extra_up), entries)
+
+  round_learning_rate, increment = learning.build_round_schedule(
+      learning_rate, learning_rate_decay)
+
+  @tff.federated_computation
+  def init_fn():
+    return tff.federated_zip((
+        tff.federated_value(np.int32(0), tff.SERVER),
+        tff.federated_zip(tuple(tff.federated_eval(s.initial, tff.SERVER)
+                                for s in stores))))
+
+  @tff.federated_computation(
+      init_fn.type_signature.result,
+      tff.FederatedType(weights_type, tff.CLIENTS),
+      tff.FederatedType(data_type, tff.CLIENTS))
+  def next_fn(state, weights, data):
+    round_num, tables = state[0], state[1]
+    lr = tff.federated_map(round_learning_rate, round_num)
+    client_results, stats, entries = tff.federated_map(
+        client_update, (weights, data, tff.federated_broadcast(lr),
+                        tff.federated_broadcast(tables)))
+    new_tables = tuple(store.update(tables[a], entries[a])
+                       for a, store in enumerate(stores))
+    return tff.templates.MeasuredProcessOutput(
+        state=tff.federated_zip((tff.federated_map(increment, round_num),
+                                 tff.federated_zip(new_tables))),
+        result=client_results,
+        measurements=tff.federated_zip(
+            learning.client_measurements(stats, lr)))
+
+  return tff.templates.MeasuredProcess(init_fn, next_fn)
+
+
+def build_hetero_finalizer(
+    classifier_fn: ClassifierFn,
+    client_model_fns: Sequence[learning.ModelFn],
+    stack_type: tff.Type,
+    distill_optimizer: tff.learning.optimizers.Optimizer,
+    server_data: server_data_lib.ServerData,
+    config: distillation.DistillConfig,
+    *,
+    weighting: str = 'soft',
+    ensemble: str = 'probs',
+    num_clients: int = 0,
+) -> tff.templates.MeasuredProcess:
+  """Domain-aware distillation of heterogeneous client models.
+
+  `core.fedd3a.hetero_server_round` from the previous global model (no
+  average). State: the round number (the 'random' weighting's seed).
+  Measurements: those of `build_finalizer`, plus `num_teachers_a<i>`, the
+  round's clients of architecture i.
+
+  Args:
+    classifier_fn: Builds the global `Classifier`.
+    client_model_fns: One Keras model builder per client architecture.
+    stack_type: Unplaced type of the stack the aggregator reports.
+    distill_optimizer: Student optimiser, fresh state every round.
+    server_data: The unlabeled server pool, read from files.
+    config: Distillation settings (validated).
+    weighting: 'soft', 'onehot', 'avg' or 'random'.
+    ensemble: 'probs' (eq. 7) or 'logits'.
+    num_clients: K, for the per-client vectors (0: none).
+
+  Returns:
+    A `tff.templates.MeasuredProcess` with the finalizer signature.
+  """
+  weights_specs, _, _ = classifier_specs(classifier_fn)
+  weights_type = learning.spec_to_type(weights_specs)
+  num_slots = int(stack_type[1].shape[0])
+  seed = int(config.seed)
+
+  @tff.tensorflow.computation
+  def init_tf():
+    return tf.constant(0, tf.int32)
+
+  @tff.tensorflow.computation(np.int32, weights_type, stack_type)
+  def finalize_tf(round_num, global_weights, stack):
+    stack = feddf_tf.Stack(*stack)
+    valid = tf.range(num_slots) < stack.count
+    values = stack.values
+    result = fedd3a_tf.hetero_server_round(
+        classifier_fn(), [fn() for fn in client_model_fns],
+        distill_optimizer, client_weights=values['models'],
+        architectures=values['architecture'],
+        projections=values['projection'], valid=valid,
+        start_weights=global_weights, pool=server_data.read_pool(),
+        config=config, weighting=weighting, ensemble=ensemble,
+        seed=tf.stack([tf.constant(seed, tf.int64),
+                       tf.cast(round_num, tf.int64)]))
+    metrics = _round_metrics(result, stack, valid, num_clients)
+    for a in range(len(client_model_fns)):
+      metrics[f'num_teachers_a{a}'] = tf.reduce_sum(tf.cast(
+          tf.logical_and(valid, tf.equal(values['architecture'], a)),
+          tf.float32))
+    return round_num + 1, result.weights, metrics
+
+  return learning.build_server_finalizer(init_tf, finalize_tf)

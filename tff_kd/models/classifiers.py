@@ -177,6 +177,30 @@ def build_classifier(name: str, *, input_shape: Sequence[int],
   return Classifier(model, features, head, feature_dim)
 
 
+def parse_model_list(spec: str, *, default_norm: str,
+                     key: str) -> list[tuple[str, str]]:
+  """(name, norm) of each entry of a comma list `name[:norm]`.
+
+  Args:
+    spec: E.g. 'cnn,resnet11:group'; '' gives [].
+    default_norm: The norm of entries without one.
+    key: The config key, for the error message.
+
+  Raises:
+    ConfigError: an entry with an unknown model or norm.
+  """
+  result = []
+  for item in (i.strip() for i in spec.split(',')) if spec.strip() else ():
+    name, _, norm = item.partition(':')
+    norm = norm or default_norm
+    if name not in _ARCHITECTURES or norm not in NORMS:
+      raise errors.ConfigError(
+          f'{key} entry {item!r} is not model[:norm] with model in '
+          f"{', '.join(MODELS)} and norm in {', '.join(NORMS)}")
+    result.append((name, norm))
+  return result
+
+
 def num_parameters(model: tf.keras.Model) -> int:
   """Number of trainable scalars."""
   return sum(math.prod(v.shape) for v in model.trainable_weights)

@@ -251,20 +251,10 @@ def _validate_server_data(config: ml_collections.ConfigDict) -> None:
 
 def prototypes(config: ml_collections.ConfigDict) -> list[tuple[str, str]]:
   """(model name, norm) of each FedDF prototype; [model] if homogeneous."""
-  spec = config.feddf.prototypes.strip() if config.method == 'feddf' else ''
-  if not spec:
-    return [(config.model.name, config.model.norm)]
-  result = []
-  for item in spec.split(','):
-    name, _, norm = item.strip().partition(':')
-    norm = norm or config.model.norm
-    if name not in models.MODELS or norm not in models.NORMS:
-      raise errors.ConfigError(
-          f'feddf.prototypes entry {item.strip()!r} is not model[:norm] with '
-          f"model in {', '.join(models.MODELS)} and norm in "
-          f"{', '.join(models.NORMS)}")
-    result.append((name, norm))
-  return result
+  spec = config.feddf.prototypes if config.method == 'feddf' else ''
+  return models.parse_model_list(
+      spec, default_norm=config.model.norm, key='feddf.prototypes') or [
+          (config.model.name, config.model.norm)]
 
 
 def _local_work(config: ml_collections.ConfigDict) -> client_data_lib.LocalWork:

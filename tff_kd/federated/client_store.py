@@ -1,0 +1,178 @@
+"""A server-held per-client store: private client state for stateless clients.
+
+TFF's simulated clients keep nothing between rounds, but some methods need
+per-client state that persists: DaFKD's discriminators (Wang et al., CVPR
+2023, Algorithm 1 line 18) and FedD3A's heterogeneous local models (Su, Li,
+Xue, AAAI 2023, Sec. 3 "Application to Heterogeneous Models": "the clients
+retain their personalized models"). A `ClientStore` keeps that state at the
+server as a structure of [R, ...] tensors, one row per client (or per
+client of one architecture), inside the client work's state, so it is
+checkpointed and resumed with the rest of the process state.
+
+One round, inside the client work's federated computation:
+
+1. the store is broadcast; each client reads its own row with `read`
+   (index from its data key, checked to be in [0, R));
+2. the client returns `entry(new_row, index, present)`;
+3. `update` (a `tff.federated_aggregate`) scatters the present rows into a
+   zero [R, ...] accumulator by index, with a per-row count, and replaces
+   the rows that came back; rows of clients not sampled (or entries with
+   `present` 0) are unchanged. Sampling is without replacement, so counts
+   are 0 or 1 (several entries for one row would be averaged).
+
+Cost: the simulation broadcasts all R rows to every client and every
+client's accumulator has R rows. A real client keeps its own row on its
+device, so methods count only the client's own row in their traffic.
+"""
+
+from typing import Callable, Sequence
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_kd.federated import learning
+
+RowFn = Callable[[], Sequence[tf.Tensor]]
+
+
+class ClientStore:
+  """R rows of per-client state, each a tuple of tensors.
+
+  Attributes:
+    num_rows: R.
+    row_specs: Tuple of `tf.TensorSpec`, one row's leaves.
+    row_type: TFF type of one row.
+    row_bytes: Bytes of one row.
+    initial: No-arg TF computation: every row set to `row_fn()`'s values.
+    store_type: TFF type of the store (tuple of [R, ...] tensors).
+    entry_type: TFF type of what a client returns (`entry`).
+  """
+
+  def __init__(self, row_fn: RowFn, num_rows: int, *, what: str = 'client'):
+    """Builds the store's computations.
+
+    Args:
+      row_fn: No-arg callable returning one row's initial values (tensors or
+        variables, e.g. a freshly built model's); called in throwaway graphs
+        and inside the initial TF computation, so it may build Keras models.
+      num_rows: R >= 1.
+      what: Names the rows in the out-of-range error message.
+
+    Raises:
+      ValueError: `num_rows` < 1.
+    """
+    if not isinstance(num_rows, (int, np.integer)) or num_rows < 1:
+      raise ValueError(f'a client store needs >= 1 row, got {num_rows!r}')
+    self.num_rows = int(num_rows)
+    self._what = what
+    with tf.Graph().as_default():
+      self.row_specs = tuple(tf.TensorSpec(v.shape, v.dtype)
+                             for v in row_fn())
+    self.row_type = learning.spec_to_type(self.row_specs)
+    self.row_bytes = float(learning.payload_bytes(self.row_type))
+    rows = self.num_rows
+    specs = self.row_specs
+
+    @tff.tensorflow.computation
+    def initial():
+      return tuple(
+          tf.tile(tf.convert_to_tensor(v)[tf.newaxis],
+                  [rows] + [1] * v.shape.rank) for v in row_fn())
+
+    self.initial = initial
+    self.store_type = initial.type_signature.result
+    self.entry_type = tff.types.StructWithPythonType(
+        [self.row_type, tff.TensorType(np.int32),
+         tff.TensorType(np.float32)], tuple)
+
+    @tff.tensorflow.computation
+    def zeros():
+      return (tuple(tf.zeros([rows, *s.shape], s.dtype) for s in specs),
+              tf.zeros([rows], tf.float32))
+
+    acc_type = zeros.type_signature.result
+
+    @tff.tensorflow.computation(acc_type, self.entry_type)
+    def accumulate(acc, entry):
+      sums, counts = acc
+      row, index, present = entry
+      index = tf.reshape(index, [1, 1])
+      return (tuple(tf.tensor_scatter_nd_add(
+          a, index, (tf.cast(present, a.dtype) * r)[tf.newaxis])
+                    for a, r in zip(sums, row)),
+              tf.tensor_scatter_nd_add(counts, index,
+                                       tf.reshape(present, [1])))
+
+    @tff.tensorflow.computation(acc_type, acc_type)
+    def merge(a, b):
+      return tf.nest.map_structure(tf.add, a, b)
+
+    @tff.tensorflow.computation(acc_type)
+    def report(acc):
+      return acc
+
+    @tff.tensorflow.computation(self.store_type, acc_type)
+    def apply_rows(store, acc):
+      sums, counts = acc
+
+      def replace(old, new):
+        c = tf.reshape(counts, [-1] + [1] * (old.shape.rank - 1))
+        return tf.where(c > 0, new / tf.maximum(c, 1.0), old)
+
+      return tuple(replace(o, n) for o, n in zip(store, sums))
+
+    self._zeros = zeros
+    self._accumulate = accumulate
+    self._merge = merge
+    self._report = report
+    self._apply_rows = apply_rows
+
+  def read(self, store: Sequence[tf.Tensor],
+           index: tf.Tensor) -> tuple[tf.Tensor, ...]:
+    """Row `index` of a store, in a client's TF computation.
+
+    Asserts 0 <= index < R (`tf.errors.InvalidArgumentError` at run time).
+
+    Args:
+      store: The broadcast store (tuple of [R, ...] tensors).
+      index: int32 row index.
+
+    Returns:
+      The row's tensors.
+    """
+    index = tf.cast(index, tf.int32)
+    checks = [
+        tf.debugging.assert_less(
+            index, self.num_rows,
+            message=f'{self._what} id out of range for the '
+            f'{self.num_rows} rows this per-client store keeps '
+            '(num_clients)'),
+        tf.debugging.assert_non_negative(
+            index, message=f'negative {self._what} id'),
+    ]
+    with tf.control_dependencies(checks):
+      return tuple(tf.gather(s, index) for s in store)
+
+  @staticmethod
+  def entry(row: Sequence[tf.Tensor], index: tf.Tensor,
+            present: tf.Tensor | float = 1.0) -> tuple:
+    """What a client returns for `update`: (row, index, present 0/1)."""
+    return (tuple(row), tf.cast(index, tf.int32),
+            tf.cast(present, tf.float32))
+
+  def update(self, store, entries):
+    """The new store@SERVER, inside a federated computation.
+
+    Args:
+      store: The store, placed at the server.
+      entries: `entry` values placed at the clients.
+
+    Returns:
+      The store with the present rows replaced, at the server.
+    """
+    scattered = tff.federated_aggregate(entries, self._zeros(),
+                                        self._accumulate, self._merge,
+                                        self._report)
+    return tff.federated_map(self._apply_rows, (store, scattered))
+
