@@ -44,13 +44,19 @@ import tensorflow as tf
 from configs import compare_mnist
 
 # variant -> (method, config overrides as dotted keys).
+# DaFKD distils on generated images with its own settings (configs/
+# dafkd_mnist.py: T = 20, Adam lr 1e-4, BatchNorm statistics frozen); the
+# local work stays the shared one.
+_DAFKD = {'distill.temperature': 20.0, 'distill.learning_rate': 1e-4,
+          'distill.student_training': False}
 VARIANTS: dict[str, tuple[str, dict]] = {
     'fedavg': ('fedavg', {}),
     'fedprox': ('fedprox', {}),
     'feddf': ('feddf', {}),
-    'dafkd': ('dafkd', {}),
-    'dafkd_no_sharing': ('dafkd', {'dafkd.no_sharing': True}),
-    'dafkd_no_correlation': ('dafkd', {'dafkd.no_correlation': True}),
+    'dafkd': ('dafkd', _DAFKD),
+    'dafkd_no_sharing': ('dafkd', {**_DAFKD, 'dafkd.no_sharing': True}),
+    'dafkd_no_correlation': ('dafkd', {**_DAFKD,
+                                       'dafkd.no_correlation': True}),
     'fedgen': ('fedgen', {}),
     'fedftg': ('fedftg', {}),
 }

@@ -149,6 +149,12 @@ def get_config() -> ml_collections.ConfigDict:
       generator_beta_1=0.5,  # Reference code's Adam betas (0.5, 0.99).
       generator_beta_2=0.99,
       generator_form='minimax',  # minimax (eq. 3) | non_saturating.
+      # BatchNorm statistics the discriminator normalises pseudo batches with:
+      # real (the real data's moving ones) | batch (their own) |
+      # batch_update (their own, and they update the moving ones: the
+      # reference code; the classifier then tests with generated-image
+      # statistics). See core.gan.client_gan_step.
+      pseudo_statistics='real',
       adv_weight=1.0,  # Weight of eq. 2 in eq. 9.
       gp_weight=0.0,  # Gradient penalty (reference code 0.3, paper 0).
       weight_decay=0.0,  # > 0 needs client_optimizer.name=adam (AdamW).

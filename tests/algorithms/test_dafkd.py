@@ -133,10 +133,11 @@ def _eager_joint_loss(data, state, key):
                               num_classes=NUM_CLASSES, seed=seeds[0],
                               training=True)
   features = clf.features(batch['x'], training=True)
+  # Pseudo samples: the moving statistics the real pass just updated.
   return float(gan.joint_loss(
       clf.head(features, training=True), batch['y'],
       disc.head(features, training=True),
-      disc.logit_model(x_fake, training=True), from_logits=True))
+      disc.logit_model(x_fake, training=False), from_logits=True))
 
 
 def test_joint_loss_eq9_inside_tff_matches_eager(plain, data):
@@ -171,6 +172,9 @@ def test_round_metrics_and_model_views(plain):
   assert fin['alpha_sum_error'] < 1e-5
   assert 0.0 <= fin['alpha_entropy'] <= np.log(2) + 1e-6
   assert fin['steps'] == 3.0 and np.isfinite(fin['last_loss'])
+  for key in ('target_label_agreement', 'agreement_before',
+              'agreement_after'):
+    assert 0.0 <= fin[key] <= 1.0, key
   cw = outputs[0]['client_work']
   for key in ('disc_real_accuracy', 'disc_fake_accuracy'):
     assert 0.0 <= cw[key] <= 1.0
@@ -239,6 +243,7 @@ def _bad(data, match, **kwargs):
     (dict(learning_rate=0.0), 'learning_rate must be > 0'),
     (dict(gp_weight=-0.3), 'gp_weight must be >= 0'),
     (dict(generator_form='wgan'), "generator_form 'wgan' is unknown"),
+    (dict(pseudo_statistics='moving'), "pseudo_statistics 'moving' is"),
     (dict(ensemble='mean'), "weights_on 'mean' is unknown"),
     (dict(private=True, ensemble='logits'), "needs weights_on='probs'"),
     (dict(private=True, pool_generator='aggregated'),

@@ -186,6 +186,95 @@ def test_client_gan_step_trains_each_part_in_the_right_direction():
   assert float(results[-1].gen_loss) < float(results[0].gen_loss)
 
 
+def _frozen_step(clf, disc, gen, batch, seed, **kwargs):
+  """One `client_gan_step` with lr 0 (nothing trainable moves)."""
+  variables = gan.gan_variables(clf, disc, gen)
+  adam = tff.learning.optimizers.build_adam(learning_rate=0.0)
+  return gan.client_gan_step(
+      clf, disc, gen, batch, joint_optimizer=adam,
+      joint_state=gan.initial_optimizer_state(adam, variables.joint),
+      generator_optimizer=adam,
+      generator_state=gan.initial_optimizer_state(adam, variables.generator),
+      noise_dim=_NOISE, num_classes=3, seed=seed, **kwargs)
+
+
+def _statistics(clf, disc):
+  return gan._unique(list(clf.model.non_trainable_weights) +  # pylint: disable=protected-access
+                     list(disc.model.non_trainable_weights))
+
+
+@pytest.mark.parametrize('shared', [True, False])
+def test_step_keeps_the_moving_statistics_of_the_real_batch(shared):
+  """Regression: pseudo batches must not move BatchNorm's moving statistics.
+
+  The pseudo batch, the generator step's batch and the penalty's
+  interpolates go through the (shared) extractor; in training mode (the
+  old behaviour, now 'batch_update') their moving-statistics updates
+  stayed, so the inference-mode classifier normalised real images with the
+  generator's statistics.
+  """
+  clf, disc, gen = _setup(shared=shared)
+  labels = np.arange(8) % 3
+  batch = {'x': tf.constant(_images(labels, 5)), 'y': tf.constant(labels)}
+  statistics = _statistics(clf, disc)
+  assert statistics  # BatchNorm moving means and variances.
+  start = [v.numpy().copy() for v in statistics]
+  # Expected: one training-mode pass of the real batch alone (lr 0: the
+  # weights do not move, so the pass sees the same ones as the step).
+  clf.model(batch['x'], training=True)
+  if not shared:
+    disc.model(batch['x'], training=True)
+  expected = [v.numpy().copy() for v in statistics]
+
+  @tf.function
+  def step(mode):
+    return _frozen_step(clf, disc, gen, batch, [3, 4], gp_weight=0.3,
+                        pseudo_statistics=mode)
+
+  for mode in gan.PSEUDO_STATISTICS:
+    for v, s in zip(statistics, start):
+      v.assign(s)
+    step(mode)
+    got = [v.numpy() for v in statistics]
+    if mode == 'batch_update':  # The pseudo batches moved them.
+      assert max(np.max(np.abs(g - e)) for g, e in zip(got, expected)) > 1e-3
+    else:
+      for g, e in zip(got, expected):
+        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
+  with pytest.raises(ValueError, match='pseudo_statistics'):
+    step('moving')
+
+
+@pytest.mark.parametrize('mode', ['real', 'batch'])
+def test_pseudo_batches_are_normalised_as_configured(mode):
+  """Regression: 'real' scores pseudo samples with the real statistics.
+
+  Before, the pseudo batch was normalised by its own batch statistics
+  (now 'batch'), which hides its first-order difference from the real data
+  (e.g. mean intensity): the discriminator could not learn it, and it scored
+  differently in inference mode at the server.
+  Pins eq. (2)'s inputs: d_real in training mode, d_fake in inference mode
+  ('real') or training mode ('batch').
+  """
+  clf, disc, gen = _setup()
+  labels = np.arange(8) % 3
+  batch = {'x': tf.constant(_images(labels, 6)), 'y': tf.constant(labels)}
+  seed = tf.constant([5, 6], tf.int64)
+  statistics = _statistics(clf, disc)
+  start = [v.numpy().copy() for v in statistics]
+  # The step's pseudo batch: generator in training mode, seeds[0].
+  seeds = tf.random.experimental.stateless_split(seed, 3)
+  x_fake = gan.generate(gen, 8, noise_dim=_NOISE, num_classes=3,
+                        seed=seeds[0], training=True)[0]
+  d_real = disc.logit_model(batch['x'], training=True)  # Updates statistics.
+  d_fake = disc.logit_model(x_fake, training=mode == 'batch')
+  expected = gan.discriminator_loss(d_real, d_fake, from_logits=True)
+  for v, s in zip(statistics, start):
+    v.assign(s)
+  r = _frozen_step(clf, disc, gen, batch, seed, pseudo_statistics=mode)
+  assert float(r.disc_loss) == pytest.approx(float(expected), rel=1e-5)
+
+
 def test_unshared_step_updates_the_classifier_with_its_ce_alone():
   """Without sharing, eq. (9)'s classifier gradient is the CE's only."""
   clf, disc, gen = _setup(shared=False, norm='none')

@@ -131,6 +131,20 @@ def test_mnist_train_limit_reuses_prepared_data(mnist, mnist_data_dir):
   assert len(ds.y_test) == 10000
 
 
+def test_fashion_mnist_in_the_same_data_dir_is_not_mnist(mnist,
+                                                         mnist_data_dir):
+  # Regression: tfds names extracted files after the archive alone, and
+  # Fashion-MNIST's raw files have MNIST's names; with a shared extract
+  # folder, Fashion-MNIST built after MNIST was MNIST.
+  fashion_dir = os.path.join(os.path.dirname(MNIST_DIR), 'fashion_mnist')
+  _require(fashion_dir)
+  fashion = datasets.load_dataset('fashion_mnist', data_dir=mnist_data_dir,
+                                  manual_dir=fashion_dir, train_limit=1000)
+  assert not np.array_equal(fashion.x_test[:100], mnist.x_test[:100])
+  # Fashion-MNIST's test set has exactly 1,000 images per class.
+  np.testing.assert_array_equal(np.bincount(fashion.y_test), [1000] * 10)
+
+
 def test_corrupt_mnist_raw_file_is_a_data_error(tmp_path):
   _require(MNIST_DIR)
   raw = tmp_path / 'raw'

@@ -61,6 +61,7 @@ def build_dafkd_process(
     adv_weight: float = 1.0,
     gp_weight: float = 0.0,
     generator_form: str = 'minimax',
+    pseudo_statistics: str = 'real',
     shared: bool = True,
     correlation: bool = True,
     ensemble: str = 'probs',
@@ -89,6 +90,10 @@ def build_dafkd_process(
     adv_weight: Weight of eq. (2) inside eq. (9) (paper: 1).
     gp_weight: Gradient-penalty weight (reference code 0.3; paper 0).
     generator_form: 'minimax' (eq. 3) or 'non_saturating'.
+    pseudo_statistics: How the discriminator normalises pseudo batches
+      (`gan.client_gan_step`): 'real' (the real data's BatchNorm moving
+      statistics), 'batch' (their own, moving statistics untouched) or
+      'batch_update' (their own, moving statistics updated: reference code).
     shared: Discriminator on the classifier's extractor (False: ablation).
     correlation: eq. (7) weights (False: uniform, ablation).
     ensemble: 'probs' (eq. 8) or 'logits' (reference code).
@@ -121,7 +126,8 @@ def build_dafkd_process(
       noise_dim=noise_dim, num_classes=num_classes, image_shape=input_shape,
       hidden=tuple(generator_hidden), seed=seed + 1)
   settings = dafkd_tf.GanSettings(noise_dim, num_classes, adv_weight,
-                                  gp_weight, generator_form)
+                                  gp_weight, generator_form,
+                                  pseudo_statistics)
   spec = dafkd_tff.ModelSpec(classifier_fn, generator_fn, shared, seed + 2,
                              settings)
   private_settings = (dafkd_tff.PrivateSettings(
@@ -190,6 +196,9 @@ def _validate(a: dict) -> None:
   if a['generator_form'] not in gan.GENERATOR_FORMS:
     fail(f"generator_form {a['generator_form']!r} is unknown; choose one of "
          f"{', '.join(gan.GENERATOR_FORMS)}")
+  if a['pseudo_statistics'] not in gan.PSEUDO_STATISTICS:
+    fail(f"pseudo_statistics {a['pseudo_statistics']!r} is unknown; choose "
+         f"one of {', '.join(gan.PSEUDO_STATISTICS)}")
   if a['ensemble'] not in ENSEMBLES:
     fail(f"weights_on {a['ensemble']!r} is unknown; choose one of "
          f"{', '.join(ENSEMBLES)}")

@@ -79,13 +79,27 @@ def discriminator_variables(
 
 
 def pseudo_pool(generator: tf.keras.Model, size: int, *, noise_dim: int,
-                num_classes: int, seed: tf.Tensor) -> tf.Tensor:
+                num_classes: int, seed: tf.Tensor,
+                with_labels: bool = False):
   """The distillation pool D^g (Algorithm 1, line 11): `size` generated images.
 
-  Uniform pseudo labels, Gaussian noise, generator in inference mode.
+  Uniform pseudo labels, Gaussian noise, generator in inference mode. With
+  `with_labels`, returns (images, the labels they were generated for).
   """
-  return gan.generate(generator, size, noise_dim=noise_dim,
-                      num_classes=num_classes, seed=seed, training=False)[0]
+  images, _, labels = gan.generate(generator, size, noise_dim=noise_dim,
+                                   num_classes=num_classes, seed=seed,
+                                   training=False)
+  return (images, labels) if with_labels else images
+
+
+def argmax_agreement(logits_or_probs: tf.Tensor, reference) -> tf.Tensor:
+  """Fraction of rows whose argmax equals `reference`'s (argmax or labels)."""
+  reference = tf.convert_to_tensor(reference)
+  if reference.shape.rank == 2:
+    reference = tf.argmax(reference, axis=-1)
+  return tf.reduce_mean(tf.cast(tf.equal(
+      tf.argmax(logits_or_probs, axis=-1, output_type=tf.int32),
+      tf.cast(reference, tf.int32)), tf.float32))
 
 
 class GanSettings(NamedTuple):
@@ -97,6 +111,9 @@ class GanSettings(NamedTuple):
     adv_weight: Weight of eq. (2) in eq. (9).
     gp_weight: Gradient-penalty weight (reference code 0.3, paper 0).
     generator_form: 'minimax' (eq. 3) or 'non_saturating'.
+    pseudo_statistics: BatchNorm statistics of the discriminator's pseudo
+      batches, `gan.PSEUDO_STATISTICS` ('real': the real data's moving
+      statistics; 'batch_update': the reference code's).
   """
 
   noise_dim: int
@@ -104,6 +121,7 @@ class GanSettings(NamedTuple):
   adv_weight: float = 1.0
   gp_weight: float = 0.0
   generator_form: str = 'minimax'
+  pseudo_statistics: str = 'real'
 
 
 class ClientRoundResult(NamedTuple):
@@ -224,7 +242,8 @@ def client_round(classifier: classifiers.Classifier,
         generator_optimizer=generator_optimizer, generator_state=gen_state,
         noise_dim=settings.noise_dim, num_classes=settings.num_classes,
         seed=step_seed(seed, steps), adv_weight=settings.adv_weight,
-        gp_weight=settings.gp_weight, generator_form=settings.generator_form)
+        gp_weight=settings.gp_weight, generator_form=settings.generator_form,
+        pseudo_statistics=settings.pseudo_statistics)
     joint_state, gen_state = r.joint_state, r.generator_state
     batch_size = tf.cast(tf.shape(batch['y'])[0], tf.float32)
     joint = r.ce_loss + settings.adv_weight * r.disc_loss
@@ -367,6 +386,13 @@ class ServerRoundResult(NamedTuple):
     alpha_sum_error: max_i |sum_k alpha[k, i] - 1|; 0 in private mode.
     mean_score: Mean discriminator score f_k(x_i) over received clients and
       the pool (private mode: sum_k f_k / K_t).
+    target_label_agreement: Fraction of the pool whose target (eq. 8) argmax
+      is the label the generator was asked for. Eq. (3) gives the generator
+      no label signal (the discriminator is unconditional), so about 1/C is
+      expected; it shows whether the labels steer the generator at all.
+    agreement_before: Fraction of the pool where the averaged classifier's
+      argmax (inference mode) equals the target's, before distillation.
+    agreement_after: The same for the distilled student.
   """
 
   classifier: ModelWeights
@@ -375,6 +401,9 @@ class ServerRoundResult(NamedTuple):
   alpha_entropy: tf.Tensor
   alpha_sum_error: tf.Tensor
   mean_score: tf.Tensor
+  target_label_agreement: tf.Tensor
+  agreement_before: tf.Tensor
+  agreement_after: tf.Tensor
 
 
 @tf.function
@@ -431,8 +460,10 @@ def server_round(classifier: classifiers.Classifier,
   tf.nest.map_structure(
       lambda v, t: v.assign(t), gen_vars,
       global_weights[1] if pool_from_broadcast else new_generator)
-  pool = pseudo_pool(generator, pool_size, noise_dim=settings.noise_dim,
-                     num_classes=settings.num_classes, seed=pool_seed_value)
+  pool, pool_labels = pseudo_pool(
+      generator, pool_size, noise_dim=settings.noise_dim,
+      num_classes=settings.num_classes, seed=pool_seed_value,
+      with_labels=True)
   num_clients = tf.maximum(tf.reduce_sum(tf.cast(valid, tf.float32)), 1.0)
   if private_sums is None:
     logits, scores = teacher_outputs(
@@ -454,7 +485,15 @@ def server_round(classifier: classifiers.Classifier,
   tf.nest.map_structure(lambda v, t: v.assign(t),
                         local_training.model_weights(classifier.model),
                         new_classifier)
+
+  def agreement():
+    return argmax_agreement(
+        distillation.teacher_logits([classifier.model], pool)[0], target)
+
+  before = agreement()
   result = distillation.distill(classifier.model, distill_optimizer, pool,
                                 target, config)
   return ServerRoundResult(result.weights, new_generator, result, entropy,
-                           sum_error, mean_score)
+                           sum_error, mean_score,
+                           argmax_agreement(target, pool_labels), before,
+                           agreement())

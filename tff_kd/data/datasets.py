@@ -213,10 +213,18 @@ def _load_tfds(name: str, data_dir: Optional[str],
       # Checked here: tfds would silently fall back to the network.
       raise errors.DataError(
           f'{name!r} needs {", ".join(missing)} in manual_dir {manual_dir}')
+  # One download/extract folder per dataset: tfds names extracted files
+  # after the archive's file name alone, and MNIST and Fashion-MNIST ship
+  # files of the same names, so with the shared default folder a
+  # Fashion-MNIST build silently reused MNIST's extracted images.
+  root = os.path.expanduser(
+      data_dir or os.environ.get('TFDS_DATA_DIR', '~/tensorflow_datasets'))
   config = tfds.download.DownloadConfig(
       manual_dir=manual_dir and os.path.expanduser(manual_dir))
   try:
-    builder.download_and_prepare(download_config=config)
+    builder.download_and_prepare(
+        download_dir=os.path.join(root, 'downloads', 'tff_kd', name),
+        download_config=config)
     arrays = {}
     for split in ('train', 'test'):
       d = tfds.as_numpy(builder.as_dataset(split=split, batch_size=-1))

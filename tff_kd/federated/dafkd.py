@@ -316,8 +316,12 @@ def build_finalizer(
   """`core.dafkd.server_round` as a finalizer; its state is the round number.
 
   Measurements: `num_teachers`, `alpha_entropy` (mean entropy of eq. 7's
-  weights; -1 in private mode), `alpha_sum_error`, `mean_disc_score`, the
-  distillation's `steps`, `first_loss`, `last_loss` and `pool_size`.
+  weights; -1 in private mode), `alpha_sum_error`, `mean_disc_score`,
+  `target_label_agreement` (target argmax = generated label),
+  `agreement_before` / `agreement_after` (classifier argmax = target argmax
+  on the pool, before / after distillation: data-free diagnostics of the
+  distillation), the distillation's `steps`, `first_loss`, `last_loss` and
+  `pool_size`.
 
   Args:
     spec: `ModelSpec`.
@@ -360,6 +364,9 @@ def build_finalizer(
         alpha_entropy=r.alpha_entropy,
         alpha_sum_error=r.alpha_sum_error,
         mean_disc_score=r.mean_score,
+        target_label_agreement=r.target_label_agreement,
+        agreement_before=r.agreement_before,
+        agreement_after=r.agreement_after,
         steps=tf.cast(r.distill.steps_run, tf.float32),
         first_loss=r.distill.first_loss,
         last_loss=r.distill.last_loss,
