@@ -155,6 +155,10 @@ def get_config() -> ml_collections.ConfigDict:
       # reference code; the classifier then tests with generated-image
       # statistics). See core.gan.client_gan_step.
       pseudo_statistics='real',
+      # GAN terms (eq. 2 in eq. 9, eq. 3) only in the first gan_steps local
+      # steps of a round, then plain CE steps (reference code: first epochs
+      # only); 0 = every step (Algorithm 1).
+      gan_steps=0,
       adv_weight=1.0,  # Weight of eq. 2 in eq. 9.
       gp_weight=0.0,  # Gradient penalty (reference code 0.3, paper 0).
       weight_decay=0.0,  # > 0 needs client_optimizer.name=adam (AdamW).

@@ -62,6 +62,7 @@ def build_dafkd_process(
     gp_weight: float = 0.0,
     generator_form: str = 'minimax',
     pseudo_statistics: str = 'real',
+    gan_steps: int = 0,
     shared: bool = True,
     correlation: bool = True,
     ensemble: str = 'probs',
@@ -94,6 +95,9 @@ def build_dafkd_process(
       (`gan.client_gan_step`): 'real' (the real data's BatchNorm moving
       statistics), 'batch' (their own, moving statistics untouched) or
       'batch_update' (their own, moving statistics updated: reference code).
+    gan_steps: GAN terms only in the first `gan_steps` local steps of each
+      round, plain cross-entropy steps after (reference code: GAN terms in
+      the first epochs only); 0 = every step (Algorithm 1).
     shared: Discriminator on the classifier's extractor (False: ablation).
     correlation: eq. (7) weights (False: uniform, ablation).
     ensemble: 'probs' (eq. 8) or 'logits' (reference code).
@@ -127,7 +131,7 @@ def build_dafkd_process(
       hidden=tuple(generator_hidden), seed=seed + 1)
   settings = dafkd_tf.GanSettings(noise_dim, num_classes, adv_weight,
                                   gp_weight, generator_form,
-                                  pseudo_statistics)
+                                  pseudo_statistics, gan_steps)
   spec = dafkd_tff.ModelSpec(classifier_fn, generator_fn, shared, seed + 2,
                              settings)
   private_settings = (dafkd_tff.PrivateSettings(
@@ -190,6 +194,10 @@ def _validate(a: dict) -> None:
   if not 0 < a['learning_rate_decay'] <= 1:
     fail('learning_rate_decay must be in (0, 1], got '
          f"{a['learning_rate_decay']!r}")
+  if (not isinstance(a['gan_steps'], (int, np.integer)) or
+      isinstance(a['gan_steps'], bool) or a['gan_steps'] < 0):
+    fail(f"gan_steps must be an integer >= 0 (0: every step), got "
+         f"{a['gan_steps']!r}")
   for name in ('adv_weight', 'gp_weight'):
     if not a[name] >= 0:
       fail(f'{name} must be >= 0, got {a[name]!r}')

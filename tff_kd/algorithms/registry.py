@@ -256,7 +256,8 @@ def _build_dafkd(inputs: ProcessInputs, config: ml_collections.ConfigDict):
       pool_size=f.pool_size, noise_dim=f.noise_dim, generator_hidden=hidden,
       adv_weight=f.adv_weight, gp_weight=f.gp_weight,
       generator_form=f.generator_form,
-      pseudo_statistics=f.pseudo_statistics, shared=not f.no_sharing,
+      pseudo_statistics=f.pseudo_statistics, gan_steps=f.gan_steps,
+      shared=not f.no_sharing,
       correlation=not f.no_correlation, ensemble=f.weights_on,
       private=f.private, pool_generator=f.pool_generator or None,
       seed=config.seed)

@@ -114,6 +114,11 @@ class GanSettings(NamedTuple):
     pseudo_statistics: BatchNorm statistics of the discriminator's pseudo
       batches, `gan.PSEUDO_STATISTICS` ('real': the real data's moving
       statistics; 'batch_update': the reference code's).
+    gan_steps: The GAN terms (eq. 2 in eq. 9, and the eq. 3 generator step)
+      are active in the first `gan_steps` local steps of every round; later
+      steps are plain cross-entropy steps of the classifier (the reference
+      code keeps the GAN terms only in the first epochs). 0: every step (the
+      paper's Algorithm 1).
   """
 
   noise_dim: int
@@ -122,6 +127,7 @@ class GanSettings(NamedTuple):
   gp_weight: float = 0.0
   generator_form: str = 'minimax'
   pseudo_statistics: str = 'real'
+  gan_steps: int = 0
 
 
 class ClientRoundResult(NamedTuple):
@@ -177,6 +183,25 @@ def _delta(variables: ModelWeights, start: Sequence[tf.Tensor]) -> ModelWeights:
   return ModelWeights(
       [v - s for v, s in zip(variables.trainable, start)],
       [tf.identity(v) for v in variables.non_trainable])
+
+
+def _cross_entropy_step(classifier: classifiers.Classifier, joint_variables,
+                        batch, optimizer: tff.learning.optimizers.Optimizer,
+                        state) -> tuple[tf.Tensor, object]:
+  """A plain CE step of the classifier with the joint optimiser (after the
+  GAN steps of a round); the discriminator's own variables get no gradient.
+  """
+  with tf.GradientTape() as tape:
+    logits = classifier.model(batch['x'], training=True)
+    ce = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=tf.cast(batch['y'], tf.int32), logits=logits))
+  grads = tape.gradient(ce, joint_variables)
+  grads = [tf.zeros_like(v) if g is None else g
+           for g, v in zip(grads, joint_variables)]
+  state, updated = optimizer.next(state, tuple(joint_variables), tuple(grads))
+  for variable, value in zip(joint_variables, updated):
+    variable.assign(value)
+  return ce, state
 
 
 @tf.function
@@ -235,7 +260,9 @@ def client_round(classifier: classifiers.Classifier,
   ce_sum = tf.constant(0.0)
   sums = tf.zeros([len(MEAN_NAMES)])
   steps = tf.constant(0)
-  for batch in iter(dataset):
+  gan_count = tf.constant(0)
+
+  def gan_step(batch, joint_state, gen_state):
     r = gan.client_gan_step(
         classifier, discriminator, generator, batch,
         joint_optimizer=joint_optimizer, joint_state=joint_state,
@@ -244,17 +271,36 @@ def client_round(classifier: classifiers.Classifier,
         seed=step_seed(seed, steps), adv_weight=settings.adv_weight,
         gp_weight=settings.gp_weight, generator_form=settings.generator_form,
         pseudo_statistics=settings.pseudo_statistics)
-    joint_state, gen_state = r.joint_state, r.generator_state
-    batch_size = tf.cast(tf.shape(batch['y'])[0], tf.float32)
     joint = r.ce_loss + settings.adv_weight * r.disc_loss
     if settings.gp_weight:
       joint += settings.gp_weight * r.penalty
-    sums += tf.stack([joint, r.ce_loss, r.disc_loss, r.gen_loss,
-                      r.real_accuracy, r.fake_accuracy])
+    return r.joint_state, r.generator_state, r.ce_loss, tf.stack(
+        [joint, r.ce_loss, r.disc_loss, r.gen_loss, r.real_accuracy,
+         r.fake_accuracy]), tf.constant(1)
+
+  def ce_step(batch, joint_state, gen_state):
+    ce, joint_state = _cross_entropy_step(
+        classifier, variables.joint, batch, joint_optimizer, joint_state)
+    return joint_state, gen_state, ce, tf.zeros([len(MEAN_NAMES)]), (
+        tf.constant(0))
+
+  for batch in iter(dataset):
+    if settings.gan_steps:
+      joint_state, gen_state, ce, step_means, is_gan = tf.cond(
+          steps < settings.gan_steps,
+          lambda b=batch, j=joint_state, g=gen_state: gan_step(b, j, g),
+          lambda b=batch, j=joint_state, g=gen_state: ce_step(b, j, g))
+    else:
+      joint_state, gen_state, ce, step_means, is_gan = gan_step(
+          batch, joint_state, gen_state)
+    batch_size = tf.cast(tf.shape(batch['y'])[0], tf.float32)
+    sums += step_means
     num_examples += batch_size
-    ce_sum += r.ce_loss * batch_size
+    ce_sum += ce * batch_size
     steps += 1
-  means = sums / tf.maximum(tf.cast(steps, tf.float32), 1.0)
+    gan_count += is_gan
+  # The GAN metrics are means over the steps that had GAN terms.
+  means = sums / tf.maximum(tf.cast(gan_count, tf.float32), 1.0)
   clf_delta = _delta(clf_vars, clf_start)
   gen_delta = _delta(gen_vars, gen_start)
   disc_row = [tf.identity(v) for v in discriminator_variables(discriminator)]
