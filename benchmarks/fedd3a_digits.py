@@ -48,6 +48,7 @@ from absl import flags
 import numpy as np
 import tensorflow as tf
 
+from configs import fedd3a_digits_device
 from configs import fedd3a_digits_silo
 from tff_kd import data as data_lib
 from tff_kd import models
@@ -70,6 +71,13 @@ _STEPS = flags.DEFINE_integer('distill_steps', 100,
 _ALPHA = flags.DEFINE_float('fedd3a_alpha', 10.0, 'FedD3A eq. 5 ridge.')
 _METHODS = flags.DEFINE_list('methods', ['fedavg', 'fedprox', 'feddf',
                                          'fedd3a'], 'Methods, in order.')
+_PER_DOMAIN = flags.DEFINE_integer(
+    'clients_per_domain', 1, '1: cross-silo; > 1: cross-device, each domain '
+    'split by Dir(beta) (configs/fedd3a_digits_device.py).')
+_BETA = flags.DEFINE_float('beta', 0.2, 'Cross-device label skew Dir(beta).')
+_PER_ROUND = flags.DEFINE_integer(
+    'clients_per_round', 0, 'Cross-device clients per round (0: 5, the '
+    "paper's; cross-silo always takes every client).")
 _TABLE2 = flags.DEFINE_bool('table2', True, 'Run the Table 2 check.')
 _T2_EPOCHS = flags.DEFINE_integer('table2_epochs', 2,
                                   'Backbone training epochs (Table 2).')
@@ -85,7 +93,12 @@ _OUT = flags.DEFINE_string('out', 'benchmarks/results/fedd3a_digits',
 
 
 def _config(method: str):
-  c = fedd3a_digits_silo.get_config()
+  if _PER_DOMAIN.value > 1:
+    c = fedd3a_digits_device.get_config()
+    c.partition.clients_per_domain = _PER_DOMAIN.value
+    c.partition.alpha = _BETA.value
+  else:
+    c = fedd3a_digits_silo.get_config()
   names = [d.strip() for d in _DOMAINS.value.split(',') if d.strip()]
   c.method = method
   c.seed = _SEED.value
@@ -94,8 +107,9 @@ def _config(method: str):
   c.dataset.manual_dir = _MANUAL_DIR.value
   c.dataset.data_dir = _DATA_DIR.value
   c.dataset.train_limit = _TRAIN_LIMIT.value
-  c.partition.num_clients = len(names)
-  c.clients_per_round = len(names)
+  c.partition.num_clients = len(names) * _PER_DOMAIN.value
+  c.clients_per_round = (len(names) if _PER_DOMAIN.value == 1 else
+                         _PER_ROUND.value or 5)
   c.server_data.proxy = _PROXY.value
   c.server_data.proxy_size = _PROXY_SIZE.value
   c.distill.steps = _STEPS.value
@@ -175,11 +189,17 @@ def _markdown(result: dict) -> str:
   s = result['setting']
   methods = result['methods']
   lines = [
-      '# FedAvg / FedProx / FedDF / FedD3A on cross-silo digit domains',
+      '# FedAvg / FedProx / FedDF / FedD3A on digit domains',
       '',
-      f"Clients: {s['domains']} (one client per domain, "
-      f"{s['train_limit']} training images each, all {s['rounds']} rounds "
-      f"with every client); server pool: {s['proxy_size']} unlabeled "
+      (f"Clients: {s['domains']} (one client per domain, "
+       f"{s['train_limit']} training images each, all {s['rounds']} rounds "
+       f"with every client)"
+       if s.get('clients_per_domain', 1) == 1 else
+       f"Clients: {s['domains']}, each domain's first {s['train_limit']} "
+       f"training images split over {s['clients_per_domain']} clients by "
+       f"Dir({s['beta']}) (cross-device), {s['clients_per_round']} clients "
+       f"per round, {s['rounds']} rounds") +
+      f"; server pool: {s['proxy_size']} unlabeled "
       f"`{s['proxy']}` images; 32x32x3; CNN; 1 local epoch (SGD lr "
       f"{s['client_lr']}, momentum {s['momentum']}, batch {s['batch_size']})"
       f"; FedProx mu {s['mu']}; FedDF/FedD3A <= {s['distill_steps']} Adam "
@@ -257,6 +277,8 @@ def main(argv):
           distill_steps=base.distill.steps,
           distill_batch=base.distill.batch_size, alpha=base.fedd3a.alpha,
           weighting=base.fedd3a.weighting,
+          clients_per_domain=base.partition.clients_per_domain,
+          beta=base.partition.alpha, clients_per_round=base.clients_per_round,
           table2_epochs=_T2_EPOCHS.value, table2_train=_T2_TRAIN.value,
           table2_batch=_T2_BATCH.value, table2_alphas=_T2_ALPHAS.value),
       machine=f'{platform.processor() or platform.machine()}, '
