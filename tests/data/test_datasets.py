@@ -185,7 +185,10 @@ def test_tfds_manual_dir_may_hold_a_dataset_subfolder(tmp_path, monkeypatch,
     def is_prepared(self):
       return False
 
-    def download_and_prepare(self, download_config):
+    def download_and_prepare(self, download_dir, download_config):
+      # Each dataset extracts into its own folder (see
+      # test_fashion_mnist_in_the_same_data_dir_is_not_mnist).
+      assert download_dir.endswith(os.path.join('tff_kd', 'mnist'))
       seen.append(str(download_config.manual_dir))
       raise RuntimeError('no network here')
 
