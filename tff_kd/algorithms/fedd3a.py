@@ -36,6 +36,7 @@ from tff_kd.core import distillation
 from tff_kd.core import fedd3a as fedd3a_tf
 from tff_kd.federated import composer
 from tff_kd.federated import fedd3a as fedd3a_tff
+from tff_kd.federated import feddf as feddf_tff
 from tff_kd.federated import learning
 from tff_kd.federated import server_data as server_data_lib
 
@@ -141,9 +142,8 @@ def build_fedd3a_process(
       learning_rate=learning_rate, learning_rate_decay=learning_rate_decay,
       alpha=float(alpha), projection_batches=projection_batches,
       dataset_fn=dataset_fn)
-  aggregator = fedd3a_tff.build_stacking_aggregator(client_work,
-                                                    clients_per_round)
-  stack_type = aggregator.next.type_signature.result.result.member
+  aggregator, stack_type = feddf_tff.build_client_stack(
+      client_work, clients_per_round)
   finalizer = fedd3a_tff.build_finalizer(
       classifier_fn, stack_type, server_optimizer, distill_optimizer,
       server_data, distill_config, weighting=weighting, ensemble=ensemble,
@@ -180,9 +180,8 @@ def _build_hetero(classifier_fn, client_model_fns, element_spec, *,
       alpha=alpha, kd_weight=kd_weight, kd_temperature=kd_temperature,
       learning_rate_decay=learning_rate_decay,
       projection_batches=projection_batches)
-  aggregator = fedd3a_tff.build_stacking_aggregator(client_work,
-                                                    clients_per_round)
-  stack_type = aggregator.next.type_signature.result.result.member
+  aggregator, stack_type = feddf_tff.build_client_stack(
+      client_work, clients_per_round)
   finalizer = fedd3a_tff.build_hetero_finalizer(
       classifier_fn, client_model_fns, stack_type, distill_optimizer,
       server_data, distill_config, weighting=weighting, ensemble=ensemble,

@@ -101,10 +101,8 @@ def build_feddf_process(
       model_fns, element_spec, client_optimizer,
       learning_rate=learning_rate, learning_rate_decay=learning_rate_decay,
       dataset_fn=dataset_fn)
-  update_type = client_work.next.type_signature.result.result.member.update
-  aggregator = feddf_tff.build_stacking_aggregator(update_type,
-                                                   clients_per_round)
-  stack_type = aggregator.next.type_signature.result.result.member
+  aggregator, stack_type = feddf_tff.build_client_stack(
+      client_work, clients_per_round)
   finalizer = feddf_tff.build_fusion_finalizer(
       model_fns, stack_type, server_optimizer, distill_optimizer,
       server_data, distill_config, drop_worst=drop_worst)

@@ -147,10 +147,8 @@ def build_fedftg_process(
       classifier_fn, element_spec, client_optimizer, num_classes=num_classes,
       learning_rate=learning_rate, learning_rate_decay=learning_rate_decay,
       dataset_fn=dataset_fn)
-  update_type = client_work.next.type_signature.result.result.member.update
-  aggregator = feddf_tff.build_stacking_aggregator(update_type,
-                                                   clients_per_round)
-  stack_type = aggregator.next.type_signature.result.result.member
+  aggregator, stack_type = feddf_tff.build_client_stack(
+      client_work, clients_per_round)
   finalizer = fedftg_tff.build_fine_tune_finalizer(
       model_fn, stack_type, server_optimizer,
       fedftg_tff.FineTuning(

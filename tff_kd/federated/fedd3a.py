@@ -260,14 +260,6 @@ def _round_metrics(result: fedd3a_tf.ServerRound, stack: feddf_tf.Stack,
   return metrics
 
 
-def build_stacking_aggregator(client_work: tff.templates.MeasuredProcess,
-                              num_slots: int
-                              ) -> tff.templates.AggregationProcess:
-  """FedDF's stacking aggregator for this client work's updates."""
-  update_type = client_work.next.type_signature.result.result.member.update
-  return feddf_tff.build_stacking_aggregator(update_type, num_slots)
-
-
 # ---------------------------------------------------------------------------
 # Heterogeneous client models.
 

@@ -217,6 +217,20 @@ def build_stacking_aggregator(
 
 
 
+def build_client_stack(
+    client_work: tff.templates.MeasuredProcess, num_slots: int
+) -> tuple[tff.templates.AggregationProcess, tff.Type]:
+  """`build_stacking_aggregator` for a client work's updates.
+
+  Returns:
+    The aggregator and the unplaced type of the `Stack` it reports (what
+    the finalizer receives).
+  """
+  update_type = client_work.next.type_signature.result.result.member.update
+  aggregator = build_stacking_aggregator(update_type, num_slots)
+  return aggregator, aggregator.next.type_signature.result.result.member
+
+
 def _select(condition: tf.Tensor, new: tf.Tensor, old: tf.Tensor) -> tf.Tensor:
   return tf.where(condition, new, old)
 

@@ -73,10 +73,6 @@ class FineTuning(NamedTuple):
   seed: int
 
 
-def _trainable_specs(weights: ModelWeights) -> tuple:
-  return tuple(tf.TensorSpec(v.shape, v.dtype) for v in weights.trainable)
-
-
 def build_fine_tune_finalizer(
     model_fn: learning.ModelFn,
     stack_type: tff.Type,
@@ -106,8 +102,8 @@ def build_fine_tune_finalizer(
     clf_weights = local_training.model_weights(model_fn())
     gen_weights = local_training.model_weights(tuning.generator_fn())
   weights_type = learning.spec_to_type(clf_weights)
-  clf_specs = _trainable_specs(clf_weights)
-  gen_specs = _trainable_specs(gen_weights)
+  clf_specs = learning.trainable_specs(clf_weights)
+  gen_specs = learning.trainable_specs(gen_weights)
   num_slots = int(stack_type[1].shape[0])
 
   @tff.tensorflow.computation
@@ -176,7 +172,7 @@ def round_fine_tune(student: tf.keras.Model, teachers, label_counts,
   gen_hparams['learning_rate'] = tf.cast(base_lr, tf.float32) * decay
   gen_state = tuning.generator_optimizer.set_hparams(gen_state, gen_hparams)
   student_state = tuning.student_optimizer.initialize(
-      _trainable_specs(local_training.model_weights(student)))
+      learning.trainable_specs(local_training.model_weights(student)))
   student_lr = tf.cast(tuning.student_optimizer.get_hparams(student_state)[
       'learning_rate'], tf.float32) * decay
   return fedftg_tf.fine_tune(

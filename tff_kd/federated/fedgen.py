@@ -250,10 +250,6 @@ class GeneratorTraining(NamedTuple):
   seed: int
 
 
-def _trainable_specs(weights: ModelWeights) -> tuple:
-  return tuple(tf.TensorSpec(v.shape, v.dtype) for v in weights.trainable)
-
-
 def build_generator_finalizer(
     classifier_fn: ClassifierFn,
     stack_type: tff.Type,
@@ -282,8 +278,8 @@ def build_generator_finalizer(
     clf_weights = local_training.model_weights(classifier.model)
     gen_weights = local_training.model_weights(training.generator_fn())
   weights_type = learning.spec_to_type((clf_weights, gen_weights))
-  clf_specs = _trainable_specs(clf_weights)
-  gen_specs = _trainable_specs(gen_weights)
+  clf_specs = learning.trainable_specs(clf_weights)
+  gen_specs = learning.trainable_specs(gen_weights)
 
   @tff.tensorflow.computation
   def init_tf():

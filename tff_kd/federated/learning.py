@@ -65,6 +65,12 @@ def spec_to_type(structure) -> tff.Type:
       structure))
 
 
+def trainable_specs(weights: tff.learning.models.ModelWeights) -> tuple:
+  """`tf.TensorSpec`s of a `ModelWeights`' trainable variables (e.g. to
+  initialise a server optimiser's state)."""
+  return tuple(tf.TensorSpec(v.shape, v.dtype) for v in weights.trainable)
+
+
 def payload_bytes(type_spec: tff.Type) -> int:
   """Bytes of all tensors in an unplaced TFF type (fully defined shapes)."""
   total = 0
