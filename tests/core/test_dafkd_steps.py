@@ -1,12 +1,14 @@
-"""DaFKD's `gan_steps`: GAN terms only in the first local steps of a round.
+"""DaFKD's `gan_steps`: GAN terms only in a window of a round's local steps.
 
 `tff_kd.core.dafkd.client_round` with `gan_steps=1` on three batches must
-equal, eagerly, one `gan.client_gan_step` (eq. 9 then eq. 3) followed by two
-plain cross-entropy steps of the classifier that leave the generator and
-the discriminator's own head untouched.
+equal, eagerly, one `gan.client_gan_step` (eq. 9 then eq. 3) as the first
+(`gan_window='first'`) or the last (`'last'`) step, and two plain
+cross-entropy steps of the classifier that leave the generator and the
+discriminator's own head untouched.
 """
 
 import numpy as np
+import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
@@ -43,9 +45,20 @@ def _values(variables):
   return [v.numpy() for v in variables]
 
 
-def test_gan_terms_only_in_the_first_steps():
+def _cross_entropy_step(clf, batch):
+  with tf.GradientTape() as tape:
+    logits = clf.model(batch['x'], training=True)
+    ce = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=batch['y'], logits=logits))
+  grads = tape.gradient(ce, clf.model.trainable_weights)
+  for v, g in zip(clf.model.trainable_weights, grads):
+    v.assign_sub(LR * g)
+
+
+@pytest.mark.parametrize('window,gan_at', [('first', 0), ('last', 2)])
+def test_gan_terms_only_in_their_window(window, gan_at):
   sgd = tff.learning.optimizers.build_sgdm(LR)
-  settings = dafkd.GanSettings(NOISE, CLASSES, gan_steps=1)
+  settings = dafkd.GanSettings(NOISE, CLASSES, gan_steps=1, gan_window=window)
   seed = tf.constant(7, tf.int64)
 
   clf, disc, gen = _models()
@@ -64,32 +77,27 @@ def test_gan_terms_only_in_the_first_steps():
   joint_state = gan.initial_optimizer_state(sgd, variables.joint,
                                             tf.constant(LR))
   gen_state = gan.initial_optimizer_state(sgd, variables.generator)
-  batches = list(_batches())
-  gan.client_gan_step(
-      clf2, disc2, gen2, batches[0], joint_optimizer=sgd,
-      joint_state=joint_state, generator_optimizer=sgd,
-      generator_state=gen_state, noise_dim=NOISE, num_classes=CLASSES,
-      seed=dafkd.step_seed(seed, tf.constant(0)))
-  gen_after_gan = _values(gen2.trainable_weights)
-  head_after_gan = _values(dafkd.discriminator_variables(disc2))
-  for batch in batches[1:]:
-    with tf.GradientTape() as tape:
-      logits = clf2.model(batch['x'], training=True)
-      ce = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
-          labels=batch['y'], logits=logits))
-    grads = tape.gradient(ce, clf2.model.trainable_weights)
-    for v, g in zip(clf2.model.trainable_weights, grads):
-      v.assign_sub(LR * g)
+  for step, batch in enumerate(_batches()):
+    if step == gan_at:
+      gan.client_gan_step(
+          clf2, disc2, gen2, batch, joint_optimizer=sgd,
+          joint_state=joint_state, generator_optimizer=sgd,
+          generator_state=gen_state, noise_dim=NOISE, num_classes=CLASSES,
+          seed=dafkd.step_seed(seed, tf.constant(step)))
+    else:
+      _cross_entropy_step(clf2, batch)
 
   start = local_training.model_weights(_models()[0].model)
   for got, v, s in zip(result.classifier_delta.trainable,
                        clf2.model.trainable_weights, start.trainable):
     np.testing.assert_allclose(got, v.numpy() - s.numpy(), atol=1e-5)
-  # The generator moved in the GAN step only; the head too.
+  # The generator and the head moved in the GAN step only.
   gen_start = _values(_models()[2].trainable_weights)
-  for got, after, s in zip(result.generator_delta.trainable, gen_after_gan,
-                           gen_start):
+  for got, after, s in zip(result.generator_delta.trainable,
+                           _values(gen2.trainable_weights), gen_start):
     np.testing.assert_allclose(got, after - s, atol=1e-6)
-  for got, after in zip(result.discriminator, head_after_gan):
+    assert np.abs(after - s).max() > 0
+  for got, after in zip(result.discriminator,
+                        _values(dafkd.discriminator_variables(disc2))):
     np.testing.assert_allclose(got, after, atol=1e-6)
   assert int(result.local.num_steps) == 3

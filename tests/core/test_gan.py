@@ -229,9 +229,9 @@ def test_step_keeps_the_moving_statistics_of_the_real_batch(shared):
   @tf.function
   def step(mode):
     return _frozen_step(clf, disc, gen, batch, [3, 4], gp_weight=0.3,
-                        pseudo_statistics=mode)
+                        discriminator_mode=mode)
 
-  for mode in gan.PSEUDO_STATISTICS:
+  for mode in gan.DISCRIMINATOR_MODES:
     for v, s in zip(statistics, start):
       v.assign(s)
     step(mode)
@@ -241,20 +241,19 @@ def test_step_keeps_the_moving_statistics_of_the_real_batch(shared):
     else:
       for g, e in zip(got, expected):
         np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
-  with pytest.raises(ValueError, match='pseudo_statistics'):
+  with pytest.raises(ValueError, match='discriminator_mode'):
     step('moving')
 
 
-@pytest.mark.parametrize('mode', ['real', 'batch'])
-def test_pseudo_batches_are_normalised_as_configured(mode):
-  """Regression: 'real' scores pseudo samples with the real statistics.
+@pytest.mark.parametrize('mode', ['inference', 'real_train', 'batch'])
+def test_discriminator_inputs_are_normalised_as_configured(mode):
+  """Pins eq. (2)'s inputs per `discriminator_mode`.
 
-  Before, the pseudo batch was normalised by its own batch statistics
-  (now 'batch'), which hides its first-order difference from the real data
-  (e.g. mean intensity): the discriminator could not learn it, and it scored
-  differently in inference mode at the server.
-  Pins eq. (2)'s inputs: d_real in training mode, d_fake in inference mode
-  ('real') or training mode ('batch').
+  'inference' (default): real and pseudo batches both in inference mode,
+  the mode in which the server scores. 'real_train': the real batch in
+  training mode (the classifier's pass), pseudo in inference mode: the
+  BatchNorm mode alone then tells them apart. 'batch': both in training
+  mode, each batch normalised by its own statistics.
   """
   clf, disc, gen = _setup()
   labels = np.arange(8) % 3
@@ -266,12 +265,15 @@ def test_pseudo_batches_are_normalised_as_configured(mode):
   seeds = tf.random.experimental.stateless_split(seed, 3)
   x_fake = gan.generate(gen, 8, noise_dim=_NOISE, num_classes=3,
                         seed=seeds[0], training=True)[0]
-  d_real = disc.logit_model(batch['x'], training=True)  # Updates statistics.
+  # The classifier's training-mode pass comes first and updates statistics.
+  d_real_train = disc.logit_model(batch['x'], training=True)
+  d_real = (disc.logit_model(batch['x'], training=False)
+            if mode == 'inference' else d_real_train)
   d_fake = disc.logit_model(x_fake, training=mode == 'batch')
   expected = gan.discriminator_loss(d_real, d_fake, from_logits=True)
   for v, s in zip(statistics, start):
     v.assign(s)
-  r = _frozen_step(clf, disc, gen, batch, seed, pseudo_statistics=mode)
+  r = _frozen_step(clf, disc, gen, batch, seed, discriminator_mode=mode)
   assert float(r.disc_loss) == pytest.approx(float(expected), rel=1e-5)
 
 

@@ -21,6 +21,7 @@ discriminator network; `correlation=False` uniform teacher weights.
 """
 
 import collections
+import functools
 from typing import Callable, Optional
 
 import numpy as np
@@ -30,16 +31,21 @@ import tensorflow_federated as tff
 from tff_kd import errors
 from tff_kd.core import dafkd as dafkd_tf
 from tff_kd.core import distillation
+from tff_kd.core import feddf as feddf_tf
 from tff_kd.core import gan
 from tff_kd.federated import composer
 from tff_kd.federated import dafkd as dafkd_tff
 from tff_kd.federated import feddf as feddf_tff
 from tff_kd.federated import learning
+from tff_kd.federated import server_data as server_data_lib
 from tff_kd.models import classifiers
 from tff_kd.models import generators
 
 ENSEMBLES = ('probs', 'logits')
 POOL_GENERATORS = ('aggregated', 'broadcast')
+POOLS = ('generator', 'real')
+AGGREGATIONS = ('mean', 'examples')
+GENERATORS = ('mlp', 'dcgan')
 
 
 def build_dafkd_process(
@@ -57,17 +63,23 @@ def build_dafkd_process(
     learning_rate_decay: float = 1.0,
     pool_size: int = 1280,
     noise_dim: int = 100,
+    generator: str = 'mlp',
     generator_hidden: tuple[int, ...] = (256, 512),
     adv_weight: float = 1.0,
     gp_weight: float = 0.0,
-    generator_form: str = 'minimax',
-    pseudo_statistics: str = 'real',
+    generator_form: str = 'non_saturating',
+    discriminator_mode: str = 'inference',
     gan_steps: int = 0,
+    gan_window: str = 'last',
     shared: bool = True,
     correlation: bool = True,
     ensemble: str = 'probs',
     private: bool = False,
     pool_generator: Optional[str] = None,
+    aggregation: str = 'mean',
+    pool: str = 'generator',
+    server_data: Optional[server_data_lib.ServerData] = None,
+    holder_share: float = 0.05,
     seed: int = 0,
 ) -> tff.learning.templates.LearningProcess:
   """Builds DaFKD (Algorithm 1) and its ablations.
@@ -87,17 +99,24 @@ def build_dafkd_process(
     learning_rate_decay: Its multiplier per round, in (0, 1].
     pool_size: Generated distillation images per round (reference: 1,280).
     noise_dim: Generator noise size (paper: 100).
-    generator_hidden: Generator FC widths.
+    generator: 'mlp' (the paper's label and noise embeddings + FC +
+      BatchNorm + LeakyReLU, `generators.build_image_generator`) or 'dcgan'
+      (the reference code's, `generators.build_dcgan_generator`).
+    generator_hidden: The MLP generator's FC widths.
     adv_weight: Weight of eq. (2) inside eq. (9) (paper: 1).
     gp_weight: Gradient-penalty weight (reference code 0.3; paper 0).
-    generator_form: 'minimax' (eq. 3) or 'non_saturating'.
-    pseudo_statistics: How the discriminator normalises pseudo batches
-      (`gan.client_gan_step`): 'real' (the real data's BatchNorm moving
-      statistics), 'batch' (their own, moving statistics untouched) or
-      'batch_update' (their own, moving statistics updated: reference code).
-    gan_steps: GAN terms only in the first `gan_steps` local steps of each
-      round, plain cross-entropy steps after (reference code: GAN terms in
-      the first epochs only); 0 = every step (Algorithm 1).
+    generator_form: 'non_saturating' (-log f(g(z)), what GAN code and
+      DaFKD's use) or 'minimax' (eq. 3 as printed; it saturates when the
+      discriminator rejects the samples).
+    discriminator_mode: BatchNorm mode of the discriminator in training
+      (`gan.client_gan_step`): 'inference' (real and generated samples
+      scored as the server scores them), 'real_train', 'batch' or
+      'batch_update' (the reference code's).
+    gan_steps: GAN terms only in `gan_steps` local steps of each round,
+      plain cross-entropy steps in the others; 0 = every step (Algorithm 1).
+    gan_window: Where those steps are: 'last' (the discriminator head ends
+      the round trained on the extractor it is uploaded with) or 'first'
+      (the reference code keeps the GAN terms to its first epochs).
     shared: Discriminator on the classifier's extractor (False: ablation).
     correlation: eq. (7) weights (False: uniform, ablation).
     ensemble: 'probs' (eq. 8) or 'logits' (reference code).
@@ -105,6 +124,20 @@ def build_dafkd_process(
     pool_generator: 'aggregated' (theta_{t+1}, Algorithm 1 line 11) or
       'broadcast' (theta_t; the only one clients have in private mode).
       Default: 'broadcast' if private, else 'aggregated'.
+    aggregation: 'mean' (the paper's 1/K_t, eqs. 4 and 6) or 'examples'
+      (FedAvg's n_k / n weighting) of classifiers and generators.
+    pool: 'generator' (DaFKD) or 'real': the oracle-pool ablation, in which
+      the discriminators train against, and the server distils on, the real
+      unlabeled images of `server_data`'s proxy pool instead of generated
+      ones (Theorem 1's p_g = p holds by construction; the generator is not
+      trained).
+    server_data: The server's data: the proxy pool (needed by
+      pool='real') and the labeled validation set, which turns on the
+      per-round mechanism diagnostics (`federated.dafkd.diagnostic_metrics`)
+      and is what `distill_config.validation='labeled'` and
+      `accept='no_worse'` use.
+    holder_share: A client holds a label when at least this share of its
+      examples have it (diagnostics only).
     seed: Seed of the discriminator initialisation and the pools.
 
   Returns:
@@ -126,12 +159,27 @@ def build_dafkd_process(
     raise errors.DataError(
         f'dafkd needs a classifier with a fixed input shape, got {input_shape}')
 
-  generator_fn = lambda: generators.build_image_generator(  # pylint: disable=g-long-lambda
-      noise_dim=noise_dim, num_classes=num_classes, image_shape=input_shape,
-      hidden=tuple(generator_hidden), seed=seed + 1)
+  if generator == 'dcgan':
+    generator_fn = functools.partial(
+        generators.build_dcgan_generator, noise_dim=noise_dim,
+        num_classes=num_classes, image_shape=input_shape, seed=seed + 1)
+  else:
+    generator_fn = functools.partial(
+        generators.build_image_generator, noise_dim=noise_dim,
+        num_classes=num_classes, image_shape=input_shape,
+        hidden=tuple(generator_hidden), seed=seed + 1)
+  with tf.Graph().as_default():
+    generator_fn()  # Raises ConfigError for shapes it cannot generate.
   settings = dafkd_tf.GanSettings(noise_dim, num_classes, adv_weight,
                                   gp_weight, generator_form,
-                                  pseudo_statistics, gan_steps)
+                                  discriminator_mode, gan_steps, gan_window)
+  real_pool_fn = server_data.read_pool if pool == 'real' else None
+  validation_fn = (server_data.read_validation
+                   if server_data is not None and server_data.val_size
+                   else None)
+  if real_pool_fn is not None:
+    feddf_tf.check_pool_shape(server_data.image_shape, input_shape)
+    pool_size = server_data.pool_size
   spec = dafkd_tff.ModelSpec(classifier_fn, generator_fn, shared, seed + 2,
                              settings)
   private_settings = (dafkd_tff.PrivateSettings(
@@ -141,7 +189,7 @@ def build_dafkd_process(
       spec, element_spec, dataset_fn, joint_optimizer=joint_optimizer,
       generator_optimizer=generator_optimizer, num_clients=num_clients,
       learning_rate=learning_rate, learning_rate_decay=learning_rate_decay,
-      private=private_settings)
+      private=private_settings, negatives_fn=real_pool_fn)
   update_type = client_work.next.type_signature.result.result.member.update
   if private:
     aggregator = dafkd_tff.build_private_aggregator(update_type,
@@ -154,7 +202,9 @@ def build_dafkd_process(
       spec, aggregate_type, distill_optimizer, distill_config,
       pool_size=pool_size, seed=seed,
       pool_from_broadcast=pool_generator == 'broadcast', ensemble=ensemble,
-      correlation=correlation, private=private)
+      correlation=correlation, private=private,
+      example_weighted=aggregation == 'examples', real_pool_fn=real_pool_fn,
+      validation_fn=validation_fn, holder_share=holder_share)
   weights_type = dafkd_tff.models_type(spec)
   process = composer.compose_learning_process(
       dafkd_tff.build_initial_weights_fn(spec),
@@ -204,9 +254,25 @@ def _validate(a: dict) -> None:
   if a['generator_form'] not in gan.GENERATOR_FORMS:
     fail(f"generator_form {a['generator_form']!r} is unknown; choose one of "
          f"{', '.join(gan.GENERATOR_FORMS)}")
-  if a['pseudo_statistics'] not in gan.PSEUDO_STATISTICS:
-    fail(f"pseudo_statistics {a['pseudo_statistics']!r} is unknown; choose "
-         f"one of {', '.join(gan.PSEUDO_STATISTICS)}")
+  if a['discriminator_mode'] not in gan.DISCRIMINATOR_MODES:
+    fail(f"discriminator_mode {a['discriminator_mode']!r} is unknown; "
+         f"choose one of {', '.join(gan.DISCRIMINATOR_MODES)}")
+  for name, choices in (('generator', GENERATORS), ('pool', POOLS),
+                        ('aggregation', AGGREGATIONS),
+                        ('gan_window', dafkd_tf.GAN_WINDOWS)):
+    if a[name] not in choices:
+      fail(f'{name} {a[name]!r} is unknown; choose one of '
+           f"{', '.join(choices)}")
+  server = a['server_data']
+  if a['pool'] == 'real':
+    if server is None:
+      fail("pool='real' (the oracle pool) needs the server's proxy pool: "
+           "set server_data.proxy and server_data.proxy_size")
+    if a['private']:
+      fail("pool='real' is an ablation of the plain (non-private) method")
+  a['distill_config'].check_labeled(0 if server is None else server.val_size)
+  if not 0 < a['holder_share'] <= 1:
+    fail(f"holder_share must be in (0, 1], got {a['holder_share']!r}")
   if a['ensemble'] not in ENSEMBLES:
     fail(f"weights_on {a['ensemble']!r} is unknown; choose one of "
          f"{', '.join(ENSEMBLES)}")

@@ -39,12 +39,15 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_kd.core import distillation
+from tff_kd.core import feddf as feddf_tf
 from tff_kd.core import gan
 from tff_kd.core import local_training
+from tff_kd.core import weight_diagnostics
 from tff_kd.models import classifiers
 from tff_kd.models import generators
 
 ModelWeights = tff.learning.models.ModelWeights
+GAN_WINDOWS = ('first', 'last')
 _HASH_BUCKETS = 2**62
 
 
@@ -79,17 +82,15 @@ def discriminator_variables(
 
 
 def pseudo_pool(generator: tf.keras.Model, size: int, *, noise_dim: int,
-                num_classes: int, seed: tf.Tensor,
-                with_labels: bool = False):
+                num_classes: int, seed: tf.Tensor) -> tf.Tensor:
   """The distillation pool D^g (Algorithm 1, line 11): `size` generated images.
 
-  Uniform pseudo labels, Gaussian noise, generator in inference mode. With
-  `with_labels`, returns (images, the labels they were generated for).
+  Uniform pseudo labels, Gaussian noise, generator in inference mode.
   """
-  images, _, labels = gan.generate(generator, size, noise_dim=noise_dim,
-                                   num_classes=num_classes, seed=seed,
-                                   training=False)
-  return (images, labels) if with_labels else images
+  images, _, _ = gan.generate(generator, size, noise_dim=noise_dim,
+                              num_classes=num_classes, seed=seed,
+                              training=False)
+  return images
 
 
 def argmax_agreement(logits_or_probs: tf.Tensor, reference) -> tf.Tensor:
@@ -111,14 +112,18 @@ class GanSettings(NamedTuple):
     adv_weight: Weight of eq. (2) in eq. (9).
     gp_weight: Gradient-penalty weight (reference code 0.3, paper 0).
     generator_form: 'minimax' (eq. 3) or 'non_saturating'.
-    pseudo_statistics: BatchNorm statistics of the discriminator's pseudo
-      batches, `gan.PSEUDO_STATISTICS` ('real': the real data's moving
-      statistics; 'batch_update': the reference code's).
+    discriminator_mode: BatchNorm mode of everything the discriminator
+      scores in training, `gan.DISCRIMINATOR_MODES` ('inference': the
+      server's mode; 'batch_update': the reference code's).
     gan_steps: The GAN terms (eq. 2 in eq. 9, and the eq. 3 generator step)
-      are active in the first `gan_steps` local steps of every round; later
-      steps are plain cross-entropy steps of the classifier (the reference
-      code keeps the GAN terms only in the first epochs). 0: every step (the
-      paper's Algorithm 1).
+      are active in `gan_steps` local steps of every round (where:
+      `gan_window`); the other steps are plain cross-entropy steps of the
+      classifier. 0: every step (the paper's Algorithm 1).
+    gan_window: 'first' (the first `gan_steps` steps; the reference code
+      keeps the GAN terms to its first epochs) or 'last' (the last
+      `gan_steps` steps of the round, so the discriminator head ends the
+      round trained on the extractor it is uploaded with; needs a dataset
+      of known length, else it falls back to 'first').
   """
 
   noise_dim: int
@@ -126,8 +131,9 @@ class GanSettings(NamedTuple):
   adv_weight: float = 1.0
   gp_weight: float = 0.0
   generator_form: str = 'minimax'
-  pseudo_statistics: str = 'real'
+  discriminator_mode: str = 'inference'
   gan_steps: int = 0
+  gan_window: str = 'last'
 
 
 class ClientRoundResult(NamedTuple):
@@ -144,6 +150,8 @@ class ClientRoundResult(NamedTuple):
       eq. 2 loss, eq. 3 loss, real accuracy, fake accuracy); zeros if no step.
     private_terms: Appendix B's (f_k s_k [N, C], f_k [N]) on the round's pool
       (drawn from the broadcast generator), or None.
+    label_counts: float32 [C], labels of the examples trained on this round
+      (for the simulation-only diagnostics of `weight_diagnostics`).
   """
 
   classifier_delta: ModelWeights
@@ -152,6 +160,7 @@ class ClientRoundResult(NamedTuple):
   local: local_training.LocalResult
   means: tf.Tensor
   private_terms: Optional[tuple[tf.Tensor, tf.Tensor]] = None
+  label_counts: Optional[tf.Tensor] = None
 
 
 class PrivatePool(NamedTuple):
@@ -217,7 +226,8 @@ def client_round(classifier: classifiers.Classifier,
                  learning_rate: tf.Tensor,
                  seed: tf.Tensor,
                  settings: GanSettings,
-                 private_pool: Optional[PrivatePool] = None
+                 private_pool: Optional[PrivatePool] = None,
+                 negatives_pool: Optional[tf.Tensor] = None
                  ) -> ClientRoundResult:
   """Algorithm 1, lines 16-25, on one client (models built outside).
 
@@ -240,6 +250,9 @@ def client_round(classifier: classifiers.Classifier,
     private_pool: Appendix B: after training, draw the round's pool with the
       broadcast generator and compute `gan.private_teacher_terms` with the
       trained classifier and discriminator (inference mode).
+    negatives_pool: The oracle-pool ablation: real images [P, ...] of the
+      global distribution that replace the generated negatives of eq. (2)
+      (a seeded batch of them per GAN step); the generator is not trained.
 
   Returns:
     A `ClientRoundResult`.
@@ -261,8 +274,15 @@ def client_round(classifier: classifiers.Classifier,
   sums = tf.zeros([len(MEAN_NAMES)])
   steps = tf.constant(0)
   gan_count = tf.constant(0)
+  label_counts = tf.zeros([settings.num_classes])
 
   def gan_step(batch, joint_state, gen_state):
+    negatives = None
+    if negatives_pool is not None:
+      idx = tf.random.stateless_uniform(
+          tf.shape(batch['y']), step_seed(seed + 1, steps), 0,
+          tf.shape(negatives_pool)[0], tf.int32)
+      negatives = tf.gather(negatives_pool, idx)
     r = gan.client_gan_step(
         classifier, discriminator, generator, batch,
         joint_optimizer=joint_optimizer, joint_state=joint_state,
@@ -270,7 +290,7 @@ def client_round(classifier: classifiers.Classifier,
         noise_dim=settings.noise_dim, num_classes=settings.num_classes,
         seed=step_seed(seed, steps), adv_weight=settings.adv_weight,
         gp_weight=settings.gp_weight, generator_form=settings.generator_form,
-        pseudo_statistics=settings.pseudo_statistics)
+        discriminator_mode=settings.discriminator_mode, negatives=negatives)
     joint = r.ce_loss + settings.adv_weight * r.disc_loss
     if settings.gp_weight:
       joint += settings.gp_weight * r.penalty
@@ -284,10 +304,18 @@ def client_round(classifier: classifiers.Classifier,
     return joint_state, gen_state, ce, tf.zeros([len(MEAN_NAMES)]), (
         tf.constant(0))
 
+  first_gan_step = tf.constant(0, tf.int64)
+  if settings.gan_steps and settings.gan_window == 'last':
+    # Unknown (-2) or infinite (-1) cardinality: the first steps instead.
+    first_gan_step = tf.maximum(
+        dataset.cardinality() - settings.gan_steps, 0)
   for batch in iter(dataset):
     if settings.gan_steps:
+      in_window = tf.logical_and(
+          tf.cast(steps, tf.int64) >= first_gan_step,
+          tf.cast(steps, tf.int64) < first_gan_step + settings.gan_steps)
       joint_state, gen_state, ce, step_means, is_gan = tf.cond(
-          steps < settings.gan_steps,
+          in_window,
           lambda b=batch, j=joint_state, g=gen_state: gan_step(b, j, g),
           lambda b=batch, j=joint_state, g=gen_state: ce_step(b, j, g))
     else:
@@ -299,6 +327,9 @@ def client_round(classifier: classifiers.Classifier,
     ce_sum += ce * batch_size
     steps += 1
     gan_count += is_gan
+    label_counts += tf.math.bincount(
+        tf.cast(batch['y'], tf.int32), minlength=settings.num_classes,
+        maxlength=settings.num_classes, dtype=tf.float32)
   # The GAN metrics are means over the steps that had GAN terms.
   means = sums / tf.maximum(tf.cast(gan_count, tf.float32), 1.0)
   clf_delta = _delta(clf_vars, clf_start)
@@ -325,7 +356,7 @@ def client_round(classifier: classifiers.Classifier,
   return ClientRoundResult(
       clf_delta, gen_delta, disc_row,
       local_training.LocalResult(None, num_examples, ce_sum, steps), means,
-      terms)
+      terms, label_counts)
 
 
 @tf.function
@@ -401,24 +432,58 @@ def teacher_weights(scores: tf.Tensor, valid: tf.Tensor, *,
 
 
 def mean_update(global_weights: ModelWeights, deltas: ModelWeights,
-                valid: tf.Tensor) -> ModelWeights:
-  """Eqs. (4) and (6): the plain mean 1/K_t sum_k of the received models.
+                valid: tf.Tensor,
+                example_weights: Optional[tf.Tensor] = None) -> ModelWeights:
+  """Eqs. (4) and (6): the mean of the received models.
 
-  Non-trainable values (BatchNorm statistics) are the clients' mean too.
+  The paper's plain mean 1/K_t sum_k, or, with `example_weights` ([M]
+  example counts), FedAvg's n_k / sum_j n_j. Non-trainable values
+  (BatchNorm statistics) are averaged the same way; with no client, the
+  global model is returned unchanged.
   """
-  alpha = tf.cast(valid, tf.float32) / tf.maximum(
-      tf.reduce_sum(tf.cast(valid, tf.float32)), 1.0)
-  any_client = tf.reduce_any(valid)
-
-  def mean(stacked):
-    a = tf.reshape(alpha, [-1] + [1] * (stacked.shape.rank - 1))
-    return tf.reduce_sum(a * stacked, axis=0)
-
+  weights = (tf.ones(tf.shape(valid), tf.float32) if example_weights is None
+             else example_weights)
+  alpha = feddf_tf.prototype_alpha(weights, valid)
+  mean = feddf_tf.average_update(deltas, alpha, global_weights.non_trainable)
   return ModelWeights(
-      [g + mean(d) for g, d in zip(global_weights.trainable,
-                                   deltas.trainable)],
-      [tf.where(any_client, mean(d), g) for g, d in zip(
-          global_weights.non_trainable, deltas.non_trainable)])
+      [g + d for g, d in zip(global_weights.trainable, mean.trainable)],
+      mean.non_trainable)
+
+
+class Validation(NamedTuple):
+  """The server's labeled images and the round's label counts (diagnostics).
+
+  Attributes:
+    x: Labeled validation images [V, ...] (real data, held out).
+    y: Their int labels [V].
+    label_counts: Stacked [M, C] label counts of the received clients.
+    holder_share: A client holds a label with at least this share of its
+      examples (`weight_diagnostics.holders`).
+  """
+
+  x: tf.Tensor
+  y: tf.Tensor
+  label_counts: tf.Tensor
+  holder_share: float
+
+
+class Diagnostics(NamedTuple):
+  """Whether eq. (7) knows who knows, measured every round.
+
+  Attributes:
+    weights: `weight_diagnostics.WeightDiagnostics` of eq. (7)'s alpha on the
+      labeled validation images (the mechanism's domain awareness and the
+      weighted / uniform / oracle ensemble accuracies).
+    pool: `weight_diagnostics.PoolQuality` of the teachers on the pool.
+    score_real: Mean server-mode discriminator score f_k on the validation
+      images (received clients).
+    score_pool: The same on the distillation pool.
+  """
+
+  weights: weight_diagnostics.WeightDiagnostics
+  pool: weight_diagnostics.PoolQuality
+  score_real: tf.Tensor
+  score_pool: tf.Tensor
 
 
 class ServerRoundResult(NamedTuple):
@@ -432,13 +497,10 @@ class ServerRoundResult(NamedTuple):
     alpha_sum_error: max_i |sum_k alpha[k, i] - 1|; 0 in private mode.
     mean_score: Mean discriminator score f_k(x_i) over received clients and
       the pool (private mode: sum_k f_k / K_t).
-    target_label_agreement: Fraction of the pool whose target (eq. 8) argmax
-      is the label the generator was asked for. Eq. (3) gives the generator
-      no label signal (the discriminator is unconditional), so about 1/C is
-      expected; it shows whether the labels steer the generator at all.
     agreement_before: Fraction of the pool where the averaged classifier's
       argmax (inference mode) equals the target's, before distillation.
     agreement_after: The same for the distilled student.
+    diagnostics: `Diagnostics`, or None (private mode, or no validation).
   """
 
   classifier: ModelWeights
@@ -447,9 +509,36 @@ class ServerRoundResult(NamedTuple):
   alpha_entropy: tf.Tensor
   alpha_sum_error: tf.Tensor
   mean_score: tf.Tensor
-  target_label_agreement: tf.Tensor
   agreement_before: tf.Tensor
   agreement_after: tf.Tensor
+  diagnostics: Optional[Diagnostics] = None
+
+
+def _diagnose(classifier: classifiers.Classifier,
+              discriminator: generators.DiscriminatorHead,
+              global_weights: ModelWeights, deltas: ModelWeights,
+              discriminator_rows: Sequence[tf.Tensor], valid: tf.Tensor,
+              pool_logits: tf.Tensor, pool_scores: tf.Tensor,
+              target: tf.Tensor, validation: Validation,
+              correlation: bool) -> Diagnostics:
+  """`Diagnostics` of this round's teachers (scored as on the pool)."""
+  logits, scores = teacher_outputs(classifier, discriminator, global_weights,
+                                   deltas, discriminator_rows, valid,
+                                   validation.x)
+  alpha = teacher_weights(scores, valid, correlation=correlation)
+  holder = weight_diagnostics.holders(
+      weight_diagnostics.label_shares(validation.label_counts), validation.y,
+      valid, validation.holder_share)
+  num_clients = tf.maximum(tf.reduce_sum(tf.cast(valid, tf.float32)), 1.0)
+
+  def mean_score(s):
+    return tf.reduce_sum(tf.reduce_mean(s, axis=1)) / num_clients
+
+  return Diagnostics(
+      weight_diagnostics.weight_diagnostics(alpha, logits, validation.y,
+                                            holder, valid),
+      weight_diagnostics.pool_quality(pool_logits, valid, target),
+      mean_score(scores), mean_score(pool_scores))
 
 
 @tf.function
@@ -470,7 +559,10 @@ def server_round(classifier: classifiers.Classifier,
                  ensemble: str = 'probs',
                  correlation: bool = True,
                  discriminator_rows: Optional[Sequence[tf.Tensor]] = None,
-                 private_sums: Optional[tuple[tf.Tensor, tf.Tensor]] = None
+                 private_sums: Optional[tuple[tf.Tensor, tf.Tensor]] = None,
+                 example_weights: Optional[tf.Tensor] = None,
+                 real_pool: Optional[tf.Tensor] = None,
+                 validation: Optional[Validation] = None
                  ) -> ServerRoundResult:
   """Algorithm 1, lines 9-13 (models built outside, overwritten here).
 
@@ -486,7 +578,7 @@ def server_round(classifier: classifiers.Classifier,
     classifier_deltas: Stacked [M, ...] classifier deltas.
     generator_deltas: Stacked [M, ...] generator deltas.
     valid: [M] bool, rows that hold a client.
-    pool_size: N.
+    pool_size: N (generated pools).
     pool_seed_value: `pool_seed` of this round.
     pool_from_broadcast: Draw the pool from the broadcast generator theta_t
       (appendix B: clients have no other) instead of theta_{t+1}.
@@ -496,21 +588,31 @@ def server_round(classifier: classifiers.Classifier,
     correlation: Weights of eq. (7), or uniform (ablation).
     discriminator_rows: Stacked [M, ...] discriminator values.
     private_sums: Appendix B sums ([N, C], [N]).
+    example_weights: [M] example counts: average models by them (FedAvg's
+      weighting) instead of the paper's plain mean.
+    real_pool: The oracle-pool ablation: distil on these real images
+      [N, ...] instead of a generated pool.
+    validation: Labeled images and label counts: `Diagnostics` every round,
+      and the labeled set of `config.validation` / `config.accept`.
 
   Returns:
     A `ServerRoundResult`.
   """
-  new_classifier = mean_update(global_weights[0], classifier_deltas, valid)
-  new_generator = mean_update(global_weights[1], generator_deltas, valid)
-  gen_vars = local_training.model_weights(generator)
-  tf.nest.map_structure(
-      lambda v, t: v.assign(t), gen_vars,
-      global_weights[1] if pool_from_broadcast else new_generator)
-  pool, pool_labels = pseudo_pool(
-      generator, pool_size, noise_dim=settings.noise_dim,
-      num_classes=settings.num_classes, seed=pool_seed_value,
-      with_labels=True)
+  new_classifier = mean_update(global_weights[0], classifier_deltas, valid,
+                               example_weights)
+  new_generator = mean_update(global_weights[1], generator_deltas, valid,
+                              example_weights)
+  if real_pool is None:
+    gen_vars = local_training.model_weights(generator)
+    tf.nest.map_structure(
+        lambda v, t: v.assign(t), gen_vars,
+        global_weights[1] if pool_from_broadcast else new_generator)
+    pool = pseudo_pool(generator, pool_size, noise_dim=settings.noise_dim,
+                       num_classes=settings.num_classes, seed=pool_seed_value)
+  else:
+    pool = real_pool
   num_clients = tf.maximum(tf.reduce_sum(tf.cast(valid, tf.float32)), 1.0)
+  diagnostics = None
   if private_sums is None:
     logits, scores = teacher_outputs(
         classifier, discriminator, global_weights[0], classifier_deltas,
@@ -521,6 +623,11 @@ def server_round(classifier: classifiers.Classifier,
     entropy = gan.weights_entropy(alpha)
     sum_error = tf.reduce_max(tf.abs(tf.reduce_sum(alpha, axis=0) - 1.0))
     mean_score = tf.reduce_sum(tf.reduce_mean(scores, axis=1)) / num_clients
+    if validation is not None:
+      diagnostics = _diagnose(
+          classifier, discriminator, global_weights[0], classifier_deltas,
+          discriminator_rows, valid, logits, scores, target, validation,
+          correlation)
   else:
     sum_fs, sum_f = private_sums
     target = tf.ensure_shape(gan.private_teacher(sum_fs, sum_f),
@@ -537,9 +644,9 @@ def server_round(classifier: classifiers.Classifier,
         distillation.teacher_logits([classifier.model], pool)[0], target)
 
   before = agreement()
+  labeled = None if validation is None else (validation.x, validation.y)
   result = distillation.distill(classifier.model, distill_optimizer, pool,
-                                target, config)
+                                target, config, labeled=labeled)
   return ServerRoundResult(result.weights, new_generator, result, entropy,
-                           sum_error, mean_score,
-                           argmax_agreement(target, pool_labels), before,
-                           agreement())
+                           sum_error, mean_score, before, agreement(),
+                           diagnostics)

@@ -143,16 +143,20 @@ def build_client_work(
     learning_rate: float,
     learning_rate_decay: float = 1.0,
     private: Optional[PrivateSettings] = None,
+    negatives_fn: Optional[Callable[[], tf.Tensor]] = None,
 ) -> tff.templates.MeasuredProcess:
   """DaFKD's client work with the per-client discriminator store.
 
   State: `(round_num, store)` at the server (see the module docstring). The
   round number sets the joint learning rate `lr * decay**round` (and the
   private pool's seed). Update per client: `classifier` and `generator`
-  deltas (`ModelWeights`), plus `discriminator` (plain) or `fs` [N, C] and
-  `f` [N] (private); weight: its number of examples. Measurements: the
-  standard sums of `learning.build_scheduled_client_work` and the client
-  means of `core.dafkd.MEAN_NAMES`.
+  deltas (`ModelWeights`), plus `discriminator` and `label_counts` (plain)
+  or `fs` [N, C] and `f` [N] (private); weight: its number of examples.
+  `label_counts` (the labels trained on) feed only the server's
+  simulation-only diagnostics (`core.weight_diagnostics`): a deployment
+  would not upload them, so `bytes_up` does not count them. Measurements:
+  the standard sums of `learning.build_scheduled_client_work` and the
+  client means of `core.dafkd.MEAN_NAMES`.
 
   Args:
     spec: `ModelSpec`.
@@ -164,6 +168,10 @@ def build_client_work(
     learning_rate: Joint learning rate at round 0.
     learning_rate_decay: Its multiplier per round.
     private: Appendix B settings, or None (plain DaFKD).
+    negatives_fn: The oracle-pool ablation: a no-arg TF function returning
+      real images of the global distribution (the server's proxy pool,
+      read inside the client's computation as if broadcast) that replace
+      the generated negatives; None: generated negatives (DaFKD).
 
   Returns:
     A `tff.templates.MeasuredProcess` (clients take keys).
@@ -199,11 +207,13 @@ def build_client_work(
         dataset_fn(key), joint_optimizer=joint_optimizer,
         generator_optimizer=generator_optimizer, learning_rate=lr,
         seed=dafkd_tf.key_seed(key), settings=spec.settings,
-        private_pool=private_pool)
+        private_pool=private_pool,
+        negatives_pool=None if negatives_fn is None else negatives_fn())
     update = collections.OrderedDict(classifier=r.classifier_delta,
                                      generator=r.generator_delta)
     if private is None:
       update['discriminator'] = tuple(r.discriminator)
+      update['label_counts'] = r.label_counts
     else:
       update['fs'], update['f'] = r.private_terms
     gan_means = collections.OrderedDict(
@@ -300,6 +310,25 @@ def build_private_aggregator(
   return tff.templates.AggregationProcess(init_fn, next_fn)
 
 
+def diagnostic_metrics(d: dafkd_tf.Diagnostics) -> collections.OrderedDict:
+  """Flat, named metrics of a round's `core.dafkd.Diagnostics`."""
+  w, p = d.weights, d.pool
+  return collections.OrderedDict(
+      holder_mass=w.holder_mass,
+      uniform_holder_mass=w.uniform_holder_mass,
+      holder_ratio=w.holder_ratio,
+      informative_fraction=w.informative_fraction,
+      ensemble_accuracy_weighted=w.accuracy_weighted,
+      ensemble_accuracy_uniform=w.accuracy_uniform,
+      ensemble_accuracy_oracle=w.accuracy_oracle,
+      pool_max_prob=p.max_prob,
+      pool_entropy=p.entropy,
+      pool_class_entropy=p.class_entropy,
+      pool_top_class_share=p.top_class_share,
+      disc_score_real=d.score_real,
+      disc_score_pool=d.score_pool)
+
+
 def build_finalizer(
     spec: ModelSpec,
     aggregate_type: tff.Type,
@@ -312,16 +341,23 @@ def build_finalizer(
     ensemble: str = 'probs',
     correlation: bool = True,
     private: bool = False,
+    example_weighted: bool = False,
+    real_pool_fn: Optional[Callable[[], tf.Tensor]] = None,
+    validation_fn: Optional[Callable[[], tuple[tf.Tensor, tf.Tensor]]] = None,
+    holder_share: float = 0.05,
 ) -> tff.templates.MeasuredProcess:
   """`core.dafkd.server_round` as a finalizer; its state is the round number.
 
   Measurements: `num_teachers`, `alpha_entropy` (mean entropy of eq. 7's
   weights; -1 in private mode), `alpha_sum_error`, `mean_disc_score`,
-  `target_label_agreement` (target argmax = generated label),
   `agreement_before` / `agreement_after` (classifier argmax = target argmax
-  on the pool, before / after distillation: data-free diagnostics of the
-  distillation), the distillation's `steps`, `first_loss`, `last_loss` and
-  `pool_size`.
+  on the pool, before / after distillation), the distillation's `steps`,
+  `first_loss`, `last_loss` and `pool_size`. With a labeled validation set
+  (`validation_fn`): `labeled_accuracy_before` / `_after` and `accepted`
+  (`DistillConfig.accept`), and in plain mode the mechanism diagnostics of
+  `diagnostic_metrics` (eq. 7's holder mass against uniform, weighted /
+  uniform / oracle ensemble accuracy on the labeled images, pool quality,
+  discriminator scores on real images and on the pool).
 
   Args:
     spec: `ModelSpec`.
@@ -334,11 +370,19 @@ def build_finalizer(
     ensemble: 'probs' (eq. 8) or 'logits'.
     correlation: eq. (7) weights, or uniform.
     private: The aggregate is `build_private_aggregator`'s.
+    example_weighted: Average models by example counts (FedAvg) instead of
+      the paper's plain mean.
+    real_pool_fn: Oracle-pool ablation: a no-arg TF function returning the
+      real images to distil on instead of a generated pool.
+    validation_fn: A no-arg TF function returning the server's labeled
+      validation set (images, labels), or None.
+    holder_share: `core.weight_diagnostics.holders`' share.
 
   Returns:
     A `tff.templates.MeasuredProcess` with the finalizer signature.
   """
   weights_type = models_type(spec)
+  diagnose = validation_fn is not None and not private
 
   @tff.tensorflow.computation(np.int32, weights_type, aggregate_type)
   def server_tf(round_num, weights, aggregate):
@@ -351,6 +395,12 @@ def build_finalizer(
       kwargs = dict(discriminator_rows=stack.values['discriminator'])
     num_slots = int(stack.weights.shape[0])
     valid = tf.range(num_slots) < stack.count
+    if validation_fn is not None:
+      val_x, val_y = validation_fn()
+      counts = (stack.values['label_counts'] if not private else
+                tf.zeros([num_slots, spec.settings.num_classes]))
+      kwargs['validation'] = dafkd_tf.Validation(val_x, val_y, counts,
+                                                 holder_share)
     classifier, discriminator, generator = spec.build()
     r = dafkd_tf.server_round(
         classifier, discriminator, generator, distill_optimizer,
@@ -358,19 +408,28 @@ def build_finalizer(
         stack.values['generator'], valid, pool_size=pool_size,
         pool_seed_value=dafkd_tf.pool_seed(seed, round_num),
         pool_from_broadcast=pool_from_broadcast, settings=spec.settings,
-        config=config, ensemble=ensemble, correlation=correlation, **kwargs)
+        config=config, ensemble=ensemble, correlation=correlation,
+        example_weights=stack.weights if example_weighted else None,
+        real_pool=None if real_pool_fn is None else real_pool_fn(),
+        **kwargs)
     metrics = collections.OrderedDict(
         num_teachers=tf.cast(stack.count, tf.float32),
         alpha_entropy=r.alpha_entropy,
         alpha_sum_error=r.alpha_sum_error,
         mean_disc_score=r.mean_score,
-        target_label_agreement=r.target_label_agreement,
         agreement_before=r.agreement_before,
         agreement_after=r.agreement_after,
         steps=tf.cast(r.distill.steps_run, tf.float32),
         first_loss=r.distill.first_loss,
         last_loss=r.distill.last_loss,
         pool_size=tf.constant(float(pool_size)))
+    if validation_fn is not None:
+      metrics.update(
+          labeled_accuracy_before=r.distill.labeled_accuracy_before,
+          labeled_accuracy_after=r.distill.labeled_accuracy_after,
+          accepted=r.distill.accepted)
+    if diagnose:
+      metrics.update(diagnostic_metrics(r.diagnostics))
     return round_num + 1, (r.classifier, r.generator), metrics
 
   @tff.tensorflow.computation

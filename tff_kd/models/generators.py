@@ -180,6 +180,67 @@ def build_image_generator(*,
   return tf.keras.Model([noise, labels], images, name='image_generator')
 
 
+def build_dcgan_generator(*,
+                          noise_dim: int,
+                          num_classes: int,
+                          image_shape: Sequence[int],
+                          width: int = 64,
+                          label_format: str = 'int',
+                          seed: int = 0) -> tf.keras.Model:
+  """A DCGAN image generator (Radford et al., ICLR 2016), as DaFKD's code uses.
+
+  DaFKD's released code trains an unconditional DCGAN instead of the paper's
+  embedding + FC generator. Here, for images of H x W (both divisible by 4):
+
+      h = ReLU(BatchNorm(Dense(H/4 * W/4 * 2 width)([z || one_hot(y)])))
+      h = ReLU(BatchNorm(Conv2DTranspose(width, 4, stride 2)(h)))  # H/2
+      x = tanh(Conv2DTranspose(C, 4, stride 2)(h))                  # H
+
+  The label is concatenated to the noise so that the model has the same
+  `[noise, labels]` inputs as `build_image_generator`; DaFKD's eq. (3) gives
+  it no label signal (the discriminators are unconditional), so it acts as
+  an unconditional generator whose samples the teachers label.
+
+  Args:
+    noise_dim: Size of z (DaFKD: 100).
+    num_classes: C.
+    image_shape: (H, W, C), H and W divisible by 4.
+    width: Channels of the last hidden feature map (twice that before it).
+    label_format: 'int' (labels [B]) or 'one_hot' (labels [B, C]).
+    seed: Initialiser seed.
+
+  Returns:
+    A Keras model `[noise, labels] -> images [B, H, W, C]` in [-1, 1].
+
+  Raises:
+    ConfigError: Bad sizes, or H or W not divisible by 4.
+  """
+  _check_positive(noise_dim=noise_dim, num_classes=num_classes, width=width)
+  _check_positive(**{f'image_shape[{i}]': s for i, s in enumerate(image_shape)})
+  height, wide, channels = image_shape
+  if height % 4 or wide % 4:
+    raise errors.ConfigError(
+        f'the DCGAN generator needs an image height and width divisible by '
+        f'4, got {tuple(image_shape)}')
+  seeds = InitSeeds(seed)
+  noise = tf.keras.Input((noise_dim,), name='noise')
+  labels, one_hot = _label_input(num_classes, label_format)
+  h = tf.keras.layers.Concatenate()([noise, one_hot])
+  h = tf.keras.layers.Dense(height // 4 * wide // 4 * 2 * width,
+                            use_bias=False,
+                            kernel_initializer=seeds('glorot'))(h)
+  h = tf.keras.layers.ReLU()(_batch_norm()(h))
+  h = tf.keras.layers.Reshape((height // 4, wide // 4, 2 * width))(h)
+  h = tf.keras.layers.Conv2DTranspose(
+      width, 4, strides=2, padding='same', use_bias=False,
+      kernel_initializer=seeds('glorot'))(h)
+  h = tf.keras.layers.ReLU()(_batch_norm()(h))
+  images = tf.keras.layers.Conv2DTranspose(
+      channels, 4, strides=2, padding='same', activation='tanh',
+      kernel_initializer=seeds('glorot'), name='images')(h)
+  return tf.keras.Model([noise, labels], images, name='dcgan_generator')
+
+
 def build_feature_generator(*,
                             noise_dim: int = 32,
                             num_classes: int,
