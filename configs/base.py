@@ -77,7 +77,16 @@ def get_config() -> ml_collections.ConfigDict:
       eval_every=50,
       patience=4,
       cosine_decay=True,
-      student_training=True,
+      # False: the student trains in inference mode and keeps the averaged
+      # model's BatchNorm statistics; True: FedDF's code (training mode,
+      # the pool's statistics replace them).
+      student_training=False,
+      # Early stopping on 'pool' (KD loss on val_fraction of the pool) or
+      # 'labeled' (cross-entropy on server_data's labeled validation set).
+      validation='pool',
+      # 'always' | 'no_worse': keep the student only if its accuracy on the
+      # labeled validation set does not drop (needs server_data.val_size).
+      accept='always',
   ))
   c.feddf = ml_collections.ConfigDict(dict(
       drop_worst=False,  # Needs server_data.val_size > 0.
@@ -93,6 +102,10 @@ def get_config() -> ml_collections.ConfigDict:
       weighting='soft',  # soft (eq. 6) | onehot | avg | random (Table 1).
       ensemble='probs',  # probs (eq. 7) | logits.
       projection_batches=0,  # Local batches P is built from; 0 = all.
+      # Backbone of the server samples' features in eq. 6: broadcast (w_t,
+      # the space the clients' P_k were built in) | aggregated (the
+      # averaged model after local training).
+      score_backbone='broadcast',
       # Heterogeneous clients: '' = every client trains `model`. Otherwise a
       # comma list `name[:norm]` (e.g. 'cnn,resnet11'); client i keeps its
       # own model of entry i % A across rounds, trained with CE + kd_weight
@@ -119,6 +132,9 @@ def get_config() -> ml_collections.ConfigDict:
       coefficient_decay=0.98,
       local_gen_batch_size=32,
       start_round=1,  # Clients' regulariser is off before this round.
+      # Local steps the coefficients are for (reference: 20); longer client
+      # rounds scale them by reference_steps / steps (0: never).
+      reference_steps=20,
   ))
   # FedFTG (Zhang et al., CVPR 2022); reference values where known.
   c.fedftg = ml_collections.ConfigDict(dict(
@@ -136,6 +152,11 @@ def get_config() -> ml_collections.ConfigDict:
       diversity_weight=1.0,  # beta_div.
       mask='agree',  # agree | none.
       ensemble='logits',  # Class-level ensemble of logits | probs.
+      # Generator steps per iteration (0: one per teacher, the reference's).
+      generator_steps=0,
+      # Student KD loss over batch x classes (mean, the reference's: SGD's
+      # step is C times smaller) | batchmean.
+      kl_reduction='mean',
   ))
 
   # DaFKD (Wang et al., CVPR 2023). Client optimiser: client_optimizer
@@ -148,17 +169,18 @@ def get_config() -> ml_collections.ConfigDict:
       generator_learning_rate=1e-3,  # Adam (paper 1e-3).
       generator_beta_1=0.5,  # Reference code's Adam betas (0.5, 0.99).
       generator_beta_2=0.99,
-      generator_form='minimax',  # minimax (eq. 3) | non_saturating.
-      # BatchNorm statistics the discriminator normalises pseudo batches with:
-      # real (the real data's moving ones) | batch (their own) |
-      # batch_update (their own, and they update the moving ones: the
-      # reference code; the classifier then tests with generated-image
-      # statistics). See core.gan.client_gan_step.
-      pseudo_statistics='real',
-      # GAN terms (eq. 2 in eq. 9, eq. 3) only in the first gan_steps local
-      # steps of a round, then plain CE steps (reference code: first epochs
-      # only); 0 = every step (Algorithm 1).
+      generator='mlp',  # mlp (the paper's) | dcgan (the reference code's).
+      generator_form='non_saturating',  # non_saturating | minimax (eq. 3).
+      # BatchNorm mode of everything the discriminator scores in training:
+      # inference (as the server scores; default) | real_train | batch |
+      # batch_update (the reference code). See core.gan.client_gan_step.
+      discriminator_mode='inference',
+      # GAN terms (eq. 2 in eq. 9, eq. 3) only in gan_steps local steps of
+      # a round, plain CE steps in the others; 0 = every step (Algorithm 1).
       gan_steps=0,
+      # Where those steps are: first (reference code: first epochs) | last
+      # (the head ends the round in step with the extractor it uploads).
+      gan_window='last',
       adv_weight=1.0,  # Weight of eq. 2 in eq. 9.
       gp_weight=0.0,  # Gradient penalty (reference code 0.3, paper 0).
       weight_decay=0.0,  # > 0 needs client_optimizer.name=adam (AdamW).
@@ -167,6 +189,15 @@ def get_config() -> ml_collections.ConfigDict:
       weights_on='probs',  # probs (eq. 8) | logits (reference code).
       private=False,  # Appendix B; needs a secure-sum (test) context.
       pool_generator='',  # '' auto | aggregated | broadcast.
+      # Averaging of classifiers and generators: mean (the paper's 1/K_t) |
+      # examples (FedAvg's n_k / n).
+      aggregation='mean',
+      # generator (DaFKD) | real: the oracle-pool ablation (negatives and
+      # distillation pool are the server's real proxy images).
+      pool='generator',
+      # Diagnostics (with server_data.val_size > 0): a client holds a label
+      # when at least this share of its examples have it.
+      holder_share=0.05,
   ))
 
   c.eval_every = 1

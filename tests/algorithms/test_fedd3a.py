@@ -136,15 +136,43 @@ def test_client_projection_is_the_closed_form_of_received_features(
     np.testing.assert_allclose(p, _np_projection(X[part] @ WF), atol=1e-6)
     np.testing.assert_allclose(p, p.T, atol=0)
     assert float(result.update_weight) == len(part)
-    # The delta is local training's, from the same received weights.
-    assert np.abs(np.asarray(result.update['delta'].trainable[0])).max() > 0
   # Up: delta (9 + 6 floats) + P (9) + id + weight, per client.
   assert measurements['bytes_up'] == 2 * 4 * (15 + 9 + 2)
   assert measurements['bytes_down'] == 2 * 4 * 15
 
 
-@pytest.fixture(scope='module')
-def eager_round(client_updates):
+def _np_sgd_epoch(x, y, wf, wh, lr):
+  """Plain SGD, batch 1, on CE(softmax(x wf wh)): numpy's gradients."""
+  wf, wh = wf.astype(np.float64), wh.astype(np.float64)
+  for xi, yi in zip(x.astype(np.float64), y):
+    f = xi @ wf
+    p = _np_softmax((f @ wh)[None])[0]
+    g = p - np.eye(2)[yi]  # dCE/dlogits.
+    grad_wh = np.outer(f, g)
+    grad_wf = np.outer(xi, wh @ g)
+    wf, wh = wf - lr * grad_wf, wh - lr * grad_wh
+  return wf, wh
+
+
+def test_client_delta_is_a_numpy_sgd_epoch(data, client_updates):
+  results, _ = client_updates
+  for client, result in enumerate(results):
+    key = data.keys([client], seed=0, round_num=0)[0]
+    # The client's shuffled order, read from its round's dataset: its first
+    # pass builds P, local training is its second (reshuffled) pass.
+    dataset = data.dataset_fn(LOCAL)(tf.constant(key))
+    list(dataset)
+    batches = list(dataset)
+    x = np.concatenate([b['x'].numpy() for b in batches])
+    y = np.concatenate([b['y'].numpy() for b in batches])
+    wf, wh = _np_sgd_epoch(x, y, WF, WH, LR)
+    delta = result.update['delta'].trainable
+    np.testing.assert_allclose(delta[0], wf - WF, atol=1e-6)
+    np.testing.assert_allclose(delta[1], wh - WH, atol=1e-6)
+    assert np.abs(wh - WH).max() > 1e-3
+
+
+def _eager_round(client_updates, score_backbone='broadcast'):
   """`server_round` eagerly on the stacked updates (clients 0, 1)."""
   results, _ = client_updates
   deltas = [r.update['delta'] for r in results]
@@ -165,13 +193,24 @@ def eager_round(client_updates):
       projections=tf.constant(projections), valid=tf.constant([True, True]),
       start_weights=ModelWeights([tf.constant(m, tf.float32) for m in mean],
                                  []),
-      pool=tf.constant(POOL), config=CONFIG)
+      pool=tf.constant(POOL), config=CONFIG, score_backbone=score_backbone)
   return result, mean, stacked, projections
 
 
-def test_server_weights_and_teacher_match_numpy(eager_round):
-  result, mean, stacked, projections = eager_round
-  f = POOL @ mean[0]  # Features from the averaged model's backbone.
+@pytest.fixture(scope='module')
+def eager_round(client_updates):
+  return _eager_round(client_updates)
+
+
+@pytest.mark.parametrize('score_backbone', ['broadcast', 'aggregated'])
+def test_server_weights_and_teacher_match_numpy(client_updates,
+                                                score_backbone):
+  result, mean, stacked, projections = _eager_round(client_updates,
+                                                    score_backbone)
+  # 'broadcast' (default): the pool's features come from w_t's backbone,
+  # the one every client built its P_k with (client P = f(X_k @ WF));
+  # 'aggregated': from the averaged model after local training.
+  f = POOL @ (WF if score_backbone == 'broadcast' else mean[0])
   r = np.stack([np.einsum('nd,nd->n', f, f @ p) /
                 (np.linalg.norm(f, axis=1) * np.linalg.norm(f @ p, axis=1))
                 for p in projections])

@@ -14,15 +14,12 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tests.algorithms import toy_kd
-from tests.program.test_experiment import _config
 from tff_kd import errors
 from tff_kd import models
 from tff_kd.algorithms import fedgen
 from tff_kd.algorithms import registry
-from tff_kd.data import load_dataset
 from tff_kd.federated import fedgen as fedgen_tff
 from tff_kd.models import generators
-from tff_kd.program import evaluation
 from tff_kd.program import experiment
 
 ModelWeights = tff.learning.models.ModelWeights
@@ -127,31 +124,65 @@ def test_round0_server_step_matches_eager_core(toy):
   assert cw['bytes_up'] == 2 * (clf_bytes + 4 * 4)
 
 
+def _eager_regularised_step(data, clf1, gen1, key):
+  """One client's round-1 update, written out independently.
+
+  The toy's local work is one full batch, so the round is one SGD step on
+      CE(f(x), y) + a * 1/B' sum_j CE(h(G(eps_j, yhat_j)), yhat_j)
+                 + b * 1/B sum_i KL(softmax(h(G(eps'_i, y_i))) || softmax(f(x_i)))
+  with a = max(1e-4, 2 * 0.98) * B'/B, b = max(1e-4, 1 * 0.98) (round 1),
+  yhat_j drawn uniformly over the labels the client holds, G in inference
+  mode and its features constants. Only the random draws reuse TF's
+  stateless samplers, seeded as the client does (key hash, step 0).
+  """
+  clf = toy_kd.classifier_fn()
+  toy_kd.assign(clf.model, clf1)
+  gen = _generator_fn()
+  toy_kd.assign(gen, gen1)
+  # The batch in the client's shuffled order (eps'_i pairs with example i).
+  batch = next(iter(data.dataset_fn(toy_kd.LOCAL)(tf.constant(key))))
+  x, y = batch['x'].numpy(), batch['y'].numpy()
+  held = np.unique(y)
+  step_seed = tf.stack([tf.strings.to_hash_bucket_fast(key, 2**62),
+                        tf.constant(0, tf.int64)])
+  seeds = tf.random.experimental.stateless_split(step_seed, 3)
+  uniform_over_held = np.full([1, 3], -np.inf, np.float32)
+  uniform_over_held[0, held] = 0.0
+  sampled = tf.random.stateless_categorical(uniform_over_held, 4,
+                                            seed=seeds[0])[0].numpy()
+  assert set(sampled) <= set(held)  # Labels the client holds, only.
+  eps = tf.random.stateless_normal([4, 4], seed=seeds[1])
+  eps_y = tf.random.stateless_normal([len(y), 4], seed=seeds[2])
+  z_hat = gen([eps, sampled], training=False).numpy()
+  z_y = gen([eps_y, y], training=False).numpy()
+  a = max(1e-4, 2.0 * 0.98) * 4 / 8
+  b = max(1e-4, 1.0 * 0.98)
+  p = tf.nn.softmax(clf.head(z_y)).numpy()  # The KL target: a constant.
+  with tf.GradientTape() as tape:
+    logits = clf.model(x, training=True)
+    ce = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=y, logits=logits))
+    teacher = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=sampled, logits=clf.head(z_hat)))
+    kl = tf.reduce_mean(tf.reduce_sum(
+        p * (np.log(p) - tf.nn.log_softmax(logits)), axis=-1))
+    loss = ce + a * teacher + b * kl
+  grads = tape.gradient(loss, clf.model.trainable_weights)
+  return [-toy_kd.LR * g.numpy() for g in grads]
+
+
 def test_round1_clients_train_the_regularised_objective(toy):
   data, _, _, out0, out1, (_, keys1) = toy
   clf1, gen1 = out0.state.global_model_weights
-  reg = fedgen_tff.LocalRegularizer(
-      generator_fn=_generator_fn, noise_dim=4, alpha=2.0, beta=1.0,
-      decay=0.98, floor=1e-4, gen_batch_size=4, batch_size=8,
-      noise='gaussian', start_round=1)
-
-  def train(clf, dataset, key):
-    dataset = dataset.cache()  # As the client work: count, then train.
-    counts = fedgen_tff.count_labels(dataset, 3)
-    return fedgen_tff._train_regularized(  # pylint: disable=protected-access
-        clf, _generator_fn(), tff.learning.optimizers.build_sgdm(toy_kd.LR),
-        clf1, gen1, dataset, tf.constant(toy_kd.LR), counts,
-        tf.constant(1), tf.strings.to_hash_bucket_fast(key, 2**62), reg)
-
-  deltas = toy_kd.client_deltas(data, clf1, keys1, train)
-  plain = toy_kd.client_deltas(data, clf1, keys1)
-  n = np.array([3.0, 4.0])
+  deltas = [_eager_regularised_step(data, clf1, gen1, k) for k in keys1]
+  sizes = {int(k.split('|')[0]): len(toy_kd.PARTS[int(k.split('|')[0])])
+           for k in keys1}
+  n = np.array([sizes[int(k.split('|')[0])] for k in keys1], np.float32)
   new_clf = out1.state.global_model_weights[0]
   for i, got in enumerate(new_clf.trainable):
-    want = clf1.trainable[i] + (n[0] * deltas[0][i] + n[1] * deltas[1][i]) / 7
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-  # The regulariser moved the head away from plain CE training.
-  assert np.abs(deltas[1][-2] - plain[1][-2]).max() > 1e-3
+    want = clf1.trainable[i] + sum(
+        nk * d[i] for nk, d in zip(n, deltas)) / n.sum()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=i)
 
 
 def test_model_weights_view_is_the_classifier(toy):
@@ -224,21 +255,30 @@ def test_registry_and_shipped_config():
   assert c.clients_per_round == 8 and c.partition.num_clients == 20
 
 
-def test_fedgen_run_improves_accuracy(tmp_path):
-  c = _config(**{'method': 'fedgen', 'rounds': 3, 'export': False,
-                 'fedgen.generator_steps': 10, 'fedgen.hidden': 32})
-  result = experiment.run(c, str(tmp_path), progress=False)
-  digits = load_dataset('digits')
-  model = models.build_classifier('cnn', input_shape=(8, 8, 1),
-                                  num_classes=10, seed=c.seed).model
-  start = evaluation.Evaluator(model, digits.x_test, digits.y_test)(
-      ModelWeights([v.numpy() for v in model.trainable_weights],
-                   [v.numpy() for v in model.non_trainable_weights]))
-  assert result.final['test/accuracy'] > start.accuracy + 0.2, (
-      start, result.final)
-  last = result.history[-1]
-  assert last['distill/num_teachers'] == c.clients_per_round
-  for key in ('generator_loss', 'teacher_loss', 'diversity_loss'):
-    assert np.isfinite(last[f'distill/{key}']), key
-  assert 0 <= last['distill/teacher_accuracy'] <= 1
-  assert 0 < last['distill/diversity_loss'] <= 1
+def test_long_rounds_scale_the_regulariser_to_its_reference_steps(tmp_path):
+  """40 local steps with coefficients tuned for 20: the same update as
+  half the coefficients, unscaled (`LocalRegularizer.reference_steps`)."""
+  data = toy_kd.make_data(str(tmp_path))
+  local = toy_kd.LOCAL._replace(unit='steps', amount=40)
+
+  def update(alpha, beta, reference_steps):
+    reg = fedgen_tff.LocalRegularizer(
+        generator_fn=_generator_fn, noise_dim=4, alpha=alpha, beta=beta,
+        decay=0.98, floor=1e-4, gen_batch_size=4, batch_size=8,
+        noise='gaussian', start_round=0, reference_steps=reference_steps)
+    work = fedgen_tff.build_client_work(
+        toy_kd.classifier_fn, data.element_spec,
+        tff.learning.optimizers.build_sgdm(toy_kd.LR), num_classes=3,
+        learning_rate=toy_kd.LR, dataset_fn=data.dataset_fn(local),
+        regularizer=reg)
+    weights = (toy_kd.values_of(toy_kd.classifier_fn().model),
+               toy_kd.values_of(_generator_fn()))
+    out = work.next(work.initialize(), [weights],
+                    data.keys([1], seed=0, round_num=0))
+    return [np.asarray(d) for d in out.result[0].update['delta'].trainable]
+
+  scaled = update(2.0, 1.0, 20)
+  for a, b in zip(scaled, update(1.0, 0.5, 0)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+  assert max(np.abs(a - b).max()
+             for a, b in zip(scaled, update(2.0, 1.0, 0))) > 1e-4

@@ -52,6 +52,14 @@ def assign(model: tf.keras.Model, weights) -> None:
                             list(weights.non_trainable)))
 
 
+def values_of(model: tf.keras.Model) -> tff.learning.models.ModelWeights:
+  """A model's `ModelWeights` as numpy values."""
+  weights = local_training.model_weights(model)
+  return tff.learning.models.ModelWeights(
+      [v.numpy() for v in weights.trainable],
+      [v.numpy() for v in weights.non_trainable])
+
+
 def values(model: tf.keras.Model) -> list[np.ndarray]:
   return [v.numpy() for v in model.trainable_weights + model.non_trainable_weights]
 

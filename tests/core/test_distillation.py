@@ -315,6 +315,108 @@ def test_batchnorm_mode(training):
   np.testing.assert_allclose(moving_mean, [2.0, 4.0] if training else [0, 0])
 
 
+def test_default_mode_keeps_the_student_statistics_on_another_domain():
+  """An out-of-domain pool must not replace the student's statistics.
+
+  The default (student_training=False) trains the student in inference
+  mode: its BatchNorm statistics stay the averaged model's; FedDF's code
+  mode (True) would make them the pool's.
+  """
+  inputs = tf.keras.Input((2,))
+  h = tf.keras.layers.BatchNormalization(momentum=0.5)(inputs)
+  student = tf.keras.Model(inputs, tf.keras.layers.Dense(3)(h))
+  mean, var = student.non_trainable_weights
+  mean.assign([0.1, -0.2])  # The clients' domain.
+  var.assign([1.0, 2.0])
+  pool = np.random.default_rng(0).normal(5.0, 3.0, (64, 2)).astype(
+      np.float32)  # Another domain.
+  targets = np.full((64, 3), 1 / 3, np.float32)
+  config = distillation.DistillConfig(steps=20, batch_size=16)
+  assert not config.student_training
+  result = distillation.distill(
+      student, tff.learning.optimizers.build_adam(1e-2), pool, targets,
+      config)
+  np.testing.assert_array_equal(mean.numpy(),
+                                np.float32([0.1, -0.2]))
+  np.testing.assert_array_equal(var.numpy(), np.float32([1.0, 2.0]))
+  np.testing.assert_array_equal(result.weights.non_trainable[0],
+                                np.float32([0.1, -0.2]))
+
+
+def test_mean_reduction_divides_by_the_number_of_classes():
+  student = np.array([[1.0, 0.0, -1.0], [0.2, 0.3, 2.0]], np.float32)
+  target = np.array([[0.7, 0.3, 0.0], [0.1, 0.2, 0.7]], np.float32)
+  batchmean = float(distillation.kd_loss(student, target, 2.0))
+  mean = float(distillation.kd_loss(student, target, 2.0, 'mean'))
+  assert mean == pytest.approx(batchmean / 3, rel=1e-6)
+  # With SGD the step is C times smaller (FedFTG's reference scaling).
+  deltas = {}
+  for reduction in ('batchmean', 'mean'):
+    model = _dense(np.zeros((3, 3)), np.zeros(3))
+    distillation.distill(
+        model, tff.learning.optimizers.build_sgdm(0.1), student, target,
+        distillation.DistillConfig(steps=1, batch_size=2,
+                                   kl_reduction=reduction))
+    deltas[reduction] = model.trainable_weights[0].numpy()
+  np.testing.assert_allclose(deltas['mean'], deltas['batchmean'] / 3,
+                             rtol=1e-5)
+
+
+def _labeled_problem(seed):
+  """A student, a pool whose targets contradict the labeled set."""
+  rng = np.random.default_rng(seed)
+  x = rng.normal(size=(64, 4)).astype(np.float32)
+  w = rng.normal(size=(4, 3)).astype(np.float32)
+  labels = np.argmax(x @ w, -1).astype(np.int32)
+  student = _dense(w, np.zeros(3))  # Starts right on the labeled set.
+  wrong = np.eye(3, dtype=np.float32)[(labels + 1) % 3]
+  return student, x, wrong, (x[:32], labels[:32]), w
+
+
+def test_accept_no_worse_keeps_the_initial_student_when_accuracy_drops():
+  student, x, wrong, labeled, w = _labeled_problem(0)
+  config = distillation.DistillConfig(steps=30, batch_size=16,
+                                      accept='no_worse')
+  result = distillation.distill(
+      student, tff.learning.optimizers.build_sgdm(1.0), x, wrong, config,
+      labeled=labeled)
+  assert float(result.labeled_accuracy_before) == 1.0
+  assert float(result.accepted) == 0.0
+  assert float(result.labeled_accuracy_after) == 1.0
+  np.testing.assert_array_equal(student.trainable_weights[0].numpy(), w)
+  # 'always' keeps the (worse) distilled student and reports the drop.
+  student, x, wrong, labeled, _ = _labeled_problem(0)
+  result = distillation.distill(
+      student, tff.learning.optimizers.build_sgdm(1.0), x, wrong,
+      config._replace(accept='always'), labeled=labeled)
+  assert float(result.accepted) == 1.0
+  assert float(result.labeled_accuracy_after) < 0.5
+
+
+def test_labeled_early_stopping_restores_the_best_student():
+  student, x, wrong, labeled, w = _labeled_problem(1)
+  config = distillation.DistillConfig(steps=200, batch_size=16,
+                                      validation='labeled', eval_every=5,
+                                      patience=3)
+  result = distillation.distill(
+      student, tff.learning.optimizers.build_sgdm(1.0), x, wrong, config,
+      labeled=labeled)
+  # The labeled cross-entropy only rises: stop after 3 evaluations, keep
+  # the initial student.
+  assert int(result.steps_run) == 15 and int(result.best_step) == 0
+  np.testing.assert_allclose(student.trainable_weights[0].numpy(), w,
+                             rtol=1e-6)
+
+
+def test_labeled_modes_need_the_labeled_set():
+  student, x, wrong, _, _ = _labeled_problem(2)
+  for config in (distillation.DistillConfig(validation='labeled'),
+                 distillation.DistillConfig(accept='no_worse')):
+    with pytest.raises(errors.ConfigError, match='labeled server validation'):
+      distillation.distill(student, tff.learning.optimizers.build_sgdm(1.0),
+                           x, wrong, config)
+
+
 def test_distill_inside_tff_computation_matches_eager():
   n, d, c = 32, 4, 3
   rng = np.random.default_rng(5)
@@ -355,6 +457,9 @@ def test_distill_inside_tff_computation_matches_eager():
     ('eval_every', 0, 'eval_every must be an integer >= 1, got 0'),
     ('patience', 0, 'patience must be an integer >= 1, got 0'),
     ('steps', 2.5, 'steps must be an integer >= 1, got 2.5'),
+    ('validation', 'test', "validation 'test' is unknown"),
+    ('accept', 'better', "accept 'better' is unknown"),
+    ('kl_reduction', 'sum', "kl_reduction 'sum' is unknown"),
 ])
 def test_config_validation(field, value, message):
   config = distillation.DistillConfig()._replace(**{field: value})

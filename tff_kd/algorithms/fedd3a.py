@@ -62,6 +62,7 @@ def build_fedd3a_process(
     client_model_fns: Sequence[learning.ModelFn] = (),
     kd_weight: float = 1.0,
     kd_temperature: float = 1.0,
+    score_backbone: str = 'broadcast',
 ) -> tff.learning.templates.LearningProcess:
   """Builds FedD3A.
 
@@ -96,6 +97,11 @@ def build_fedd3a_process(
       global model.
     kd_weight: Heterogeneous clients' weight of the KD term (>= 0).
     kd_temperature: Its temperature (> 0).
+    score_backbone: The backbone of the server samples' features (eq. 6):
+      'broadcast' (w_t, the space the clients' P_k live in) or
+      'aggregated' (the averaged model after local training). With
+      heterogeneous clients the two are the same (the previous global
+      model).
 
   Returns:
     A `tff.learning.templates.LearningProcess`.
@@ -107,7 +113,9 @@ def build_fedd3a_process(
   fedd3a_tf.check_settings(alpha=alpha, weighting=weighting,
                            ensemble=ensemble,
                            projection_batches=projection_batches,
-                           kd_weight=kd_weight, kd_temperature=kd_temperature)
+                           kd_weight=kd_weight, kd_temperature=kd_temperature,
+                           score_backbone=score_backbone)
+  distill_config.check_labeled(server_data.val_size)
   if not 0 < learning_rate:
     raise errors.ConfigError(
         f'client learning rate must be > 0, got {learning_rate}')
@@ -147,7 +155,8 @@ def build_fedd3a_process(
   finalizer = fedd3a_tff.build_finalizer(
       classifier_fn, stack_type, server_optimizer, distill_optimizer,
       server_data, distill_config, weighting=weighting, ensemble=ensemble,
-      num_clients=num_clients if dataset_fn is not None else 0)
+      num_clients=num_clients if dataset_fn is not None else 0,
+      score_backbone=score_backbone)
   weights_type = client_work.next.type_signature.parameter[1].member
   return composer.compose_learning_process(
       learning.build_initial_weights_fn(model_fn),

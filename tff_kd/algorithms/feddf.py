@@ -87,6 +87,7 @@ def build_feddf_process(
     raise errors.ConfigError(
         f'clients_per_round must be >= 1, got {clients_per_round!r}')
   distill_config.validate()
+  distill_config.check_labeled(server_data.val_size)
   if len(model_fns) > 1 and dataset_fn is None:
     raise errors.ConfigError(
         'heterogeneous feddf needs keyed client data (dataset_fn): a '

@@ -56,6 +56,8 @@ def build_fedftg_process(
     mask: str = 'agree',
     ensemble: str = 'logits',
     lr_decay: float = 0.998,
+    generator_steps: int = 0,
+    kl_reduction: str = 'mean',
     seed: int = 0,
 ) -> tff.learning.templates.LearningProcess:
   """Builds FedFTG (defaults: the reference's settings where known).
@@ -87,6 +89,11 @@ def build_fedftg_process(
     ensemble: Class-level ensemble of 'logits' or 'probs'.
     lr_decay: Per-round factor of the generator and student learning rates
       (reference 0.998).
+    generator_steps: Generator steps per iteration; 0 (default): one per
+      teacher of the round, as the reference code steps once per client.
+    kl_reduction: The student loss's reduction, `distillation.kd_loss`:
+      'mean' (default, the reference code's: over batch x classes, so SGD's
+      step is C times smaller than with 'batchmean').
     seed: Seed of the generator's initial weights and of its noise.
 
   Returns:
@@ -122,11 +129,19 @@ def build_fedftg_process(
          f"{', '.join(fedftg_tf.MASKS)}")
   if ensemble not in ('logits', 'probs'):
     fail(f'ensemble {ensemble!r} is unknown; choose one of logits, probs')
+  if (not isinstance(generator_steps, int) or
+      isinstance(generator_steps, bool) or generator_steps < 0):
+    fail('generator_steps must be an integer >= 0 (0: one per teacher), got '
+         f'{generator_steps!r}')
+  if kl_reduction not in distillation.KL_REDUCTIONS:
+    fail(f'kl_reduction {kl_reduction!r} is unknown; choose one of '
+         f"{', '.join(distillation.KL_REDUCTIONS)}")
   if dataset_fn is None:
     fail('needs keyed client data (dataset_fn)')
   config = distillation.DistillConfig(
       steps=student_steps, batch_size=batch_size, temperature=temperature,
-      eval_every=student_steps, seed=seed, student_training=student_training)
+      eval_every=student_steps, seed=seed, student_training=student_training,
+      kl_reduction=kl_reduction)
   config.validate()
   with tf.Graph().as_default():
     model = classifier_fn().model
@@ -156,7 +171,8 @@ def build_fedftg_process(
           student_optimizer=student_optimizer, distill_config=config,
           iterations=iterations, noise_dim=noise_dim, noise=noise,
           transfer_weight=transfer_weight, diversity_weight=diversity_weight,
-          mask=mask, ensemble=ensemble, lr_decay=lr_decay, seed=seed))
+          mask=mask, ensemble=ensemble, lr_decay=lr_decay, seed=seed,
+          generator_steps=generator_steps))
   initial = learning.build_initial_weights_fn(model_fn)
   return composer.compose_learning_process(
       initial,

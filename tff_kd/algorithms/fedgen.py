@@ -56,6 +56,7 @@ def build_fedgen_process(
     coefficient_decay: float = 0.98,
     local_gen_batch_size: int = 32,
     start_round: int = 1,
+    reference_steps: int = 20,
     seed: int = 0,
 ) -> tff.learning.templates.LearningProcess:
   """Builds FedGen (defaults: the reference's MNIST settings).
@@ -91,6 +92,10 @@ def build_fedgen_process(
     coefficient_decay: Per-round decay of both (reference 0.98).
     local_gen_batch_size: B', generated labels per client step (32).
     start_round: First round whose clients use the regulariser (1).
+    reference_steps: Local steps the regulariser's coefficients are tuned
+      for (reference: 20); longer client rounds scale them down by
+      reference_steps / steps (`federated.fedgen.LocalRegularizer`); 0:
+      never scale.
     seed: Seed of the generator's initial weights and of its noise.
 
   Returns:
@@ -107,7 +112,8 @@ def build_fedgen_process(
          coefficient_decay=coefficient_decay,
          local_gen_batch_size=local_gen_batch_size,
          local_batch_size=local_batch_size, start_round=start_round,
-         teacher_weight=teacher_weight, diversity_weight=diversity_weight)
+         reference_steps=reference_steps, teacher_weight=teacher_weight,
+         diversity_weight=diversity_weight)
   if dataset_fn is None:
     raise errors.ConfigError(
         'fedgen needs keyed client data (dataset_fn): clients read the round '
@@ -134,7 +140,7 @@ def build_fedgen_process(
       generator_fn=generator_fn, noise_dim=noise_dim, alpha=local_alpha,
       beta=local_beta, decay=coefficient_decay, floor=1e-4,
       gen_batch_size=local_gen_batch_size, batch_size=local_batch_size,
-      noise=noise, start_round=start_round)
+      noise=noise, start_round=start_round, reference_steps=reference_steps)
   client_work = fedgen_tff.build_client_work(
       classifier_fn, element_spec, client_optimizer, num_classes=num_classes,
       learning_rate=learning_rate, learning_rate_decay=learning_rate_decay,
@@ -183,8 +189,10 @@ def _check(**v) -> None:
     if not isinstance(v[name], int) or isinstance(v[name], bool) or (
         v[name] < 1):
       fail(f'{name} must be an integer >= 1, got {v[name]!r}')
-  if not isinstance(v['start_round'], int) or v['start_round'] < 0:
-    fail(f"start_round must be an integer >= 0, got {v['start_round']!r}")
+  for name in ('start_round', 'reference_steps'):
+    if (not isinstance(v[name], int) or isinstance(v[name], bool) or
+        v[name] < 0):
+      fail(f'{name} must be an integer >= 0, got {v[name]!r}')
   if v['noise'] not in generators.NOISE_KINDS:
     fail(f"noise {v['noise']!r} is unknown; choose one of "
          f"{', '.join(generators.NOISE_KINDS)}")

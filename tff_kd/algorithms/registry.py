@@ -121,7 +121,8 @@ def distill_config(config: ml_collections.ConfigDict
       steps=d.steps, batch_size=d.batch_size, temperature=d.temperature,
       clip_norm=d.clip_norm, val_fraction=d.val_fraction,
       eval_every=d.eval_every, patience=d.patience, seed=config.seed,
-      cosine_decay=d.cosine_decay, student_training=d.student_training)
+      cosine_decay=d.cosine_decay, student_training=d.student_training,
+      validation=d.validation, accept=d.accept)
 
 
 def _build_feddf(inputs: ProcessInputs, config: ml_collections.ConfigDict):
@@ -171,7 +172,7 @@ def _build_fedd3a(inputs: ProcessInputs, config: ml_collections.ConfigDict):
       num_clients=inputs.num_clients, client_model_fns=client_model_fns,
       kd_weight=f.get('kd_weight', 1.0),
       kd_temperature=f.get('kd_temperature', 1.0),
-      **_common(inputs, config))
+      score_backbone=f.score_backbone, **_common(inputs, config))
 
 
 
@@ -195,7 +196,8 @@ def _build_fedgen(inputs: ProcessInputs, config: ml_collections.ConfigDict):
       diversity_weight=f.diversity_weight, local_alpha=f.local_alpha,
       local_beta=f.local_beta, coefficient_decay=f.coefficient_decay,
       local_gen_batch_size=f.local_gen_batch_size,
-      start_round=f.start_round, seed=config.seed, **_common(inputs, config))
+      start_round=f.start_round, reference_steps=f.reference_steps,
+      seed=config.seed, **_common(inputs, config))
 
 
 def _build_fedftg(inputs: ProcessInputs, config: ml_collections.ConfigDict):
@@ -215,7 +217,9 @@ def _build_fedftg(inputs: ProcessInputs, config: ml_collections.ConfigDict):
       student_training=f.student_training, noise_dim=f.noise_dim,
       noise=f.noise, transfer_weight=f.transfer_weight,
       diversity_weight=f.diversity_weight, mask=f.mask, ensemble=f.ensemble,
-      lr_decay=f.lr_decay, seed=config.seed, **_common(inputs, config))
+      lr_decay=f.lr_decay, generator_steps=f.generator_steps,
+      kl_reduction=f.kl_reduction, seed=config.seed,
+      **_common(inputs, config))
 
 
 def _build_dafkd(inputs: ProcessInputs, config: ml_collections.ConfigDict):
@@ -253,14 +257,16 @@ def _build_dafkd(inputs: ProcessInputs, config: ml_collections.ConfigDict):
           learning_rate=config.distill.learning_rate),
       distill_config=distill_config(config),
       learning_rate=opt.learning_rate, learning_rate_decay=opt.lr_decay,
-      pool_size=f.pool_size, noise_dim=f.noise_dim, generator_hidden=hidden,
-      adv_weight=f.adv_weight, gp_weight=f.gp_weight,
-      generator_form=f.generator_form,
-      pseudo_statistics=f.pseudo_statistics, gan_steps=f.gan_steps,
+      pool_size=f.pool_size, noise_dim=f.noise_dim, generator=f.generator,
+      generator_hidden=hidden, adv_weight=f.adv_weight,
+      gp_weight=f.gp_weight, generator_form=f.generator_form,
+      discriminator_mode=f.discriminator_mode, gan_steps=f.gan_steps,
+      gan_window=f.gan_window,
       shared=not f.no_sharing,
       correlation=not f.no_correlation, ensemble=f.weights_on,
       private=f.private, pool_generator=f.pool_generator or None,
-      seed=config.seed)
+      aggregation=f.aggregation, pool=f.pool, server_data=inputs.server_data,
+      holder_share=f.holder_share, seed=config.seed)
 
 METHODS: dict[str, Method] = {
     m.name: m for m in (

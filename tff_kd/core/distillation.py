@@ -61,6 +61,9 @@ _EPOCH_STREAM_OFFSET = 1
 NO_VALIDATION = -1.0
 
 _ENSEMBLES = ('probs', 'logits')
+VALIDATIONS = ('pool', 'labeled')
+KL_REDUCTIONS = ('batchmean', 'mean')
+ACCEPTS = ('always', 'no_worse')
 
 
 def normalize_weights(raw: tf.Tensor,
@@ -179,11 +182,13 @@ def kl_per_example(student_logits: tf.Tensor, target_probs: tf.Tensor,
 
 
 def kd_loss(student_logits: tf.Tensor, target_probs: tf.Tensor,
-            temperature: float) -> tf.Tensor:
+            temperature: float, reduction: str = 'batchmean') -> tf.Tensor:
   """Hinton's distillation loss: T^2 * mean_i KL(p_i || softmax(s_i / T)).
 
-  This is PyTorch's `KLDivLoss(reduction='batchmean')` scaled by T^2; DaFKD's
-  code uses reduction 'mean', which also divides by the number of classes.
+  With `reduction='batchmean'` this is PyTorch's
+  `KLDivLoss(reduction='batchmean')` scaled by T^2. DaFKD's and FedFTG's
+  code reduce with 'mean' (over batch x classes), which also divides by the
+  number of classes C: for SGD that is a C times smaller step.
 
   Args:
     student_logits: [B, C] student logits (untempered).
@@ -191,14 +196,21 @@ def kd_loss(student_logits: tf.Tensor, target_probs: tf.Tensor,
       `weighted_ensemble`). Zeros are fine. Gradients flow into them too; stop
       them yourself where the targets are constants.
     temperature: T > 0.
+    reduction: 'batchmean' or 'mean' (`KL_REDUCTIONS`).
 
   Returns:
     Scalar float32 loss.
   """
   _check_temperature(temperature)
+  if reduction not in KL_REDUCTIONS:
+    raise ValueError(f'unknown KL reduction {reduction!r}; expected one of '
+                     f'{KL_REDUCTIONS}')
   t = tf.cast(temperature, tf.float32)
-  return tf.reduce_mean(
+  loss = tf.reduce_mean(
       kl_per_example(student_logits, target_probs, temperature)) * t * t
+  if reduction == 'mean':
+    loss /= tf.cast(tf.shape(student_logits)[-1], tf.float32)
+  return loss
 
 
 class DropWorstResult(NamedTuple):
@@ -282,9 +294,24 @@ class DistillConfig(NamedTuple):
     cosine_decay: Whether to decay the learning rate to 0 over `steps` with a
       half cosine (FedDF's code); otherwise it is constant.
     student_training: Whether the student runs in training mode (BatchNorm
-      uses and updates batch statistics, dropout is on), as in FedDF. False
-      freezes the BatchNorm statistics, e.g. for generated pools whose
-      statistics are not the real data's.
+      uses and updates batch statistics, dropout is on), as FedDF's code
+      does. Then the pool's statistics replace the averaged model's
+      BatchNorm statistics, which costs accuracy when the pool is from
+      another domain or generated. False (default) keeps the student in
+      inference mode: it is trained with, and keeps, the averaged model's
+      statistics, the ones it is evaluated with.
+    validation: What early stopping watches: 'pool' (the KD loss on the
+      held-out `val_fraction` of the pool; no early stopping when
+      `val_fraction` is 0) or 'labeled' (the cross-entropy on the server's
+      labeled validation set, `distill(..., labeled=...)`; every
+      `eval_every` steps, `patience` times without improvement).
+    kl_reduction: 'batchmean' (Hinton's loss, per example) or 'mean' (also
+      divided by the number of classes, as DaFKD's and FedFTG's code
+      reduce; with SGD the step is then C times smaller). See `kd_loss`.
+    accept: 'always', or 'no_worse': keep the distilled student only if its
+      accuracy on the labeled validation set is at least the initial
+      student's; otherwise return the initial student (a guard that no paper
+      has; it needs `labeled`).
   """
 
   steps: int = 1000
@@ -296,7 +323,10 @@ class DistillConfig(NamedTuple):
   patience: int = 10
   seed: int = 0
   cosine_decay: bool = False
-  student_training: bool = True
+  student_training: bool = False
+  validation: str = 'pool'
+  accept: str = 'always'
+  kl_reduction: str = 'batchmean'
 
   def validate(self) -> None:
     """Raises `errors.ConfigError` (a `ValueError`) naming a bad value."""
@@ -326,6 +356,24 @@ class DistillConfig(NamedTuple):
     for name in ('cosine_decay', 'student_training'):
       if not isinstance(getattr(self, name), bool):
         fail(f'{name} must be a bool, got {getattr(self, name)!r}')
+    for name, choices in (('validation', VALIDATIONS), ('accept', ACCEPTS),
+                          ('kl_reduction', KL_REDUCTIONS)):
+      if getattr(self, name) not in choices:
+        fail(f'{name} {getattr(self, name)!r} is unknown; choose one of '
+             f"{', '.join(choices)}")
+
+  @property
+  def needs_labeled(self) -> bool:
+    """Whether `distill` needs the server's labeled validation set."""
+    return self.validation == 'labeled' or self.accept == 'no_worse'
+
+  def check_labeled(self, val_size: int) -> None:
+    """`errors.ConfigError` if the config needs a labeled set of size 0."""
+    if self.needs_labeled and val_size < 1:
+      raise errors.ConfigError(
+          f'distillation with validation={self.validation!r} and '
+          f'accept={self.accept!r} needs a labeled server validation set '
+          '(server_data.val_size > 0)')
 
 
 class DistillResult(NamedTuple):
@@ -344,6 +392,11 @@ class DistillResult(NamedTuple):
       best); -1 when `val_fraction` is 0.
     optimizer_state: The optimiser state after the last step, to continue
       with (`distill(..., optimizer_state=...)`).
+    labeled_accuracy_before: Accuracy of the initial student on the labeled
+      validation set; -1 without one.
+    labeled_accuracy_after: The same for the returned student.
+    accepted: 1.0 if the distilled student was kept, 0.0 if `accept`
+      returned the initial one.
   """
 
   weights: tff.learning.models.ModelWeights
@@ -353,6 +406,9 @@ class DistillResult(NamedTuple):
   best_val_loss: tf.Tensor
   best_step: tf.Tensor
   optimizer_state: object
+  labeled_accuracy_before: tf.Tensor | float = -1.0
+  labeled_accuracy_after: tf.Tensor | float = -1.0
+  accepted: tf.Tensor | float = 1.0
 
 
 def validation_split(num_examples: tf.Tensor, val_fraction: float,
@@ -461,7 +517,9 @@ def distill(student: tf.keras.Model,
             config: DistillConfig,
             *,
             learning_rate: tf.Tensor | float | None = None,
-            optimizer_state=None) -> DistillResult:
+            optimizer_state=None,
+            labeled: tuple[tf.Tensor, tf.Tensor] | None = None
+            ) -> DistillResult:
   """Distills targets on a pool into `student` (its variables change).
 
   Every step draws a minibatch of the training part of the pool and takes
@@ -472,16 +530,20 @@ def distill(student: tf.keras.Model,
   batch order therefore depends only on `config.seed`, in eager and graph
   mode alike.
 
-  The student runs in training mode by default (BatchNorm normalises with and
-  updates batch statistics, as FedDF's server training does); set
-  `config.student_training=False` to freeze them. Validation runs it in
-  inference mode.
+  The student runs in inference mode by default (BatchNorm normalises with
+  the averaged model's moving statistics and leaves them unchanged);
+  `config.student_training=True` trains it in training mode, as FedDF's
+  server does, and the pool's statistics then replace the moving ones.
+  Validation runs it in inference mode.
 
-  With `val_fraction > 0`, the mean KD loss on the held-out part
-  (`validation_split`) is measured before training and every `eval_every`
-  steps; training stops after `patience` validations without a strict
-  improvement, and the best student seen (trainable and non-trainable
-  variables) is restored at the end.
+  Early stopping: with `validation='pool'` and `val_fraction > 0`, the mean
+  KD loss on the held-out part of the pool (`validation_split`); with
+  `validation='labeled'`, the mean cross-entropy on `labeled`. It is
+  measured before training and every `eval_every` steps; training stops
+  after `patience` validations without a strict improvement, and the best
+  student seen (trainable and non-trainable variables) is restored at the
+  end. With `accept='no_worse'` the initial student is returned instead
+  when the result is less accurate on `labeled` than it.
 
   The loss is `kd_loss` alone: the student's `losses` (Keras weight
   regularisers) are not added, as in `local_training.train_locally`.
@@ -503,15 +565,23 @@ def distill(student: tf.keras.Model,
     learning_rate: Overrides the optimiser's learning rate (e.g. a per-round
       decayed one); the cosine schedule, if on, starts from it.
     optimizer_state: State to continue from (`DistillResult.optimizer_state`).
+    labeled: The server's labeled validation set (images [V, ...], int
+      labels [V]); needed by `validation='labeled'` and `accept='no_worse'`,
+      and when given, its accuracy before and after is reported.
 
   Returns:
     A `DistillResult`.
 
   Raises:
-    ValueError: A bad config (`errors.ConfigError`), an empty pool, or shapes
-      of the pool or targets that do not match the student.
+    ValueError: A bad config (`errors.ConfigError`), an empty pool, shapes
+      of the pool or targets that do not match the student, or a config that
+      needs `labeled` without it.
   """
   config.validate()
+  config.check_labeled(0 if labeled is None else 1)
+  if labeled is not None:
+    labeled = (tf.convert_to_tensor(labeled[0], tf.float32),
+               tf.cast(tf.convert_to_tensor(labeled[1]), tf.int32))
   if not isinstance(x, tf.Tensor):
     x = tf.convert_to_tensor(x)
   if not callable(targets) and not isinstance(targets, tf.Tensor):
@@ -520,16 +590,28 @@ def distill(student: tf.keras.Model,
   if learning_rate is not None:
     learning_rate = tf.cast(learning_rate, tf.float32)
   return _distill(student, optimizer, x, targets, config, learning_rate,
-                  optimizer_state)
+                  optimizer_state, labeled)
 
 
 def _values(weights: tff.learning.models.ModelWeights):
   return tf.nest.map_structure(tf.identity, weights)
 
 
+def _labeled_metrics(student: tf.keras.Model, labeled, batch_size
+                     ) -> tuple[tf.Tensor, tf.Tensor]:
+  """(mean cross-entropy, accuracy) of `student` on `labeled`, inference."""
+  x, y = labeled
+  logits = _map_batches(lambda b: student(b, training=False), x, batch_size)
+  loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+      labels=y, logits=logits))
+  accuracy = tf.reduce_mean(tf.cast(tf.equal(
+      tf.argmax(logits, axis=-1, output_type=tf.int32), y), tf.float32))
+  return loss, accuracy
+
+
 @tf.function
 def _distill(student, optimizer, x, targets, config, learning_rate,
-             optimizer_state) -> DistillResult:
+             optimizer_state, labeled) -> DistillResult:
   """The AutoGraph-converted loop of `distill` (arguments already checked)."""
   variables = local_training.model_weights(student)
   trainable = variables.trainable
@@ -547,10 +629,12 @@ def _distill(student, optimizer, x, targets, config, learning_rate,
   opt_state = optimizer.set_hparams(opt_state, hparams)
 
   temperature = config.temperature
-  use_val = config.val_fraction > 0
+  on_labeled = config.validation == 'labeled'
+  use_val = on_labeled or config.val_fraction > 0
   window = config.eval_every
   train_idx, val_idx = validation_split(
-      tf.shape(x)[0], config.val_fraction, config.seed)
+      tf.shape(x)[0], 0.0 if on_labeled else config.val_fraction,
+      config.seed)
   n_train = tf.shape(train_idx)[0]
   batch_size = tf.minimum(config.batch_size, n_train)
   batches_per_epoch = n_train // batch_size
@@ -561,6 +645,8 @@ def _distill(student, optimizer, x, targets, config, learning_rate,
     return tf.gather(targets, idx)
 
   def val_loss_fn(val_targets):
+    if on_labeled:
+      return _labeled_metrics(student, labeled, batch_size)[0]
     total = tf.constant(0.0)
     num_val = tf.shape(val_idx)[0]
     for start in tf.range(0, num_val, batch_size):
@@ -570,8 +656,15 @@ def _distill(student, optimizer, x, targets, config, learning_rate,
           logits, val_targets[start:start + batch_size], temperature))
     return total / tf.cast(num_val, tf.float32) * temperature * temperature
 
+  initial_weights = _values(variables)
+  if labeled is not None:
+    accuracy_before = _labeled_metrics(student, labeled, batch_size)[1]
+  else:
+    accuracy_before = tf.constant(-1.0)
   if use_val:
-    if callable(targets):
+    if on_labeled:
+      val_targets = tf.zeros([0, 0])  # Unused.
+    elif callable(targets):
       val_targets = tf.stop_gradient(
           _map_batches(targets, tf.gather(x, val_idx), batch_size))
     else:
@@ -606,7 +699,7 @@ def _distill(student, optimizer, x, targets, config, learning_rate,
     target_batch = targets_for(idx, x_batch)
     with tf.GradientTape() as tape:
       logits = student(x_batch, training=config.student_training)
-      loss = kd_loss(logits, target_batch, temperature)
+      loss = kd_loss(logits, target_batch, temperature, config.kl_reduction)
     grads = tape.gradient(loss, trainable)
     if config.clip_norm > 0:
       grads, _ = tf.clip_by_global_norm(grads, config.clip_norm)
@@ -642,6 +735,16 @@ def _distill(student, optimizer, x, targets, config, learning_rate,
 
   if use_val:
     tf.nest.map_structure(lambda v, b: v.assign(b), variables, best_weights)
+  accepted = tf.constant(1.0)
+  accuracy_after = accuracy_before
+  if labeled is not None:
+    accuracy_after = _labeled_metrics(student, labeled, batch_size)[1]
+    if config.accept == 'no_worse':
+      if accuracy_after < accuracy_before:
+        tf.nest.map_structure(lambda v, b: v.assign(b), variables,
+                              initial_weights)
+        accuracy_after = accuracy_before
+        accepted = tf.constant(0.0)
   filled = tf.cast(tf.minimum(steps_run, window), tf.float32)
   return DistillResult(
       weights=_values(local_training.model_weights(student)),
@@ -650,7 +753,10 @@ def _distill(student, optimizer, x, targets, config, learning_rate,
       last_loss=tf.reduce_sum(recent) / filled,
       best_val_loss=best_val,
       best_step=best_step,
-      optimizer_state=opt_state)
+      optimizer_state=opt_state,
+      labeled_accuracy_before=accuracy_before,
+      labeled_accuracy_after=accuracy_after,
+      accepted=accepted)
 
 
 def teacher_logits(models: Sequence[tf.keras.Model], x: tf.Tensor,

@@ -67,6 +67,8 @@ from tff_kd.core import projection
 ModelWeights = tff.learning.models.ModelWeights
 WEIGHTINGS = projection.STRATEGIES
 ENSEMBLES = ('probs', 'logits')
+# Whose backbone computes the server samples' features f of eq. 6.
+SCORE_BACKBONES = ('broadcast', 'aggregated')
 
 
 def _finite_number(value) -> bool:
@@ -76,14 +78,18 @@ def _finite_number(value) -> bool:
 
 def check_settings(*, alpha: float, weighting: str, ensemble: str = 'probs',
                    projection_batches: int = 0, client_models: str = '',
-                   kd_weight: float = 1.0, kd_temperature: float = 1.0
-                   ) -> None:
+                   kd_weight: float = 1.0, kd_temperature: float = 1.0,
+                   score_backbone: str = 'broadcast') -> None:
   """Raises `errors.ConfigError` for a bad FedD3A hyper-parameter.
 
   Takes the keys of `config.fedd3a`; `client_models` ('' homogeneous, else
   a comma list `name[:norm]`), `kd_weight` (>= 0) and `kd_temperature`
   (> 0) are the heterogeneous variant's.
   """
+  if score_backbone not in SCORE_BACKBONES:
+    raise errors.ConfigError(
+        f'fedd3a.score_backbone {score_backbone!r} is unknown; choose one of '
+        f"{', '.join(SCORE_BACKBONES)}")
   if (isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or
       not alpha > 0 or alpha == float('inf')):
     raise errors.ConfigError(
@@ -344,6 +350,9 @@ class ServerRound(NamedTuple):
     target: [N, C] the eq. 7 pseudo-labels.
     teacher_seconds: Wall time of features, scores and teachers.
     distill_seconds: Wall time of the distillation loop.
+    ensemble_accuracy: Accuracy of the eq. 7 ensemble (this round's
+      weighting) on the labeled validation set; -1 without one.
+    uniform_accuracy: The same for uniform weights (FedDF's average).
   """
 
   weights: ModelWeights
@@ -353,6 +362,8 @@ class ServerRound(NamedTuple):
   target: tf.Tensor
   teacher_seconds: tf.Tensor
   distill_seconds: tf.Tensor
+  ensemble_accuracy: tf.Tensor | float = -1.0
+  uniform_accuracy: tf.Tensor | float = -1.0
 
 
 @tf.function
@@ -370,7 +381,10 @@ def server_round(student: models.Classifier,
                  weighting: str = 'soft',
                  ensemble: str = 'probs',
                  seed: Optional[Union[int, tf.Tensor]] = None,
-                 batch_size: int = 256) -> ServerRound:
+                 batch_size: int = 256,
+                 score_backbone: str = 'broadcast',
+                 labeled: Optional[tuple[tf.Tensor, tf.Tensor]] = None
+                 ) -> ServerRound:
   """FedD3A's server side of one round (eq. 6-8).
 
   Args:
@@ -391,17 +405,27 @@ def server_round(student: models.Classifier,
     ensemble: 'probs' (eq. 7) or 'logits' (softmax of the weighted logits).
     seed: Stateless seed of the 'random' weighting.
     batch_size: Forward-pass batch size.
+    score_backbone: Whose backbone gives the features f of eq. 6:
+      'broadcast' (w_t, the one every client built its P_k with: server and
+      client features then live in the same space) or 'aggregated' (the
+      averaged model after local training, the student's start).
+    labeled: The server's labeled validation set (images, labels): the
+      ensembles' accuracies on it are reported, and `config.validation` /
+      `config.accept` may use it.
 
   Returns:
     A `ServerRound`.
   """
+  feature_weights = (global_weights if score_backbone == 'broadcast' else
+                     start_weights)
   return _weighted_distill(
-      student, optimizer, start_weights=start_weights, pool=pool,
-      projections=projections, valid=valid,
-      teacher_logits_fn=lambda: feddf_tf.stacked_logits(
-          teacher, global_weights, deltas, valid, pool, batch_size),
+      student, optimizer, start_weights=start_weights,
+      feature_weights=feature_weights, pool=pool, projections=projections,
+      valid=valid,
+      teacher_logits_fn=lambda x: feddf_tf.stacked_logits(
+          teacher, global_weights, deltas, valid, x, batch_size),
       config=config, weighting=weighting, ensemble=ensemble, seed=seed,
-      batch_size=batch_size)
+      batch_size=batch_size, labeled=labeled)
 
 
 @tf.function
@@ -419,7 +443,9 @@ def hetero_server_round(student: models.Classifier,
                         weighting: str = 'soft',
                         ensemble: str = 'probs',
                         seed: Optional[Union[int, tf.Tensor]] = None,
-                        batch_size: int = 256) -> ServerRound:
+                        batch_size: int = 256,
+                        labeled: Optional[tuple[tf.Tensor, tf.Tensor]] = None
+                        ) -> ServerRound:
   """The server round with heterogeneous client models (eq. 6-8).
 
   The student starts from the previous global model (`start_weights`):
@@ -442,70 +468,93 @@ def hetero_server_round(student: models.Classifier,
     ensemble: 'probs' (eq. 7) or 'logits'.
     seed: Stateless seed of the 'random' weighting.
     batch_size: Forward-pass batch size.
+    labeled: As in `server_round`.
 
   Returns:
     A `ServerRound`.
   """
   architectures = tf.cast(architectures, tf.int32)
 
-  def teacher_logits():
+  def teacher_logits(x):
     # Row k is valid for exactly one architecture; the others give zeros.
     return tf.add_n([
         feddf_tf.stacked_logits(
             model, None, weights,
-            tf.logical_and(valid, tf.equal(architectures, a)), pool,
+            tf.logical_and(valid, tf.equal(architectures, a)), x,
             batch_size)
         for a, (model, weights) in enumerate(zip(teachers, client_weights))])
 
+  # The previous global model is both the student's start and w_t.
   return _weighted_distill(
-      student, optimizer, start_weights=start_weights, pool=pool,
-      projections=projections, valid=valid, teacher_logits_fn=teacher_logits,
-      config=config, weighting=weighting, ensemble=ensemble, seed=seed,
-      batch_size=batch_size)
+      student, optimizer, start_weights=start_weights,
+      feature_weights=start_weights, pool=pool, projections=projections,
+      valid=valid, teacher_logits_fn=teacher_logits, config=config,
+      weighting=weighting, ensemble=ensemble, seed=seed,
+      batch_size=batch_size, labeled=labeled)
 
 
 def _weighted_distill(student: models.Classifier,
                       optimizer: tff.learning.optimizers.Optimizer,
                       *,
                       start_weights: ModelWeights,
+                      feature_weights: ModelWeights,
                       pool: tf.Tensor,
                       projections: tf.Tensor,
                       valid: tf.Tensor,
-                      teacher_logits_fn: Callable[[], tf.Tensor],
+                      teacher_logits_fn: Callable[[tf.Tensor], tf.Tensor],
                       config: distillation.DistillConfig,
                       weighting: str,
                       ensemble: str,
                       seed: Optional[Union[int, tf.Tensor]],
-                      batch_size: int) -> ServerRound:
+                      batch_size: int,
+                      labeled: Optional[tuple[tf.Tensor, tf.Tensor]] = None
+                      ) -> ServerRound:
   """Eq. 6-8 from the student's start: features, weights, target, distill.
 
-  Runs inside the calling round's `tf.function`; `teacher_logits_fn`
-  returns the [M, N, C] teacher logits on `pool` (zeros in invalid rows).
+  Runs inside the calling round's `tf.function`; `teacher_logits_fn(x)`
+  returns the [M, N, C] teacher logits on `x` (zeros in invalid rows). The
+  features of eq. 6 come from the backbone of `feature_weights`.
   """
   t0 = tf.timestamp()
-  tf.nest.map_structure(lambda v, w: v.assign(w),
-                        local_training.model_weights(student.model),
-                        start_weights)
-  features = tf.ensure_shape(
-      distillation.teacher_logits([student.features], pool, batch_size)[0],
-      [None, student.feature_dim])
-  scores = projection.projection_scores(features, projections)
-  valid_f = tf.cast(valid, tf.float32)[:, tf.newaxis]
-  scores = scores * valid_f
-  alpha = masked_teacher_weights(scores, valid, weighting, seed=seed)
-  logits = teacher_logits_fn()
+  variables = local_training.model_weights(student.model)
+  tf.nest.map_structure(lambda v, w: v.assign(w), variables, feature_weights)
+
+  def weights_on(x):
+    features = tf.ensure_shape(
+        distillation.teacher_logits([student.features], x, batch_size)[0],
+        [None, student.feature_dim])
+    scores = projection.projection_scores(features, projections)
+    scores = scores * tf.cast(valid, tf.float32)[:, tf.newaxis]
+    return scores, masked_teacher_weights(scores, valid, weighting,
+                                          seed=seed)
+
+  scores, alpha = weights_on(pool)
+  ensemble_accuracy = uniform_accuracy = tf.constant(-1.0)
+  if labeled is not None:
+    _, val_alpha = weights_on(labeled[0])
+    val_logits = teacher_logits_fn(labeled[0])
+    uniform = masked_teacher_weights(scores=tf.ones_like(val_alpha),
+                                     valid=valid, weighting='avg')
+    ensemble_accuracy, uniform_accuracy = [
+        feddf_tf.accuracy(distillation.weighted_ensemble(
+            val_logits, w, ensemble=ensemble), labeled[1])
+        for w in (val_alpha, uniform)]
+  logits = teacher_logits_fn(pool)
   target = tf.stop_gradient(distillation.weighted_ensemble(
       logits, alpha, temperature=config.temperature, ensemble=ensemble))
   with tf.control_dependencies([target]):
     t1 = tf.timestamp()
-  result = distillation.distill(student.model, optimizer, pool, target, config)
+    tf.nest.map_structure(lambda v, w: v.assign(w), variables, start_weights)
+  result = distillation.distill(student.model, optimizer, pool, target, config,
+                                labeled=labeled)
   with tf.control_dependencies(tf.nest.flatten(result.weights)):
     t2 = tf.timestamp()
   return ServerRound(
       weights=result.weights, distill=result._replace(optimizer_state=()),
       scores=scores, teacher_weights=alpha, target=target,
       teacher_seconds=tf.cast(t1 - t0, tf.float32),
-      distill_seconds=tf.cast(t2 - t1, tf.float32))
+      distill_seconds=tf.cast(t2 - t1, tf.float32),
+      ensemble_accuracy=ensemble_accuracy, uniform_accuracy=uniform_accuracy)
 
 
 def per_client_mean(values: tf.Tensor, client_ids: tf.Tensor,

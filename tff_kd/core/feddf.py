@@ -445,7 +445,9 @@ def fuse(prototypes: Sequence[Prototype],
                           p.start_weights)
     before.append(student_accuracy(p.student))
     t0 = tf.timestamp()
-    result = distillation.distill(p.student, optimizer, pool, target, config)
+    result = distillation.distill(
+        p.student, optimizer, pool, target, config,
+        labeled=(val_x, val_y) if has_val else None)
     with tf.control_dependencies(tf.nest.flatten(result.weights)):
       t_distill += tf.timestamp() - t0
     after.append(student_accuracy(p.student))

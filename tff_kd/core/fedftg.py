@@ -38,7 +38,9 @@ coefficient is configurable:
 
 One server round (`fine_tune`, ZhangLin-PKU/FedFTG's structure): starting
 from the FedAvg model, `iterations` times (reference: 10)
-  1. one generator step on L_G (student and teachers frozen, inference mode);
+  1. `generator_steps` generator steps on L_G for one (z, y) (student and
+     teachers frozen, inference mode); the reference code takes one step per
+     client, the default here;
   2. a fresh batch x' = G(z', y') (y' by customised label sampling) and its
      class-level ensemble target D_T(x') at temperature T; 5 student steps
      (reference) on it through the shared `distillation.distill`, whose
@@ -201,6 +203,11 @@ class FineTuneResult(NamedTuple):
     distill_loss: Mean KD loss of the student steps.
     distill_first_loss: KD loss of the first iteration's student steps.
     distill_last_loss: KD loss of the last iteration's student steps.
+    agreement_before: On 4 x batch fresh samples of the round's final
+      generator, the fraction where the initial (FedAvg) student's argmax
+      equals the class-level teacher's.
+    agreement_after: The same samples and teacher, for the fine-tuned
+      student: what the fine-tuning transferred.
   """
 
   generator_state: object
@@ -213,6 +220,8 @@ class FineTuneResult(NamedTuple):
   distill_loss: tf.Tensor
   distill_first_loss: tf.Tensor
   distill_last_loss: tf.Tensor
+  agreement_before: tf.Tensor | float = -1.0
+  agreement_after: tf.Tensor | float = -1.0
 
 
 def _ensemble_logits(teachers: Sequence[tf.keras.Model], x: tf.Tensor,
@@ -244,8 +253,8 @@ def fine_tune(student: tf.keras.Model,
               diversity_weight: float = 1.0,
               mask: str = 'agree',
               ensemble: str = 'logits',
-              student_learning_rate: tf.Tensor | float | None = None
-              ) -> FineTuneResult:
+              student_learning_rate: tf.Tensor | float | None = None,
+              generator_steps: int = 0) -> FineTuneResult:
   """FedFTG's server fine-tuning of `student` (see module docstring).
 
   The student's and the generator's variables change in place. Batch size
@@ -275,6 +284,9 @@ def fine_tune(student: tf.keras.Model,
     mask: `hard_sample_generator_loss` mask.
     ensemble: `class_weighted_teacher` ensemble.
     student_learning_rate: Overrides the student optimiser's learning rate.
+    generator_steps: Generator steps per iteration, all on the iteration's
+      (z, y); 0: one per teacher taking part (the reference code takes one
+      step per client).
 
   Returns:
     A `FineTuneResult`.
@@ -286,6 +298,10 @@ def fine_tune(student: tf.keras.Model,
   if not isinstance(iterations, int) or iterations < 1:
     raise errors.ConfigError(
         f'fedftg iterations must be an integer >= 1, got {iterations!r}')
+  if (not isinstance(generator_steps, int) or
+      isinstance(generator_steps, bool) or generator_steps < 0):
+    raise errors.ConfigError('fedftg generator_steps must be an integer >= 0 '
+                             f'(0: one per teacher), got {generator_steps!r}')
   distill_config.validate()
   if distill_config.val_fraction:
     raise errors.ConfigError(
@@ -307,7 +323,7 @@ def fine_tune(student: tf.keras.Model,
       distill_config, iterations, noise_dim,
       generators._as_seed(seed),  # pylint: disable=protected-access
       noise, teacher_mask, float(transfer_weight), float(diversity_weight),
-      mask, ensemble, student_learning_rate)
+      mask, ensemble, student_learning_rate, generator_steps or None)
 
 
 @tf.function
@@ -315,7 +331,7 @@ def _fine_tune(student, teachers, counts, generator, generator_optimizer,
                generator_state, student_optimizer, student_state, config,
                iterations, noise_dim, seed, noise, teacher_mask,
                transfer_weight, diversity_weight, mask, ensemble,
-               student_learning_rate) -> FineTuneResult:
+               student_learning_rate, generator_steps) -> FineTuneResult:
   batch = config.batch_size
   temperature = config.temperature
   gen_vars = generator.trainable_weights
@@ -328,32 +344,45 @@ def _fine_tune(student, teachers, counts, generator, generator_optimizer,
   hparams['learning_rate'] = tf.cast(hparams['learning_rate'], tf.float32)
   s_state = student_optimizer.set_hparams(s_state, hparams)
 
+  if generator_steps is None:
+    # One step per teacher of the round (the reference code's loop).
+    generator_steps = (len(teachers) if teacher_mask is None else
+                       tf.reduce_sum(tf.cast(tf.cast(teacher_mask, tf.bool),
+                                             tf.int32)))
+  generator_steps = tf.maximum(tf.cast(generator_steps, tf.int32), 1)
+  start_weights = [tf.identity(v) for v in student.weights]
   sums = tf.zeros([6])
   first_loss = tf.constant(0.0)
   last_loss = tf.constant(0.0)
   for it in tf.range(iterations):
     seeds = tf.random.experimental.stateless_split(
         tf.random.experimental.stateless_fold_in(seed, it), 4)
-    # 1. Generator step: hard samples the teachers still recognise.
+    # 1. Generator steps: hard samples the teachers still recognise.
     labels = customized_label_sampling(counts, batch, seeds[0])
     z = generators.sample_noise([batch, noise_dim], noise, seeds[1])
-    with tf.GradientTape() as tape:
-      x = generator([z, labels], training=True)
-      teacher = class_weighted_teacher(
-          _ensemble_logits(teachers, x, teacher_mask), labels, counts,
-          ensemble=ensemble)
-      terms = hard_sample_generator_loss(
-          student(x, training=False), teacher, labels, noise=z, samples=x,
-          transfer_weight=transfer_weight, diversity_weight=diversity_weight,
-          temperature=temperature, mask=mask)
-    grads = tape.gradient(terms.loss, gen_vars)
-    gen_state, updated = generator_optimizer.next(
-        gen_state, tuple(gen_vars), tuple(grads))
-    for variable, value in zip(gen_vars, updated):
-      variable.assign(value)
-    accuracy = tf.reduce_mean(tf.cast(tf.equal(
-        tf.argmax(teacher, axis=-1, output_type=tf.int32), labels),
-                                      tf.float32))
+    sums_g = tf.zeros([5])
+    for _ in tf.range(generator_steps):
+      with tf.GradientTape() as tape:
+        x = generator([z, labels], training=True)
+        teacher = class_weighted_teacher(
+            _ensemble_logits(teachers, x, teacher_mask), labels, counts,
+            ensemble=ensemble)
+        terms = hard_sample_generator_loss(
+            student(x, training=False), teacher, labels, noise=z, samples=x,
+            transfer_weight=transfer_weight,
+            diversity_weight=diversity_weight, temperature=temperature,
+            mask=mask)
+      grads = tape.gradient(terms.loss, gen_vars)
+      gen_state, updated = generator_optimizer.next(
+          gen_state, tuple(gen_vars), tuple(grads))
+      for variable, value in zip(gen_vars, updated):
+        variable.assign(value)
+      accuracy = tf.reduce_mean(tf.cast(tf.equal(
+          tf.argmax(teacher, axis=-1, output_type=tf.int32), labels),
+                                        tf.float32))
+      sums_g += tf.stack([terms.loss, terms.fidelity, terms.transfer,
+                          terms.diversity, accuracy])
+    means_g = sums_g / tf.cast(generator_steps, tf.float32)
     # 2. Student steps on a fresh batch from the updated generator.
     labels = customized_label_sampling(counts, batch, seeds[2])
     z = generators.sample_noise([batch, noise_dim], noise, seeds[3])
@@ -368,9 +397,49 @@ def _fine_tune(student, teachers, counts, generator, generator_optimizer,
     if tf.equal(it, 0):
       first_loss = result.first_loss
     last_loss = result.last_loss
-    sums += tf.stack([terms.loss, terms.fidelity, terms.transfer,
-                      terms.diversity, accuracy, result.last_loss])
+    sums += tf.concat([means_g, [result.last_loss]], 0)
   means = tf.unstack(sums / float(iterations))
+  before, after = _agreement(student, start_weights, teachers, counts,
+                             generator, teacher_mask, ensemble, noise,
+                             noise_dim, 4 * batch, seed)
   return FineTuneResult(gen_state, s_state, *means[:5],
                         distill_loss=means[5], distill_first_loss=first_loss,
-                        distill_last_loss=last_loss)
+                        distill_last_loss=last_loss, agreement_before=before,
+                        agreement_after=after)
+
+
+def _agreement(student, start_weights, teachers, counts, generator,
+               teacher_mask, ensemble, noise, noise_dim, size, seed):
+  """The (initial, final) student's argmax agreement with the class-level
+  teacher on `size` fresh samples of the round's final generator (drawn as
+  the student's training batches are); the student keeps its final
+  weights."""
+  seeds = tf.random.experimental.stateless_split(
+      tf.random.experimental.stateless_fold_in(seed, -1), 2)
+  labels = customized_label_sampling(counts, size, seeds[0])
+  statistics = [tf.identity(v) for v in generator.non_trainable_weights]
+  x = generator([generators.sample_noise([size, noise_dim], noise, seeds[1]),
+                 labels], training=True)
+  with tf.control_dependencies([x]):
+    # This pass must not move the generator's BatchNorm statistics.
+    for v, value in zip(generator.non_trainable_weights, statistics):
+      v.assign(value)
+  teacher = tf.argmax(class_weighted_teacher(
+      _ensemble_logits(teachers, x, teacher_mask), labels, counts,
+      ensemble=ensemble), axis=-1, output_type=tf.int32)
+
+  def agreement():
+    return tf.reduce_mean(tf.cast(tf.equal(tf.argmax(
+        student(x, training=False), axis=-1, output_type=tf.int32), teacher),
+                                  tf.float32))
+
+  after = agreement()
+  final_weights = [tf.identity(v) for v in student.weights]
+  with tf.control_dependencies([after]):
+    for v, w in zip(student.weights, start_weights):
+      v.assign(w)
+  before = agreement()
+  with tf.control_dependencies([before]):
+    for v, w in zip(student.weights, final_weights):
+      v.assign(w)
+  return before, after

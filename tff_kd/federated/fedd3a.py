@@ -156,6 +156,7 @@ def build_finalizer(
     weighting: str = 'soft',
     ensemble: str = 'probs',
     num_clients: int = 0,
+    score_backbone: str = 'broadcast',
 ) -> tff.templates.MeasuredProcess:
   """Averages the client deltas, then domain-aware ensemble distillation.
 
@@ -167,7 +168,11 @@ def build_finalizer(
   `first_loss`, `last_loss`; `teacher_seconds`, `distill_seconds`; and, when
   `num_clients` > 0, `client_weight_<k>` and `client_score_<k>` for every
   client id k: its mean weight / score over the pool (0 for clients not in
-  the round; the weights sum to 1 over the round's clients).
+  the round; the weights sum to 1 over the round's clients). With a labeled
+  server validation set: the accuracy on it of the eq. 7 ensemble
+  (`ensemble_accuracy`), of the uniform one (`uniform_accuracy`) and of the
+  student before and after distillation (`labeled_accuracy_before`,
+  `labeled_accuracy_after`), and `accepted` (`DistillConfig.accept`).
 
   Args:
     classifier_fn: Builds the global `Classifier`.
@@ -179,6 +184,7 @@ def build_finalizer(
     weighting: 'soft', 'onehot', 'avg' or 'random'.
     ensemble: 'probs' (eq. 7) or 'logits'.
     num_clients: K of the federation, for the per-client vectors (0: none).
+    score_backbone: 'broadcast' or 'aggregated' (`core.fedd3a.server_round`).
 
   Returns:
     A `tff.templates.MeasuredProcess` with the finalizer signature.
@@ -222,15 +228,17 @@ def build_finalizer(
         start_weights=start, pool=server_data.read_pool(), config=config,
         weighting=weighting, ensemble=ensemble,
         seed=tf.stack([tf.constant(seed, tf.int64),
-                       tf.cast(round_num, tf.int64)]))
-    metrics = _round_metrics(result, stack, valid, num_clients)
+                       tf.cast(round_num, tf.int64)]),
+        score_backbone=score_backbone, labeled=server_data.read_validation())
+    metrics = _round_metrics(result, stack, valid, num_clients,
+                             bool(server_data.val_size))
     return (new_opt_state, round_num + 1), result.weights, metrics
 
   return learning.build_server_finalizer(init_tf, finalize_tf)
 
 
 def _round_metrics(result: fedd3a_tf.ServerRound, stack: feddf_tf.Stack,
-                   valid: tf.Tensor, num_clients: int
+                   valid: tf.Tensor, num_clients: int, has_labeled: bool
                    ) -> collections.OrderedDict:
   """The finalizers' measurements (see `build_finalizer`)."""
   values = stack.values
@@ -249,6 +257,13 @@ def _round_metrics(result: fedd3a_tf.ServerRound, stack: feddf_tf.Stack,
       last_loss=result.distill.last_loss,
       teacher_seconds=result.teacher_seconds,
       distill_seconds=result.distill_seconds)
+  if has_labeled:
+    metrics.update(
+        ensemble_accuracy=result.ensemble_accuracy,
+        uniform_accuracy=result.uniform_accuracy,
+        labeled_accuracy_before=result.distill.labeled_accuracy_before,
+        labeled_accuracy_after=result.distill.labeled_accuracy_after,
+        accepted=result.distill.accepted)
   if num_clients > 0:
     ids = values['client_id']
     client_w = fedd3a_tf.per_client_mean(w, ids, valid, num_clients)
@@ -483,8 +498,10 @@ def build_hetero_finalizer(
         start_weights=global_weights, pool=server_data.read_pool(),
         config=config, weighting=weighting, ensemble=ensemble,
         seed=tf.stack([tf.constant(seed, tf.int64),
-                       tf.cast(round_num, tf.int64)]))
-    metrics = _round_metrics(result, stack, valid, num_clients)
+                       tf.cast(round_num, tf.int64)]),
+        labeled=server_data.read_validation())
+    metrics = _round_metrics(result, stack, valid, num_clients,
+                             bool(server_data.val_size))
     for a in range(len(client_model_fns)):
       metrics[f'num_teachers_a{a}'] = tf.reduce_sum(tf.cast(
           tf.logical_and(valid, tf.equal(values['architecture'], a)),

@@ -56,6 +56,7 @@ class FineTuning(NamedTuple):
     ensemble: Class-level ensemble, 'logits' or 'probs'.
     lr_decay: Per-round factor of both learning rates (reference 0.998).
     seed: Seed of the generated labels and noise (with the round number).
+    generator_steps: Generator steps per iteration (0: one per teacher).
   """
 
   generator_fn: Callable[[], tf.keras.Model]
@@ -71,6 +72,7 @@ class FineTuning(NamedTuple):
   ensemble: str
   lr_decay: float
   seed: int
+  generator_steps: int = 0
 
 
 def build_fine_tune_finalizer(
@@ -87,7 +89,9 @@ def build_fine_tune_finalizer(
   `generator_loss`, `fidelity`, `transfer`, `diversity`,
   `teacher_accuracy` (class-level ensemble on the generator's labels),
   `distill_loss`, `distill_first_loss`, `distill_last_loss`,
-  `student_learning_rate`.
+  `student_learning_rate`, and `agreement_before` / `agreement_after` (the
+  student's argmax agreement with the class-level teacher on a fixed
+  generated batch, before and after the fine-tuning).
 
   Args:
     model_fn: Builds the Keras classifier (logits).
@@ -146,6 +150,8 @@ def build_fine_tune_finalizer(
         teacher_accuracy=result.teacher_accuracy,
         distill_loss=result.distill_loss,
         distill_first_loss=result.distill_first_loss,
+        agreement_before=result.agreement_before,
+        agreement_after=result.agreement_after,
         distill_last_loss=result.distill_last_loss,
         student_learning_rate=tuning.student_optimizer.get_hparams(
             result.student_state)['learning_rate'])
@@ -185,7 +191,8 @@ def round_fine_tune(student: tf.keras.Model, teachers, label_counts,
       noise=tuning.noise, teacher_mask=teacher_mask,
       transfer_weight=tuning.transfer_weight,
       diversity_weight=tuning.diversity_weight, mask=tuning.mask,
-      ensemble=tuning.ensemble, student_learning_rate=student_lr)
+      ensemble=tuning.ensemble, student_learning_rate=student_lr,
+      generator_steps=tuning.generator_steps)
 
 
 @tf.function

@@ -53,6 +53,8 @@ from tff_kd.program import export
 from tff_kd.program import sampling
 
 PARTITIONS = ('dirichlet', 'iid', 'fedgen', 'domain')
+# Methods whose server distils with `config.distill`.
+_DISTILLING_METHODS = ('feddf', 'fedd3a', 'dafkd')
 _CONFIG_FILE = 'config.json'
 # Keys that may change between a run and its resumption.
 _RESUMABLE_KEYS = ('rounds', 'eval_every', 'checkpoint_every', 'export',
@@ -161,7 +163,10 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   if config.method == 'fedd3a':
     fedd3a_lib.check_settings(**config.fedd3a)
   prototypes(config)
-  registry.distill_config(config).validate()
+  distill = registry.distill_config(config)
+  distill.validate()
+  if config.method in _DISTILLING_METHODS:
+    distill.check_labeled(config.server_data.val_size)
 
 
 def domain_names(config: ml_collections.ConfigDict) -> list[str]:
@@ -495,6 +500,30 @@ def _load_or_initialize(exp: Experiment,
   if state is None:
     return initial, 0
   return state, int(version)
+
+
+def load_state(config: ml_collections.ConfigDict, root_dir: str):
+  """The newest checkpointed process state of a run, and its round.
+
+  For notebooks and checks: e.g. the global model is
+  `Experiment.process.get_model_weights(state)`, and a method's own state
+  (DaFKD's discriminator store, FedFTG's generator) is in `state` too.
+
+  Args:
+    config: The run's config.
+    root_dir: The run's folder.
+
+  Returns:
+    (state, completed rounds); (the initial state, 0) when nothing is saved.
+
+  Raises:
+    UserError: a bad config or data, or an unreadable checkpoint.
+  """
+  exp = prepare(config, root_dir)
+  manager = tff.program.FileProgramStateManager(
+      os.path.join(root_dir, 'checkpoints'),
+      keep_total=config.keep_checkpoints)
+  return _load_or_initialize(exp, manager)
 
 
 def _round_metrics(output, config) -> dict[str, Any]:
