@@ -4,7 +4,7 @@ VENV := .venv
 STAMP := $(VENV)/.tff_kd-installed
 ARGS ?=
 
-.PHONY: train test clean-venv
+.PHONY: train test test-fast clean-venv
 
 $(STAMP): requirements.txt setup.py
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -18,6 +18,10 @@ train: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest tests -q $(ARGS)
+
+# The suite without the end-to-end runs marked slow (a few minutes).
+test-fast: $(STAMP)
+	$(VENV)/bin/python -m pytest tests -q -m "not slow" $(ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -30,6 +30,12 @@ def live_workers(parent: psutil.Process | None = None) -> list[psutil.Process]:
   return found
 
 
+def pytest_configure(config):
+  config.addinivalue_line(
+      'markers', 'slow: end-to-end runs of a minute or more; '
+      '`make test-fast` (-m "not slow") leaves them out')
+
+
 @pytest.fixture(scope='session', autouse=True)
 def tff_context():
   from tff_kd.program import context  # pylint: disable=g-import-not-at-top

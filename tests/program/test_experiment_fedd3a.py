@@ -102,14 +102,12 @@ def test_fedd3a_cross_silo_run_reports_each_domain(tmp_path):
   final = result.final
   accs = [final['test/accuracy_usps'], final['test/accuracy_digits']]
   assert final['test/accuracy'] == pytest.approx(np.mean(accs))
-  assert all(0.0 <= a <= 1.0 for a in accs)
   row = result.history[-1]
   assert row['distill/num_teachers'] == 2.0
-  assert row['distill/steps'] >= 1
-  # Two teachers: eq. 6 gives 0.881 / 0.119 (or 0.5 / 0.5 on ties).
-  assert 0.0 < row['distill/weight_entropy'] <= np.log(2) + 1e-6
-  assert 0.5 <= row['distill/weight_max'] <= 0.881 + 1e-6
-  assert 0.0 < row['distill/score_mean'] <= 1.0
+  # The per-client weights are per-pool means of columns that sum to 1.
+  assert row['distill/client_weight_0'] + row['distill/client_weight_1'] == (
+      pytest.approx(1.0, abs=1e-6))
+  # (The weights' mechanism: tests/program/test_mechanisms.py.)
 
 
 def test_cross_device_domain_clients_train_end_to_end(tmp_path):
