@@ -1,4 +1,4 @@
-r"""FedAvg, FedProx, FedDF and FedD3A on cross-silo digit domains, one run.
+r"""FedAvg, FedProx, FedDF and FedD3A on digit domains, several seeds.
 
 FedD3A: Su, Li, Xue, "Domain Discrepancy Aware Distillation for Model
 Aggregation in Federated Learning", AAAI 2023. Two parts:
@@ -65,12 +65,31 @@ _PROXY_SIZE = flags.DEFINE_integer('proxy_size', 1_437, 'Server pool size.')
 _TRAIN_LIMIT = flags.DEFINE_integer('train_limit', 5_000,
                                     'Training images per client domain.')
 _ROUNDS = flags.DEFINE_integer('rounds', 15, 'Rounds per method.')
-_SEED = flags.DEFINE_integer('seed', 0, 'Seed of every run.')
+_SEEDS = flags.DEFINE_list('seeds', ['0'], 'Seeds; every variant runs each.')
+_VAL_SIZE = flags.DEFINE_integer(
+    'val_size', 300, 'Labeled images held out of the client domains for the '
+    "server's diagnostics (ensemble vs student accuracy); 0: none.")
 _STEPS = flags.DEFINE_integer('distill_steps', 100,
                               'Max distillation steps per round.')
 _ALPHA = flags.DEFINE_float('fedd3a_alpha', 10.0, 'FedD3A eq. 5 ridge.')
+# variant -> (method, config overrides). `_bn_update`: the student trains
+# in BatchNorm training mode, the pool's statistics replace the averaged
+# model's (FedDF's code; the default keeps them); `fedd3a_aggregated`: eq. 6
+# scores with the averaged model's backbone instead of the broadcast one the
+# clients built P_k in; `fedd3a_avg`: uniform weights (FedD3A's ablation).
+VARIANTS = {
+    'fedavg': ('fedavg', {}),
+    'fedprox': ('fedprox', {}),
+    'feddf': ('feddf', {}),
+    'feddf_bn_update': ('feddf', {'distill.student_training': True}),
+    'fedd3a': ('fedd3a', {}),
+    'fedd3a_avg': ('fedd3a', {'fedd3a.weighting': 'avg'}),
+    'fedd3a_aggregated': ('fedd3a', {'fedd3a.score_backbone': 'aggregated'}),
+    'fedd3a_bn_update': ('fedd3a', {'distill.student_training': True}),
+}
 _METHODS = flags.DEFINE_list('methods', ['fedavg', 'fedprox', 'feddf',
-                                         'fedd3a'], 'Methods, in order.')
+                                         'fedd3a'],
+                             f'Variants, in order, from {", ".join(VARIANTS)}.')
 _PER_DOMAIN = flags.DEFINE_integer(
     'clients_per_domain', 1, '1: cross-silo; > 1: cross-device, each domain '
     'split by Dir(beta) (configs/fedd3a_digits_device.py).')
@@ -92,7 +111,8 @@ _OUT = flags.DEFINE_string('out', 'benchmarks/results/fedd3a_digits',
                            'Result path prefix (.json and .md).')
 
 
-def _config(method: str):
+def _config(variant: str, seed: int):
+  method, overrides = VARIANTS[variant]
   if _PER_DOMAIN.value > 1:
     c = fedd3a_digits_device.get_config()
     c.partition.clients_per_domain = _PER_DOMAIN.value
@@ -101,7 +121,7 @@ def _config(method: str):
     c = fedd3a_digits_silo.get_config()
   names = [d.strip() for d in _DOMAINS.value.split(',') if d.strip()]
   c.method = method
-  c.seed = _SEED.value
+  c.seed = seed
   c.rounds = _ROUNDS.value
   c.dataset.domains = ','.join(names)
   c.dataset.manual_dir = _MANUAL_DIR.value
@@ -114,8 +134,12 @@ def _config(method: str):
   c.server_data.proxy_size = _PROXY_SIZE.value
   c.distill.steps = _STEPS.value
   c.fedd3a.alpha = _ALPHA.value
+  c.server_data.val_size = _VAL_SIZE.value
   c.checkpoint_every = c.rounds
   c.export = False
+  for key, value in overrides.items():
+    section, name = key.split('.')
+    c[section][name] = value
   return c
 
 
@@ -124,14 +148,22 @@ def _mean(values) -> float:
   return statistics.fmean(values) if values else float('nan')
 
 
-def _run_method(method: str, root: str) -> dict:
-  config = _config(method)
+def _std(values) -> float:
+  values = list(values)
+  return statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def _run_variant(variant: str, seed: int, root: str) -> dict:
+  config = _config(variant, seed)
+  method = config.method
   names = experiment.domain_names(config)
   t0 = time.perf_counter()
-  run = experiment.run(config, os.path.join(root, method), progress=False)
+  run = experiment.run(config, os.path.join(root, f'{variant}_s{seed}'),
+                       progress=False)
   h = run.history
   times = [x['time/train_s'] for x in h]
   entry = dict(
+      seed=seed,
       accuracy=[x['test/accuracy'] for x in h],
       domain_accuracy={n: [x[f'test/accuracy_{n}'] for x in h]
                        for n in names},
@@ -142,12 +174,48 @@ def _run_method(method: str, root: str) -> dict:
       wall_seconds=time.perf_counter() - t0)
   if method in ('feddf', 'fedd3a'):
     entry['distill_steps'] = [x['distill/steps'] for x in h]
+    for key in ('ensemble_val_accuracy', 'val_accuracy_before',
+                'val_accuracy_after', 'ensemble_accuracy',
+                'uniform_accuracy', 'labeled_accuracy_before',
+                'labeled_accuracy_after'):
+      if f'distill/{key}' in h[-1]:
+        entry[key] = [x[f'distill/{key}'] for x in h]
   if method == 'fedd3a':
     entry['client_weight'] = {
         n: [x[f'distill/client_weight_{k}'] for x in h]
         for k, n in enumerate(names)}
     entry['weight_entropy'] = [x['distill/weight_entropy'] for x in h]
   return entry
+
+
+def summarize(runs: dict) -> dict:
+  """Per variant, mean +- std over seeds (runs: variant -> seed -> entry)."""
+  out = {}
+  for variant, by_seed in runs.items():
+    rs = [by_seed[k] for k in sorted(by_seed)]
+    finals = [r['final_accuracy'] for r in rs]
+    last5 = [_mean(r['accuracy'][-5:]) for r in rs]
+    row = dict(seeds=sorted(by_seed), finals=finals, final_mean=_mean(finals),
+               final_std=_std(finals), last5_mean=_mean(last5),
+               last5_std=_std(last5),
+               domain_final={d: _mean(r['domain_accuracy'][d][-1]
+                                      for r in rs)
+                             for d in rs[0]['domain_accuracy']},
+               seconds_per_round=_mean(r['seconds_per_round'] for r in rs),
+               curve=[_mean(r['accuracy'][i] for r in rs)
+                      for i in range(min(len(r['accuracy']) for r in rs))])
+    for key in ('ensemble_accuracy', 'uniform_accuracy',
+                'labeled_accuracy_before', 'labeled_accuracy_after',
+                'ensemble_val_accuracy', 'val_accuracy_before',
+                'val_accuracy_after'):
+      if key in rs[0]:
+        row[key] = _mean(_mean(r[key]) for r in rs)
+    if 'client_weight' in rs[0]:
+      row['client_weight'] = {d: _mean(_mean(r['client_weight'][d])
+                                       for r in rs)
+                              for d in rs[0]['client_weight']}
+    out[variant] = row
+  return out
 
 
 def _table2(seed: int) -> dict:
@@ -204,7 +272,9 @@ def _markdown(result: dict) -> str:
       f"{s['client_lr']}, momentum {s['momentum']}, batch {s['batch_size']})"
       f"; FedProx mu {s['mu']}; FedDF/FedD3A <= {s['distill_steps']} Adam "
       f"steps of batch {s['distill_batch']}; FedD3A alpha {s['alpha']}, "
-      f"weighting {s['weighting']}; seed {s['seed']}. Accuracy: the global "
+      f"weighting {s['weighting']}; seeds {s['seed']}; "
+      f"{s.get('val_size', 0)} labeled images held out of the client "
+      'domains for the server\'s diagnostics. Accuracy: the global '
       'model on each client domain\'s test set, mean over domains.',
       '',
       f"Command: `{result['command']}`. Machine: {result['machine']}. "
@@ -212,27 +282,45 @@ def _markdown(result: dict) -> str:
       '',
   ]
   if methods:
+    summary = summarize(methods)
     domains = s['domains'].split(',')
-    lines += ['| method | final mean acc | best | ' +
-              ' | '.join(f'final {d}' for d in domains) + ' | s/round |',
-              '|---' * (4 + len(domains)) + '|']
-    for name, r in methods.items():
+    lines += ['| variant | seeds | final mean acc (mean ± std) | last-5 mean '
+              '| ' + ' | '.join(f'final {d}' for d in domains) +
+              ' | s/round |', '|---' * (5 + len(domains)) + '|']
+    for name, r in summary.items():
       lines.append(
-          f"| {name} | {r['final_accuracy']:.4f} | {max(r['accuracy']):.4f} "
-          '| ' + ' | '.join(f"{r['domain_accuracy'][d][-1]:.4f}"
-                            for d in domains) +
+          f"| {name} | {','.join(map(str, r['seeds']))} | "
+          f"{100 * r['final_mean']:.2f} ± {100 * r['final_std']:.2f} "
+          f"({', '.join(f'{f:.4f}' for f in r['finals'])}) | "
+          f"{100 * r['last5_mean']:.2f} ± {100 * r['last5_std']:.2f} | " +
+          ' | '.join(f"{r['domain_final'][d]:.4f}" for d in domains) +
           f" | {r['seconds_per_round']:.1f} |")
-    if 'fedd3a' in methods:
-      w = methods['fedd3a']['client_weight']
-      lines += ['', 'FedD3A mean teacher weight of each client on the pool '
-                '(mean over rounds): ' + ', '.join(
-                    f'{d} {_mean(v):.3f}' for d, v in w.items()) + '.']
-    lines += ['', '## Mean client-domain test accuracy per round', '',
-              '| round | ' + ' | '.join(methods) + ' |',
-              '|---' * (1 + len(methods)) + '|']
+    diag = [(n, r) for n, r in summary.items()
+            if 'labeled_accuracy_after' in r or 'val_accuracy_after' in r]
+    if diag:
+      lines += ['', '## Server diagnostics on the labeled held-out client '
+                'images (mean over rounds and seeds)', '',
+                '| variant | ensemble (its weights) | uniform ensemble | '
+                'student before | student after |', '|---|---|---|---|---|']
+      for n, r in diag:
+        ens = r.get('ensemble_accuracy', r.get('ensemble_val_accuracy'))
+        uni = r.get('uniform_accuracy', r.get('ensemble_val_accuracy'))
+        before = r.get('labeled_accuracy_before', r.get('val_accuracy_before'))
+        after = r.get('labeled_accuracy_after', r.get('val_accuracy_after'))
+        lines.append(f'| {n} | {ens:.4f} | {uni:.4f} | {before:.4f} | '
+                     f'{after:.4f} |')
+    for n, r in summary.items():
+      if 'client_weight' in r:
+        lines += ['', f'{n}: mean teacher weight of each client on the pool '
+                  '(mean over rounds and seeds): ' + ', '.join(
+                      f'{d} {v:.3f}' for d, v in r['client_weight'].items()) +
+                  '.']
+    lines += ['', '## Mean client-domain test accuracy per round (over '
+              'seeds)', '', '| round | ' + ' | '.join(summary) + ' |',
+              '|---' * (1 + len(summary)) + '|']
     for i in range(s['rounds']):
-      row = [f"{r['accuracy'][i]:.4f}" if i < len(r['accuracy']) else ''
-             for r in methods.values()]
+      row = [f"{r['curve'][i]:.4f}" if i < len(r['curve']) else ''
+             for r in summary.values()]
       lines.append(f'| {i + 1} | ' + ' | '.join(row) + ' |')
   if result.get('table2'):
     t2 = result['table2']
@@ -262,8 +350,13 @@ def _write(result: dict) -> None:
 def main(argv):
   del argv
   context.set_local_context()
+  unknown = [v for v in _METHODS.value if v not in VARIANTS]
+  if unknown:
+    raise app.UsageError(f'unknown variants {unknown}; choose from '
+                         f'{", ".join(VARIANTS)}')
   root = _ROOT.value or tempfile.mkdtemp(prefix='fedd3a_bench_')
-  base = _config('fedd3a')
+  seeds = [int(v) for v in _SEEDS.value]
+  base = _config('fedd3a', seeds[0])
   result = dict(
       command=' '.join(['python -m benchmarks.fedd3a_digits'] +
                        sys.argv[1:]),
@@ -271,7 +364,8 @@ def main(argv):
           domains=base.dataset.domains, proxy=base.server_data.proxy,
           proxy_size=base.server_data.proxy_size,
           train_limit=base.dataset.train_limit, rounds=base.rounds,
-          seed=base.seed, client_lr=base.client_optimizer.learning_rate,
+          seed=','.join(map(str, seeds)), val_size=_VAL_SIZE.value,
+          client_lr=base.client_optimizer.learning_rate,
           momentum=base.client_optimizer.momentum,
           batch_size=base.local.batch_size, mu=base.fedprox.mu,
           distill_steps=base.distill.steps,
@@ -287,17 +381,18 @@ def main(argv):
   t_start = time.perf_counter()
   try:
     if _TABLE2.value:
-      result['table2'] = _table2(_SEED.value)
+      result['table2'] = _table2(seeds[0])
       result['total_seconds'] = time.perf_counter() - t_start
       _write(result)
       print('table 2:', result['table2'], flush=True)
-    for method in _METHODS.value:
-      entry = _run_method(method, root)
-      result['methods'][method] = entry
-      result['total_seconds'] = time.perf_counter() - t_start
-      _write(result)
-      print(f'{method}: final {entry["final_accuracy"]:.4f}, '
-            f'{entry["seconds_per_round"]:.1f} s/round', flush=True)
+    for seed in seeds:
+      for variant in _METHODS.value:
+        entry = _run_variant(variant, seed, root)
+        result['methods'].setdefault(variant, {})[seed] = entry
+        result['total_seconds'] = time.perf_counter() - t_start
+        _write(result)
+        print(f'{variant} seed {seed}: final {entry["final_accuracy"]:.4f}, '
+              f'{entry["seconds_per_round"]:.1f} s/round', flush=True)
   finally:
     context.shutdown()
 

@@ -122,3 +122,26 @@ def test_cross_device_domain_clients_train_end_to_end(tmp_path):
   final = experiment.run(c, str(tmp_path), progress=False).final
   assert final['test/accuracy'] == pytest.approx(np.mean(
       [final['test/accuracy_usps'], final['test/accuracy_digits']]))
+
+
+def test_holding_out_server_images_keeps_the_domain_ids_aligned():
+  """Regression: the held-out slices must leave the clients' domain ids
+  aligned with their images (they were not filtered: the domain partition
+  then indexed past the training set)."""
+  rng = np.random.default_rng(1)
+  domains = np.repeat([0, 1], 100).astype(np.int32)
+  dataset = data_lib.Dataset(
+      'a+b', domains.astype(np.float32).reshape(200, 1, 1, 1),
+      rng.integers(0, 10, 200).astype(np.int32), np.zeros((1, 1, 1, 1)),
+      np.zeros(1, np.int32), 10, domains)
+  c = _domain_config(**{'server_data.val_size': 30,
+                        'server_data.proxy': 'split',
+                        'server_data.proxy_size': 20})
+  clients, _, val_x, _ = experiment._hold_out(c, dataset)  # pylint: disable=protected-access
+  assert len(clients.train_domains) == len(clients.y_train) == 150
+  # Each image's single pixel is its domain id.
+  np.testing.assert_array_equal(clients.x_train[:, 0, 0, 0],
+                                clients.train_domains)
+  parts, _ = experiment._partition(c, clients)  # pylint: disable=protected-access
+  np.testing.assert_array_equal(np.sort(np.concatenate(parts)),
+                                np.arange(150))

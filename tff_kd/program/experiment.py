@@ -325,8 +325,10 @@ def _hold_out(config: ml_collections.ConfigDict, dataset: data_lib.Dataset):
   perm = np.random.default_rng([config.seed, 7]).permutation(n)
   val_idx, proxy_idx, rest = np.split(perm, [sd.val_size, n_held])
   rest = np.sort(rest)
-  clients = dataset._replace(x_train=dataset.x_train[rest],
-                             y_train=dataset.y_train[rest])
+  clients = dataset._replace(
+      x_train=dataset.x_train[rest], y_train=dataset.y_train[rest],
+      train_domains=(None if dataset.train_domains is None else
+                     dataset.train_domains[rest]))
   proxy = dataset.x_train[proxy_idx] if n_proxy else None
   val_x = dataset.x_train[val_idx] if sd.val_size else None
   val_y = dataset.y_train[val_idx] if sd.val_size else None
