@@ -1,4 +1,4 @@
-"""Installs tff_kd and the `train` console command.
+"""Installs tff_kd and the `train` and `plot` console commands.
 
 Dependencies are deliberately not declared in `install_requires`: TFF 0.87
 pins jax/jaxlib 0.4.14, which the package registry no longer serves, so the
@@ -16,5 +16,6 @@ setuptools.setup(
     python_requires='>=3.11,<3.12',
     packages=setuptools.find_packages(
         include=['tff_kd', 'tff_kd.*', 'binaries', 'configs']),
-    entry_points={'console_scripts': ['train = binaries.train:run']},
+    entry_points={'console_scripts': ['train = binaries.train:run',
+                                      'plot = binaries.plot:run']},
 )

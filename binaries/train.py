@@ -7,10 +7,15 @@ key, an impossible setting, a missing or corrupt data file or checkpoint)
 ends the program with a one-line error and exit code 2 before any training.
 """
 
+import logging as std_logging
 import os
 import sys
+import time
 
-os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+# TensorFlow's C++ start-up chatter (e.g. the CUDA plugin registration
+# errors of a CPU-only build) stays off the console; Python-level warnings
+# and errors still reach it.
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
 # tff_kd (and with it TensorFlow Federated) is imported before absl runs
 # `main`: importing TFF inside `app.run` leaves Keras building graph-mode
@@ -18,6 +23,7 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 from tff_kd import errors  # pylint: disable=g-import-not-at-top
 from tff_kd.program import context
 from tff_kd.program import experiment
+from tff_kd.program import plots
 
 from absl import app  # pylint: disable=g-bad-import-order
 from absl import flags
@@ -37,6 +43,11 @@ _ROOT_DIR = flags.DEFINE_string(
     'export. Reusing it resumes the run.', required=True)
 _SEED = flags.DEFINE_integer('seed', None, 'Seed (overrides config.seed).')
 _PROGRESS = flags.DEFINE_bool('progress', True, 'Show a progress bar.')
+_PLOT = flags.DEFINE_bool('plot', True,
+                          'Write the learning curves to <root_dir>/curves.png.')
+# TF, TFF and absl INFO records go to <root_dir>/logs/ unless --verbosity is
+# given (absl's flag; e.g. --verbosity=0 shows INFO on the console again).
+_LOG_DIR = 'logs'
 
 
 def _fail(message: str) -> None:
@@ -63,6 +74,74 @@ def _parse_flags(argv: list[str]) -> list[str]:
     _fail(f'bad config override: {e}')
 
 
+class _InternalNotices(std_logging.Filter):
+  """Demotes TensorFlow's notices about its own internals to INFO.
+
+  E.g. Keras' BatchNormalization building graphs through a deprecated TF
+  API: nothing a user of this library can act on, so they go to the log
+  file, not the console.
+  """
+
+  _NOTICES = ('is deprecated and will be removed',
+              'compiled metrics have yet to be built')
+
+  def filter(self, record: std_logging.LogRecord) -> bool:
+    if record.levelno == std_logging.WARNING and any(
+        n in record.getMessage() for n in self._NOTICES):
+      record.levelno, record.levelname = std_logging.INFO, 'INFO'
+    return True
+
+
+def _log_to_file(root_dir: str) -> None:
+  """Records go to root_dir/logs; only warnings and errors to stderr.
+
+  Covers absl's records (TFF's and this library's) and TensorFlow's Python
+  logger, which otherwise prints its INFO records itself.
+  """
+  if flags.FLAGS['verbosity'].present:
+    return
+  log_dir = os.path.join(root_dir, _LOG_DIR)
+  os.makedirs(log_dir, exist_ok=True)
+  logging.get_absl_handler().use_absl_log_file('train', log_dir)
+  flags.FLAGS.stderrthreshold = 'warning'
+  tf_logger = std_logging.getLogger('tensorflow')
+  for handler in list(tf_logger.handlers):
+    tf_logger.removeHandler(handler)
+  tf_logger.propagate = True  # To absl's handler on the root logger.
+  tf_logger.addFilter(_InternalNotices())
+
+
+def _header(config) -> str:
+  p = config.partition
+  data = config.dataset.domains or config.dataset.name
+  return (f'train: {config.method} on {data}, {p.num_clients} clients '
+          f'({config.clients_per_round} per round), {config.rounds} rounds, '
+          f'seed {config.seed}; outputs in {_ROOT_DIR.value}')
+
+
+def _summary(root_dir: str, result, seconds: float,
+             curves: str | None) -> str:
+  accuracy = plots.read_metrics(root_dir)['test/accuracy']
+  best = max((a, r) for r, a in enumerate(accuracy, 1) if a == a)
+  resumed = (f', resumed after round {result.resumed_after}'
+             if result.resumed_after else '')
+  lines = [
+      f"final test accuracy {result.final['test/accuracy']:.4f} after "
+      f"{result.final['round']} rounds (best {best[0]:.4f} in round "
+      f'{best[1]}); {seconds:.0f} s{resumed}',
+      f"  metrics:     {os.path.join(root_dir, 'metrics.csv')}",
+      f"  TensorBoard: {os.path.join(root_dir, 'tb')}",
+      f"  checkpoints: {os.path.join(root_dir, 'checkpoints')}",
+  ]
+  if result.export_dir:
+    lines.append(f'  SavedModel:  {result.export_dir}')
+  if curves:
+    lines.append(f'  curves:      {curves}')
+  if not flags.FLAGS['verbosity'].present:
+    lines.append(f'  log:         {os.path.join(root_dir, _LOG_DIR)}')
+  return '\n'.join(lines)
+
+
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
@@ -77,15 +156,25 @@ def main(argv: list[str]) -> None:
       config.method = _METHOD.value
     if _SEED.value is not None:
       config.seed = _SEED.value
-  context.set_context_for(experiment.needs_secure_sum(config))
   try:
-    result = experiment.run(config, _ROOT_DIR.value,
-                            progress=_PROGRESS.value)
+    experiment.validate_config(config)  # Before any output or compute.
+  except errors.UserError as e:
+    _fail(str(e))
+  root_dir = _ROOT_DIR.value
+  _log_to_file(root_dir)
+  print(_header(config), flush=True)
+  context.set_context_for(experiment.needs_secure_sum(config))
+  start = time.perf_counter()
+  try:
+    result = experiment.run(config, root_dir, progress=_PROGRESS.value)
   except errors.UserError as e:
     _fail(str(e))
   logging.info('final %s; SavedModel: %s', result.final, result.export_dir)
-  print(f"final test accuracy {result.final['test/accuracy']:.4f} after "
-        f"{result.final['round']} rounds; model in {result.export_dir}")
+  curves = None
+  if _PLOT.value:
+    curves = os.path.join(root_dir, 'curves.png')
+    plots.plot_runs([root_dir], curves, title=config.method)
+  print(_summary(root_dir, result, time.perf_counter() - start, curves))
 
 
 def run() -> None:

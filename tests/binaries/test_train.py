@@ -94,6 +94,29 @@ def test_corrupt_checkpoint_trains_nothing(tmp_path):
       'program_state_0', 'program_state_1', 'program_state_2']
 
 
+def test_console_shows_header_progress_and_summary_only(tmp_path):
+  root = tmp_path / 'run'
+  proc = _train(*_SMALL[:-1], '--config.rounds=2', f'--root_dir={root}')
+  stdout, stderr = proc.communicate(timeout=600)
+  assert proc.returncode == 0, stderr[-2000:]
+  out = stdout.strip().splitlines()
+  assert out[0] == ('train: fedavg on digits, 6 clients (3 per round), 2 '
+                    f'rounds, seed 0; outputs in {root}')
+  assert out[1].startswith('final test accuracy ') and '(best ' in out[1]
+  for name in ('metrics.csv', 'tb', 'checkpoints', 'export/saved_model',
+               'curves.png', 'logs'):
+    assert any(line.strip().endswith(str(root / name)) for line in out), name
+  assert os.path.exists(root / 'curves.png')
+  # The progress bar is all stderr holds: no INFO or deprecation records,
+  # which go to the log file instead.
+  assert 'round/s' in stderr
+  for noise in ('INFO', 'I1', 'deprecated', 'Assets written'):
+    assert noise not in stderr, stderr[-2000:]
+  logged = ''.join(open(os.path.join(root, 'logs', f)).read()
+                   for f in os.listdir(root / 'logs'))
+  assert 'Program state saved' in logged and 'deprecated' in logged
+
+
 def _rounds_logged(root: str) -> int:
   try:
     with open(os.path.join(root, 'metrics.csv')) as f:
@@ -135,9 +158,12 @@ def test_sigkill_then_restart_resumes_with_same_result(tmp_path):
     time.sleep(0.2)
 
   proc = _train(*args)
-  _, stderr = proc.communicate(timeout=600)
+  stdout, stderr = proc.communicate(timeout=600)
   assert proc.returncode == 0, stderr[-2000:]
-  assert 'Resuming' in stderr
+  # Rounds are logged after their checkpoint is saved: the kill may fall
+  # between the two.
+  assert any(f'resumed after round {r}' in stdout
+             for r in (done_before, done_before + 1)), stdout
 
   config = _config(rounds=5, export=False)
   straight = str(tmp_path / 'straight')

@@ -25,6 +25,7 @@ exactly the rounds it lost.
 """
 
 import asyncio
+import concurrent.futures
 import functools
 import hashlib
 import json
@@ -95,9 +96,35 @@ class Experiment(NamedTuple):
 
 
 class RunResult(NamedTuple):
+  """What `run` returns.
+
+  Attributes:
+    history: The metrics of the rounds run in this call, one dict per round.
+    final: The final round's test metrics.
+    export_dir: The SavedModel folder, or None.
+    resumed_after: The checkpointed round this call resumed after (0: a
+      fresh run).
+  """
+
   history: list[dict[str, Any]]
   final: dict[str, Any]
   export_dir: Optional[str]
+  resumed_after: int = 0
+
+
+def _sync(coroutine):
+  """Runs a `tff.program` coroutine to completion from synchronous code.
+
+  Inside a running event loop (a Jupyter kernel runs one), `asyncio.run`
+  refuses to start; the coroutine then runs on a loop of its own in a
+  worker thread.
+  """
+  try:
+    asyncio.get_running_loop()
+  except RuntimeError:
+    return asyncio.run(coroutine)
+  with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+    return pool.submit(asyncio.run, coroutine).result()
 
 
 def _check_keys(config: ml_collections.ConfigDict,
@@ -487,11 +514,11 @@ def _load_or_initialize(exp: Experiment,
   initial = exp.process.set_model_weights(
       initial, _seeded_initial_weights(exp.model_fn))
   try:
-    state, version = asyncio.run(manager.load_latest(initial))
+    state, version = _sync(manager.load_latest(initial))
   except Exception as e:  # pylint: disable=broad-except
     # TFF raises a mix of TF, IO and structure errors here.
     message = str(e).strip().splitlines()[0] if str(e).strip() else type(e)
-    versions = sorted(asyncio.run(manager.get_versions()) or [])
+    versions = sorted(_sync(manager.get_versions()) or [])
     hint = ''
     if len(versions) > 1:
       hint = (f'; to resume from round {versions[-2]} instead, delete '
@@ -591,7 +618,7 @@ def _evaluate(exp: Experiment, state) -> dict[str, float]:
 
 def _release(manager: tff.program.ReleaseManager, value: dict,
              key: int) -> None:
-  asyncio.run(manager.release(value, key=key))
+  _sync(manager.release(value, key=key))
 
 
 def run(config: ml_collections.ConfigDict, root_dir: str, *,
@@ -617,8 +644,9 @@ def run(config: ml_collections.ConfigDict, root_dir: str, *,
       os.path.join(root_dir, 'checkpoints'),
       keep_total=config.keep_checkpoints)
   state, start = _load_or_initialize(exp, manager)
+  resumed_after = start
   if start == 0:
-    asyncio.run(manager.save(state, 0))
+    _sync(manager.save(state, 0))
   else:
     logging.info('Resuming %s after round %d', root_dir, start)
 
@@ -660,12 +688,13 @@ def run(config: ml_collections.ConfigDict, root_dir: str, *,
 
     if (round_num + 1) % config.checkpoint_every == 0 or last:
       t0 = time.perf_counter()
-      asyncio.run(manager.save(state, round_num + 1))
+      _sync(manager.save(state, round_num + 1))
       start = round_num + 1
       metrics['time/checkpoint_s'] = time.perf_counter() - t0
     _release(releaser, metrics, round_num + 1)
     history.append(dict(metrics, round=round_num + 1))
-    bar.set_postfix(acc=f"{metrics.get('test/accuracy', float('nan')):.4f}")
+    bar.set_postfix(acc=f"{metrics.get('test/accuracy', float('nan')):.4f}",
+                    s_per_round=f'{t_train:.1f}')
     bar.update(1)
   bar.close()
 
@@ -683,4 +712,4 @@ def run(config: ml_collections.ConfigDict, root_dir: str, *,
         model, os.path.join(root_dir, 'export'))
   with open(os.path.join(root_dir, 'final.json'), 'w') as f:
     json.dump(final, f, indent=2)
-  return RunResult(history, final, export_dir)
+  return RunResult(history, final, export_dir, resumed_after)
