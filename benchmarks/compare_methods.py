@@ -36,6 +36,7 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
 from tff_kd.program import context  # pylint: disable=g-import-not-at-top
 from tff_kd.program import experiment
+from tff_kd.program import plots
 
 from absl import app  # pylint: disable=g-bad-import-order
 from absl import flags
@@ -159,6 +160,8 @@ def _run_one(variant: str, seed: int, root: str) -> dict:
       config=config.to_dict(),
       accuracy=[x['test/accuracy'] for x in h],
       train_loss=[x['train/loss'] for x in h],
+      train_seconds=times,
+      eval_seconds=[x.get('time/eval_s', 0.0) for x in h],
       final_accuracy=run.final['test/accuracy'],
       seconds_per_round=_mean(times[1:] or times),
       first_round_seconds=times[0],
@@ -193,6 +196,21 @@ def summarize(runs: list[dict]) -> dict:
                      for r in rs)
             for k in rs[0]['metrics']})
   return summary
+
+
+def histories(runs: list[dict]) -> dict[str, list[dict]]:
+  """variant -> per-seed histories (metrics.csv keys) for the figures."""
+  out: dict[str, list[dict]] = {}
+  for r in sorted(runs, key=lambda r: (r['variant'], r['seed'])):
+    if 'error' in r:
+      continue
+    history = {'test/accuracy': r['accuracy'], 'train/loss': r['train_loss'],
+               **r['metrics']}
+    if 'train_seconds' in r:  # Runs recorded before per-round times: none.
+      history['time/train_s'] = r['train_seconds']
+      history['time/eval_s'] = r['eval_seconds']
+    out.setdefault(r['variant'], []).append(history)
+  return out
 
 
 def markdown(summary: dict, meta: dict) -> str:
@@ -292,6 +310,10 @@ def main(argv):
     json.dump(summary, f, indent=2)
   with open(os.path.join(_OUT.value, 'summary.md'), 'w') as f:
     f.write(markdown(summary, meta))
+  by_variant = histories(runs)
+  if by_variant:
+    plots.plot_histories(by_variant, os.path.join(_OUT.value, 'curves.png'),
+                         title='compare_mnist: mean ± std over seeds')
   print(markdown(summary, meta))
 
 

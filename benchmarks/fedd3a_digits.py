@@ -53,6 +53,7 @@ from configs import fedd3a_digits_silo
 from tff_kd import data as data_lib
 from tff_kd import models
 from tff_kd.core import projection
+from tff_kd.program import plots
 
 _MANUAL_DIR = flags.DEFINE_string('manual_dir', fedd3a_digits_silo.SHARED_DATA,
                                   'Raw files (mnist/, usps/, mnist_m/).')
@@ -339,12 +340,28 @@ def _markdown(result: dict) -> str:
   return '\n'.join(lines) + '\n'
 
 
+def _histories(methods: dict) -> dict[str, list[dict]]:
+  """variant -> per-seed histories (metrics.csv keys) for the figure."""
+  keys = {'ensemble_accuracy': 'distill/ensemble_accuracy',
+          'uniform_accuracy': 'distill/uniform_accuracy',
+          'weight_entropy': 'distill/weight_entropy'}
+  return {variant: [dict({'test/accuracy': r['accuracy'],
+                          'train/loss': r['train_loss']},
+                         **{keys[k]: r[k] for k in keys if k in r})
+                    for _, r in sorted(by_seed.items())]
+          for variant, by_seed in methods.items()}
+
+
 def _write(result: dict) -> None:
   os.makedirs(os.path.dirname(_OUT.value) or '.', exist_ok=True)
   with open(_OUT.value + '.json', 'w') as f:
     json.dump(result, f, indent=2)
   with open(_OUT.value + '.md', 'w') as f:
     f.write(_markdown(result))
+  if result['methods']:
+    plots.plot_histories(_histories(result['methods']), _OUT.value + '.png',
+                         title='mean client-domain accuracy, mean ± std '
+                         'over seeds')
 
 
 def main(argv):

@@ -34,6 +34,7 @@ import statistics
 import sys
 import tempfile
 import time
+from typing import Optional
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
@@ -109,7 +110,11 @@ def _pure_tf_round_seconds(exp: experiment.Experiment, rounds: int) -> list:
   return times
 
 
-def _summary(values: list) -> dict:
+def _summary(values: list) -> Optional[dict]:
+  """mean / median / p90 of `values`; None when there are none (e.g.
+  --pure_tf_rounds=0, or a run of 2 rounds or fewer)."""
+  if not values:
+    return None
   return dict(mean=statistics.fmean(values), median=statistics.median(values),
               p90=float(np.percentile(values, 90)))
 
@@ -146,7 +151,8 @@ def main(argv):
         seconds_per_round=_summary([a + b for a, b in zip(tff_s, eval_s)]),
         tff_next_s=_summary(tff_s), eval_s=_summary(eval_s),
         pure_tf_local_work_s=_summary(pure),
-        tff_overhead_ratio=statistics.median(tff_s) / statistics.median(pure),
+        tff_overhead_ratio=(statistics.median(tff_s) / statistics.median(pure)
+                            if tff_s and pure else None),
         test_accuracy={r: acc(r, 'test/accuracy') for r in (20, 200)},
         slices_accuracy={r: acc(r, 'test_slices/accuracy')
                          for r in (20, 200)},
