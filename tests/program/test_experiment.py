@@ -148,6 +148,35 @@ def test_incompatible_root_dir_is_refused(finished_run):
     experiment.run(_config(rounds=5, seed=7), root, progress=False)
 
 
+def test_resume_ignores_other_methods_settings_and_new_default_keys(
+    finished_run):
+  root, _ = finished_run
+  # FedAvg reads no dafkd or distill setting: changing one does not block.
+  other = _config(rounds=3)
+  other.dafkd.pool_size = 7
+  other.distill.steps = 3
+  experiment.run(other, root, progress=False)
+  # A key the saved run predates (deleted here from its config.json) blocks
+  # only when it is set away from its default.
+  path = os.path.join(root, 'config.json')
+  with open(path) as f:
+    saved = json.load(f)
+  original = json.dumps(saved)
+  del saved['partition']['per_class']
+  with open(path, 'w') as f:
+    json.dump(saved, f)
+  experiment.run(_config(rounds=3), root, progress=False)
+  with open(path, 'w') as f:
+    json.dump(saved, f)
+  changed = _config(rounds=3)
+  changed.partition.per_class = 5
+  with pytest.raises(errors.CheckpointError,
+                     match=r"different 'partition.per_class' \(0 there, 5"):
+    experiment.run(changed, root, progress=False)
+  with open(path, 'w') as f:
+    f.write(original)
+
+
 def test_corrupt_checkpoint_is_a_clear_error(tmp_path):
   root = str(tmp_path)
   experiment.run(_config(rounds=2), root, progress=False)

@@ -477,25 +477,61 @@ def prepare(config: ml_collections.ConfigDict, root_dir: str) -> Experiment:
                     domain_evaluators)
 
 
+# Config sections that only some methods read: a run folder's config is
+# compared with a resumed run's on the shared sections and on its own
+# method's sections only.
+_METHOD_SECTIONS = {
+    'fedavg': (), 'fedprox': ('fedprox',), 'feddf': ('feddf', 'distill'),
+    'fedd3a': ('fedd3a', 'distill'), 'fedgen': ('fedgen',),
+    'fedftg': ('fedftg',), 'dafkd': ('dafkd', 'distill'),
+}
+
+
+def _flat(tree: dict, prefix: str = '') -> dict[str, Any]:
+  out = {}
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      out.update(_flat(value, f'{prefix}{key}.'))
+    else:
+      out[f'{prefix}{key}'] = value
+  return out
+
+
+def _resume_keys(config: dict) -> dict[str, Any]:
+  """The dotted keys that must match for a run to resume (see below)."""
+  unused = ({s for sections in _METHOD_SECTIONS.values() for s in sections}
+            - set(_METHOD_SECTIONS.get(config.get('method'), ())))
+  return {k: v for k, v in _flat(config).items()
+          if k.split('.')[0] not in unused and k not in _RESUMABLE_KEYS}
+
+
 def _check_resumable(config: ml_collections.ConfigDict, root_dir: str) -> None:
-  """Refuses to resume a root_dir written by a different experiment."""
+  """Refuses to resume a root_dir written by a different experiment.
+
+  Compared key by key: the shared settings and the sections the method
+  reads (`_METHOD_SECTIONS`); other methods' sections never block. A key
+  the saved run does not have (added to configs/base.py since) blocks only
+  if it is set away from its default; a key it has that no longer exists
+  is ignored.
+  """
+  from configs import base  # pylint: disable=g-import-not-at-top
   path = os.path.join(root_dir, _CONFIG_FILE)
-  current = {k: v for k, v in config.to_dict().items()
-             if k not in _RESUMABLE_KEYS}
   if os.path.exists(path):
     try:
       with open(path) as f:
-        saved = json.load(f)
+        saved = _resume_keys(json.load(f))
     except (OSError, ValueError) as e:
       raise errors.CheckpointError(
           f'{path} is unreadable ({e}); use a new --root_dir') from None
-    saved = {k: v for k, v in saved.items() if k not in _RESUMABLE_KEYS}
-    for key in sorted(set(saved) | set(current)):
-      if saved.get(key) != current.get(key):
+    current = _resume_keys(config.to_dict())
+    defaults = _flat(base.get_config().to_dict())
+    for key in sorted(current):
+      now = current[key]
+      before = saved.get(key, defaults.get(key, now))
+      if before != now:
         raise errors.CheckpointError(
             f'{root_dir} holds a run with a different {key!r} '
-            f'({saved.get(key)!r} there, {current.get(key)!r} now); '
-            'use a new --root_dir')
+            f'({before!r} there, {now!r} now); use a new --root_dir')
   with open(path, 'w') as f:
     json.dump(config.to_dict(), f, indent=2, sort_keys=True)
 
