@@ -87,6 +87,10 @@ VARIANTS = {
     'fedd3a_avg': ('fedd3a', {'fedd3a.weighting': 'avg'}),
     'fedd3a_aggregated': ('fedd3a', {'fedd3a.score_backbone': 'aggregated'}),
     'fedd3a_bn_update': ('fedd3a', {'distill.student_training': True}),
+    # The labeled guard: keep the student only if its accuracy on the
+    # server's labeled images does not drop (needs --val_size > 0).
+    'feddf_guard': ('feddf', {'distill.accept': 'no_worse'}),
+    'fedd3a_guard': ('fedd3a', {'distill.accept': 'no_worse'}),
 }
 _METHODS = flags.DEFINE_list('methods', ['fedavg', 'fedprox', 'feddf',
                                          'fedd3a'],

@@ -13,6 +13,7 @@ import pytest
 
 from tests.conftest import live_workers
 from tests.program.test_experiment import _config
+from tests.program.test_resume import logged_losses
 from tff_kd.program import experiment
 
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(
@@ -125,15 +126,6 @@ def _rounds_logged(root: str) -> int:
     return 0
 
 
-def _logged_losses(root: str) -> dict[int, list[float]]:
-  """Every logged train loss per round (a re-logged round appears twice)."""
-  out = {}
-  with open(os.path.join(root, 'metrics.csv')) as f:
-    for row in csv.DictReader(f):
-      out.setdefault(int(row['round']), []).append(float(row['train/loss']))
-  return out
-
-
 @pytest.mark.slow
 def test_sigkill_then_restart_resumes_with_same_result(tmp_path):
   root = str(tmp_path / 'killed')
@@ -170,7 +162,7 @@ def test_sigkill_then_restart_resumes_with_same_result(tmp_path):
   experiment.run(config, straight, progress=False)
   # Every logged round, re-logged ones included, has the uninterrupted
   # run's loss, and the final weights are the same bit for bit.
-  expected, got = _logged_losses(straight), _logged_losses(root)
+  expected, got = logged_losses(straight), logged_losses(root)
   assert sorted(got) == [1, 2, 3, 4, 5]
   for r, values in got.items():
     assert values == [expected[r][0]] * len(values), r

@@ -38,7 +38,7 @@ CASES = {
 }
 
 
-def _losses(root: str) -> dict[int, list[float]]:
+def logged_losses(root: str) -> dict[int, list[float]]:
   """Every logged train loss per round (a re-logged round appears twice)."""
   out = {}
   with open(os.path.join(root, 'metrics.csv')) as f:
@@ -63,7 +63,7 @@ def test_two_plus_two_rounds_equal_four(tmp_path, case):
   assert len(leaves_a) == len(leaves_b)
   for i, (a, b) in enumerate(zip(leaves_a, leaves_b)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=i)
-  losses_a, losses_b = _losses(straight), _losses(resumed)
+  losses_a, losses_b = logged_losses(straight), logged_losses(resumed)
   assert sorted(losses_b) == [1, 2, 3, 4]
   for r, values in losses_b.items():
     assert values == [losses_a[r][0]] * len(values), r
