@@ -7,7 +7,7 @@ group, the mean over seeds with a +- one standard deviation band:
 
 * test accuracy and training loss against the round;
 * test accuracy against wall time (the cumulative training and evaluation
-  seconds the run logged);
+  seconds the run logged; left out when no run logged its times);
 * where a run logged them, the KD mechanism's own curves: the teacher-weight
   entropy (DaFKD's eq. 7 alpha, FedD3A's eq. 6 weights), DaFKD's domain
   awareness (the weight on the clients that hold a sample's label against
@@ -128,14 +128,20 @@ def _wall_time(history: History) -> Optional[np.ndarray]:
   return np.cumsum(seconds)
 
 
-def _band(ax, x, values: np.ndarray, label: str):
+def _band(ax, x, values: np.ndarray, label: str, color, linestyle: str):
   mean = np.nanmean(values, axis=0)
-  (line,) = ax.plot(x[:len(mean)], mean, label=label)
+  (line,) = ax.plot(x[:len(mean)], mean, label=label, color=color,
+                    linestyle=linestyle)
   if len(values) > 1:
     std = np.nanstd(values, axis=0)
-    ax.fill_between(x[:len(mean)], mean - std, mean + std,
-                    color=line.get_color(), alpha=0.2, linewidth=0)
+    ax.fill_between(x[:len(mean)], mean - std, mean + std, color=color,
+                    alpha=0.2, linewidth=0)
   return line
+
+
+def _has_times(groups: Mapping[str, Sequence[History]]) -> bool:
+  return any(all(_wall_time(h) is not None for h in histories)
+             for histories in groups.values())
 
 
 def plot_histories(groups: Mapping[str, Sequence[History]], out_path: str,
@@ -158,9 +164,10 @@ def plot_histories(groups: Mapping[str, Sequence[History]], out_path: str,
   if not any(_stack(h, 'test/accuracy') is not None for h in groups.values()):
     raise errors.DataError('nothing to plot: no run logged test/accuracy')
   panels = [('Test accuracy', 'accuracy', [('test/accuracy', '')], 'round'),
-            ('Training loss', 'loss', [('train/loss', '')], 'round'),
-            ('Test accuracy against time', 'accuracy',
-             [('test/accuracy', '')], 'time')]
+            ('Training loss', 'loss', [('train/loss', '')], 'round')]
+  if _has_times(groups):
+    panels.append(('Test accuracy against time', 'accuracy',
+                   [('test/accuracy', '')], 'time'))
   for name, unit, metrics in _KD_PANELS:
     if any(_stack(h, key) is not None for h in groups.values()
            for key, _ in metrics):
@@ -169,6 +176,11 @@ def plot_histories(groups: Mapping[str, Sequence[History]], out_path: str,
   rows = math.ceil(len(panels) / cols)
   fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.6 * rows),
                            squeeze=False)
+  # One colour per group in every panel; the second line of a group in a
+  # panel (the uniform ensemble) is dashed.
+  colors = plt.rcParams['axes.prop_cycle'].by_key()['color']
+  color_of = {label: colors[i % len(colors)]
+              for i, label in enumerate(groups)}
   for ax, (name, unit, metrics, x_axis) in zip(axes.flat, panels):
     ax.set_title(name)
     ax.set_ylabel(unit)
@@ -185,7 +197,8 @@ def plot_histories(groups: Mapping[str, Sequence[History]], out_path: str,
           if any(t is None for t in times):
             continue
           x = np.mean([t[:values.shape[1]] for t in times], axis=0)
-        _band(ax, x, values, label + suffix)
+        _band(ax, x, values, label + suffix, color_of[label],
+              '--' if suffix == ' uniform' else '-')
     if ax.get_lines():
       ax.legend(fontsize='small')
     ax.grid(alpha=0.3)
