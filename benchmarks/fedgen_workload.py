@@ -98,7 +98,7 @@ def _pure_tf_round_seconds(exp: experiment.Experiment, rounds: int) -> list:
     clients = np.random.default_rng([c.seed, r]).choice(
         c.partition.num_clients, c.clients_per_round, replace=False)
     keys = exp.client_data.keys(clients, seed=c.seed, round_num=r)
-    local = experiment._local_work(c)  # pylint: disable=protected-access
+    local = experiment.local_work(c)
     datasets = [exp.client_data.dataset_from_key(tf.constant(k), local)
                 for k in keys]
     t0 = time.perf_counter()

@@ -150,7 +150,7 @@ def test_joint_loss_eq9_inside_tff_matches_eager(plain, data):
     # Round 1's client 0 starts from the row it left in round 0: the eager
     # value uses the stored row, so a match shows the row came back.
     expected = np.mean([_eager_joint_loss(data, states[r], k) for k in keys])
-    got = outputs[r]['client_work']['joint_loss']
+    got = outputs[r]['client_work']['train']['joint_loss']
     assert got == pytest.approx(expected, rel=1e-4), r
 
 
@@ -201,7 +201,7 @@ def test_round_metrics_and_model_views(plain):
   assert fin['steps'] == 3.0 and np.isfinite(fin['last_loss'])
   for key in ('agreement_before', 'agreement_after'):
     assert 0.0 <= fin[key] <= 1.0, key
-  cw = outputs[0]['client_work']
+  cw = outputs[0]['client_work']['train']
   for key in ('disc_real_accuracy', 'disc_fake_accuracy'):
     assert 0.0 <= cw[key] <= 1.0
   # One own row (33 floats), models and 8 bytes per client, both ways.

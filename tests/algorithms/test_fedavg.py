@@ -70,7 +70,7 @@ def test_fedavg_round_is_example_weighted_mean(data):
                    3 * _client_delta(PARTS[1], 0.1)) / 4
   new = process.get_model_weights(output.state).trainable[0]
   np.testing.assert_allclose(new, expected, rtol=1e-5, atol=1e-6)
-  cw = output.metrics['client_work']
+  cw = output.metrics['client_work']['train']
   assert cw['num_examples'] == 4.0
   assert cw['num_clients'] == 2.0
   # 4 float32 weights broadcast to each of 2 clients; + the weight going up.
@@ -104,7 +104,7 @@ def test_learning_rate_schedule_decays_per_round(data):
   for r in range(3):
     out = process.next(state, data.keys([0, 1], seed=0, round_num=r))
     state = out.state
-    rates.append(out.metrics['client_work']['learning_rate'])
+    rates.append(out.metrics['client_work']['train']['learning_rate'])
   np.testing.assert_allclose(rates, [0.1, 0.05, 0.025], rtol=1e-6)
 
 

@@ -103,7 +103,7 @@ def test_zero_learning_rate_distillation_is_fedavg(data, pool):
   avg_out = _round(avg, data)
   np.testing.assert_allclose(
       new, avg.get_model_weights(avg_out.state).trainable[0], atol=1e-6)
-  cw = output.metrics['client_work']
+  cw = output.metrics['client_work']['train']
   assert cw['num_clients'] == 2.0 and cw['num_examples'] == 4.0
   # Real traffic: the model down, the model + weight + prototype id up.
   assert cw['bytes_down'] == 2 * 16 and cw['bytes_up'] == 2 * (16 + 8)

@@ -131,7 +131,7 @@ def test_model_weights_and_state(toy):
   # The generator and its Adam state persist in the server state.
   # 3 iterations x one generator step per teacher (2 clients).
   assert int(out.state.finalizer['generator_optimizer']['step']) == 6
-  cw = out.metrics['client_work']
+  cw = out.metrics['client_work']['train']
   assert cw['num_examples'] == 7 and cw['num_clients'] == 2
 
 

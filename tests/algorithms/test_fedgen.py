@@ -115,7 +115,7 @@ def test_round0_server_step_matches_eager_core(toy):
   # the match above pins the counts the clients uploaded.
   swapped, _ = _eager_generator_round(gen0, heads, toy_kd.COUNTS[::-1], 0)
   assert abs(float(swapped.teacher_loss) - m['teacher_loss']) > 1e-3
-  cw = out0.metrics['client_work']
+  cw = out0.metrics['client_work']['train']
   assert cw['num_examples'] == 7 and cw['num_clients'] == 2
   # Down: classifier + generator; up: classifier + 3 counts + weight.
   clf_bytes = sum(np.asarray(v).nbytes for v in toy_kd.flat(clf0))

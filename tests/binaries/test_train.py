@@ -81,9 +81,12 @@ def test_corrupt_checkpoint_trains_nothing(tmp_path):
   proc = _train(*args)
   _, stderr = proc.communicate(timeout=600)
   assert proc.returncode == 0, stderr[-2000:]
-  with open(os.path.join(root, 'checkpoints', 'program_state_2',
-                         'saved_model.pb'), 'wb') as f:
-    f.write(b'\x00garbage' * 10)
+  # Every checkpoint unreadable (one unreadable newest one falls back:
+  # tests/program/test_experiment.py).
+  for version in (0, 1, 2):
+    with open(os.path.join(root, 'checkpoints', f'program_state_{version}',
+                           'saved_model.pb'), 'wb') as f:
+      f.write(b'\x00garbage' * 10)
   with open(os.path.join(root, 'metrics.csv')) as f:
     metrics = f.read()
   _one_line_error(_train(*args[:-2], '--config.rounds=4',

@@ -177,12 +177,42 @@ def test_resume_ignores_other_methods_settings_and_new_default_keys(
     f.write(original)
 
 
-def test_corrupt_checkpoint_is_a_clear_error(tmp_path):
+def _corrupt(root: str, version: int) -> None:
+  path = os.path.join(root, 'checkpoints', f'program_state_{version}',
+                      'saved_model.pb')
+  with open(path, 'wb') as f:
+    f.write(b'\x00garbage' * 10)
+
+
+def test_corrupt_newest_checkpoint_falls_back_to_the_newest_readable(
+    tmp_path, caplog):
+  root = str(tmp_path / 'run')
+  experiment.run(_config(rounds=2), root, progress=False)
+  _corrupt(root, 2)
+  with caplog.at_level('WARNING'):
+    result = experiment.run(_config(rounds=3), root, progress=False)
+  assert result.resumed_after == 1
+  assert [h['round'] for h in result.history] == [2, 3]
+  assert 'resuming from round 1' in caplog.text
+  # Nothing is lost: the unreadable folder is kept aside.
+  assert os.listdir(os.path.join(root, 'checkpoints_unreadable')) == [
+      'program_state_2']
+  # Resuming from round 1 replays round 2 exactly.
+  straight = experiment.run(_config(rounds=3), str(tmp_path / 'straight'),
+                            progress=False)
+  assert result.final['test/accuracy'] == straight.final['test/accuracy']
+  assert result.final['test/loss'] == straight.final['test/loss']
+
+
+def test_no_readable_checkpoint_is_a_clear_error(tmp_path):
   root = str(tmp_path)
   experiment.run(_config(rounds=2), root, progress=False)
-  latest = os.path.join(root, 'checkpoints', 'program_state_2')
-  with open(os.path.join(latest, 'saved_model.pb'), 'wb') as f:
-    f.write(b'\x00garbage' * 10)
+  for version in (0, 1, 2):
+    _corrupt(root, version)
   with pytest.raises(errors.CheckpointError,
-                     match='unreadable or incompatible.*resume from round 1'):
+                     match='unreadable or incompatible.*no readable '
+                     'checkpoint among rounds 0, 1, 2'):
     experiment.run(_config(rounds=3), root, progress=False)
+  assert not os.path.exists(os.path.join(root, 'checkpoints_unreadable'))
+
+

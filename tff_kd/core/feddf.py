@@ -80,22 +80,31 @@ def _num_slots(stack: Stack) -> int:
 def stack_accumulate(stack: Stack, value, weight) -> Stack:
   """Writes one client's value and weight into row `stack.count`.
 
+  A client of weight <= 0 is left out: no examples, or excluded for a
+  non-finite update (`tff_kd.federated.learning.screen_client`), so it is
+  no teacher.
+
   Raises `tf.errors.InvalidArgumentError` (at run time) if the stack is full,
   i.e. more clients took part than the process was built for.
   """
   slots = _num_slots(stack)
-  check = tf.debugging.assert_less(
-      stack.count, slots,
-      message=f'more clients than the {slots} teacher slots this FedDF '
-      'process was built for (clients_per_round)')
+  weight = tf.cast(weight, tf.float32)
+  take = weight > 0
+  check = tf.debugging.Assert(
+      tf.logical_or(tf.logical_not(take), stack.count < slots),
+      [f'more clients than the {slots} teacher slots this stacking '
+       'process was built for (clients_per_round)'])
   with tf.control_dependencies([check]):
-    row = tf.reshape(stack.count, [1, 1])
-  values = tf.nest.map_structure(
-      lambda s, v: tf.tensor_scatter_nd_update(
-          s, row, tf.cast(v, s.dtype)[tf.newaxis]), stack.values, value)
-  weights = tf.tensor_scatter_nd_update(
-      stack.weights, row, tf.reshape(tf.cast(weight, tf.float32), [1]))
-  return Stack(values, weights, stack.count + 1)
+    row = tf.reshape(tf.minimum(stack.count, slots - 1), [1, 1])
+
+  def write(s, v):
+    written = tf.tensor_scatter_nd_update(s, row,
+                                          tf.cast(v, s.dtype)[tf.newaxis])
+    return tf.where(take, written, s)
+
+  values = tf.nest.map_structure(write, stack.values, value)
+  weights = write(stack.weights, tf.reshape(weight, []))
+  return Stack(values, weights, stack.count + tf.cast(take, stack.count.dtype))
 
 
 def stack_merge(first: Stack, second: Stack) -> Stack:

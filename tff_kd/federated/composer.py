@@ -62,8 +62,13 @@ def compose_learning_process(
                          agg.result)
     new_state = tff.federated_zip(state_cls(
         fin.result, dist.state, work.state, agg.state, fin.state))
+    # TFF's layout: the clients' training measurements under
+    # `client_work/train` (what `tff.learning.programs.train_model` releases
+    # to its `train_metrics_manager`).
+    client_metrics = tff.federated_zip(
+        collections.OrderedDict(train=work.measurements))
     metrics = tff.federated_zip(collections.OrderedDict(
-        distributor=dist.measurements, client_work=work.measurements,
+        distributor=dist.measurements, client_work=client_metrics,
         aggregator=agg.measurements, finalizer=fin.measurements))
     return tff.learning.templates.LearningProcessOutput(new_state, metrics)
 

@@ -216,12 +216,18 @@ def build_client_work(
       update['label_counts'] = r.label_counts
     else:
       update['fs'], update['f'] = r.private_terms
+    client_result, stats, keep = learning.screen_client(
+        tff.learning.templates.ClientResult(
+            update=update, update_weight=r.local.num_examples),
+        learning.client_stats(r.local, bytes_down, bytes_up))
+    # An excluded client keeps its old discriminator row, and its GAN
+    # measurements get weight 0 in the mean.
+    means = tf.where(keep, r.means, tf.zeros_like(r.means))
     gan_means = collections.OrderedDict(
-        zip(dafkd_tf.MEAN_NAMES, tf.unstack(r.means)))
-    return (tff.learning.templates.ClientResult(
-        update=update, update_weight=r.local.num_examples),
-            learning.client_stats(r.local, bytes_down, bytes_up), gan_means,
-            store.entry(r.discriminator, client_id))
+        zip(dafkd_tf.MEAN_NAMES, tf.unstack(means)))
+    return (client_result, stats, gan_means,
+            store.entry(r.discriminator, client_id, keep),
+            tf.cast(keep, tf.float32))
 
   round_learning_rate, increment = learning.build_round_schedule(
       learning_rate, learning_rate_decay)
@@ -238,12 +244,12 @@ def build_client_work(
   def next_fn(state, weights, data):
     round_num, rows = state[0], state[1]
     lr = tff.federated_map(round_learning_rate, round_num)
-    client_results, stats, gan_means, entries = tff.federated_map(
+    client_results, stats, gan_means, entries, kept = tff.federated_map(
         client_update, (weights, data, tff.federated_broadcast(lr),
                         tff.federated_broadcast(round_num),
                         tff.federated_broadcast(rows)))
     new_store = store.update(rows, entries)
-    means = tff.federated_mean(gan_means)
+    means = tff.federated_mean(gan_means, weight=kept)
     measurements = learning.client_measurements(stats, lr)
     for name in dafkd_tf.MEAN_NAMES:
       measurements[name] = means[name]

@@ -131,9 +131,10 @@ def build_client_work(
     update = collections.OrderedDict(
         delta=result.local.weights_delta, projection=result.projection,
         client_id=client_id)
-    return (tff.learning.templates.ClientResult(
-        update=update, update_weight=result.local.num_examples),
-            learning.client_stats(result.local, bytes_down, bytes_up))
+    return learning.screen_client(
+        tff.learning.templates.ClientResult(
+            update=update, update_weight=result.local.num_examples),
+        learning.client_stats(result.local, bytes_down, bytes_up))[:2]
 
   return learning.build_scheduled_client_work(
       client_update, learning_rate=learning_rate,
@@ -403,13 +404,17 @@ def build_hetero_client_work(
         models=uploads, projection=result.projection, client_id=client_id,
         architecture=architecture)
     own_bytes = tf.gather(tf.constant(model_bytes, tf.float32), architecture)
+    client_result, stats, keep = learning.screen_client(
+        tff.learning.templates.ClientResult(
+            update=update, update_weight=result.local.num_examples),
+        learning.client_stats(result.local, global_bytes + own_bytes,
+                              own_bytes + extra_up))
+    # An excluded client's local model is not stored either.
     entries = tuple(
-        store.entry(_row_flat(w), index, tf.cast(o, tf.float32))
+        store.entry(_row_flat(w), index,
+                    tf.cast(tf.logical_and(o, keep), tf.float32))
         for store, w, index, o in zip(stores, result.weights, indices, own))
-    return (tff.learning.templates.ClientResult(
-        update=update, update_weight=result.local.num_examples),
-            learning.client_stats(result.local, global_bytes + own_bytes,
-                                  own_bytes + extra_up), entries)
+    return client_result, stats, entries
 
   round_learning_rate, increment = learning.build_round_schedule(
       learning_rate, learning_rate_decay)

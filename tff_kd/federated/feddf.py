@@ -137,9 +137,10 @@ def build_prototype_client_work(
         weights_delta=None, num_examples=num_examples,
         loss_sum=tf.add_n([r.loss_sum for r in results]),
         num_steps=tf.add_n([r.num_steps for r in results]))
-    return (tff.learning.templates.ClientResult(
-        update=update, update_weight=num_examples),
-            learning.client_stats(total, model_bytes, model_bytes + extra_up))
+    return learning.screen_client(
+        tff.learning.templates.ClientResult(
+            update=update, update_weight=num_examples),
+        learning.client_stats(total, model_bytes, model_bytes + extra_up))[:2]
 
   return learning.build_scheduled_client_work(
       client_update, learning_rate=learning_rate,

@@ -175,9 +175,10 @@ def build_client_work(
           tf.strings.to_hash_bucket_fast(key, 2**62), regularizer)
     update = collections.OrderedDict(delta=result.weights_delta,
                                      label_counts=counts)
-    return (tff.learning.templates.ClientResult(
-        update=update, update_weight=result.num_examples),
-            learning.client_stats(result, bytes_down, bytes_up))
+    return learning.screen_client(
+        tff.learning.templates.ClientResult(
+            update=update, update_weight=result.num_examples),
+        learning.client_stats(result, bytes_down, bytes_up))[:2]
 
   return learning.build_scheduled_client_work(
       client_update, learning_rate=learning_rate,

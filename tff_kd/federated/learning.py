@@ -134,7 +134,8 @@ def build_client_work(
         proximal_strength=proximal_strength)
     client_result = tff.learning.templates.ClientResult(
         update=result.weights_delta, update_weight=result.num_examples)
-    return client_result, client_stats(result, bytes_down, bytes_up)
+    return screen_client(client_result,
+                         client_stats(result, bytes_down, bytes_up))[:2]
 
   return build_scheduled_client_work(
       client_update, learning_rate=learning_rate,
@@ -150,7 +151,55 @@ def client_stats(result: local_training.LocalResult, bytes_down: tf.Tensor,
       num_examples=result.num_examples,
       num_steps=tf.cast(result.num_steps, tf.float32),
       bytes_down=tf.cast(bytes_down, tf.float32),
-      bytes_up=tf.cast(bytes_up, tf.float32))
+      bytes_up=tf.cast(bytes_up, tf.float32),
+      excluded=tf.constant(0.0))
+
+
+def all_finite(structure) -> tf.Tensor:
+  """Whether every floating-point tensor in `structure` is finite."""
+  checks = [tf.reduce_all(tf.math.is_finite(t))
+            for t in tf.nest.flatten(structure) if t.dtype.is_floating]
+  return tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)
+
+
+def screen_client(
+    client_result: tff.learning.templates.ClientResult,
+    stats: collections.OrderedDict,
+) -> tuple[tff.learning.templates.ClientResult, collections.OrderedDict,
+           tf.Tensor]:
+  """Excludes a client whose update or training loss is not finite.
+
+  Such a client (a diverged local run, corrupt local data) would make the
+  round's aggregate NaN. Its update is replaced by zeros and its weight by
+  0: weighted means ignore it, and the stacking aggregator
+  (`tff_kd.core.feddf.stack_accumulate`) leaves it out of the teachers. Its
+  loss, example and step counts are zeroed and `excluded` is 1, so the
+  round reports `num_excluded`. Call it on the client, inside the client's
+  TF computation.
+
+  Args:
+    client_result: The client's `ClientResult`.
+    stats: Its `client_stats`.
+
+  Returns:
+    (screened result, screened stats, keep): `keep` is the scalar bool a
+    client work also applies to its other outputs (e.g. a per-client store
+    entry's `present`).
+  """
+  keep = tf.logical_and(all_finite(client_result.update),
+                        tf.math.is_finite(stats['loss_sum']))
+
+  def gate(t):
+    return tf.where(keep, t, tf.zeros_like(t)) if t.dtype.is_floating else t
+
+  screened = tff.learning.templates.ClientResult(
+      update=tf.nest.map_structure(gate, client_result.update),
+      update_weight=gate(tf.cast(client_result.update_weight, tf.float32)))
+  stats = collections.OrderedDict(stats)
+  for key in ('loss_sum', 'num_examples', 'num_steps'):
+    stats[key] = gate(stats[key])
+  stats['excluded'] = 1.0 - tf.cast(keep, tf.float32)
+  return screened, stats, keep
 
 
 def build_round_schedule(learning_rate: float, learning_rate_decay: float
@@ -185,7 +234,8 @@ def client_measurements(stats, lr) -> collections.OrderedDict:
       num_examples=totals.num_examples,
       num_steps=totals.num_steps,
       learning_rate=lr,
-      num_clients=tff.federated_sum(tff.federated_value(1.0, tff.CLIENTS)))
+      num_clients=tff.federated_sum(tff.federated_value(1.0, tff.CLIENTS)),
+      num_excluded=totals.excluded)
 
 
 def build_scheduled_client_work(

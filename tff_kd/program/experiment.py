@@ -81,6 +81,8 @@ class Experiment(NamedTuple):
     domain_evaluators: For multi-domain data (`dataset.domains`), one
       (domain name, evaluator on that domain's whole test set) per client
       domain; `test/accuracy` is then their mean.
+    inputs: What the method's builder received (`build_dataset_process`
+      rebuilds the process from it for dataset-taking clients).
   """
 
   config: ml_collections.ConfigDict
@@ -93,6 +95,7 @@ class Experiment(NamedTuple):
   server_data: Optional[server_data_lib.ServerData] = None
   prototype_evaluators: tuple[evaluation.Evaluator, ...] = ()
   domain_evaluators: tuple[tuple[str, evaluation.Evaluator], ...] = ()
+  inputs: Optional[registry.ProcessInputs] = None
 
 
 class RunResult(NamedTuple):
@@ -180,7 +183,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   sampling.check_sampling(config.partition.num_clients,
                           config.clients_per_round)
   try:
-    _local_work(config).validate()
+    local_work(config).validate()
   except ValueError as e:
     raise errors.ConfigError(str(e)) from None
   for key in ('rounds', 'eval_every', 'checkpoint_every', 'eval_batch_size'):
@@ -289,7 +292,8 @@ def prototypes(config: ml_collections.ConfigDict) -> list[tuple[str, str]]:
           (config.model.name, config.model.norm)]
 
 
-def _local_work(config: ml_collections.ConfigDict) -> client_data_lib.LocalWork:
+def local_work(config: ml_collections.ConfigDict) -> client_data_lib.LocalWork:
+  """The config's local work (unit, amount, batch size)."""
   return client_data_lib.LocalWork(config.local.unit, config.local.amount,
                                    config.local.batch_size)
 
@@ -445,7 +449,7 @@ def prepare(config: ml_collections.ConfigDict, root_dir: str) -> Experiment:
       norm=protos[0][1], seed=config.seed)
   inputs = registry.ProcessInputs(
       model_fn, clients.element_spec, dataset.num_classes,
-      dataset_fn=clients.dataset_fn(_local_work(config)),
+      dataset_fn=clients.dataset_fn(local_work(config)),
       server_data=server,
       prototype_fns=model_fns if len(model_fns) > 1 else (),
       classifier_fn=classifier_fn,
@@ -474,7 +478,24 @@ def prepare(config: ml_collections.ConfigDict, root_dir: str) -> Experiment:
         for i, name in enumerate(dataset.domain_names))
   return Experiment(config, dataset, clients, process, model_fn, evaluator,
                     slice_evaluator, server, prototype_evaluators,
-                    domain_evaluators)
+                    domain_evaluators, inputs)
+
+
+def build_dataset_process(
+    exp: Experiment) -> tff.learning.templates.LearningProcess:
+  """The experiment's method as a process whose clients take datasets.
+
+  `next(state, datasets)` takes one `tf.data.Dataset` of batches per client,
+  as TFF's own algorithms do, so `tff.learning.programs.train_model` can
+  drive it with `tff_kd.program.tff_programs.ClientDataSource`. Its
+  rounds equal those of `exp.process` given the same clients' datasets.
+
+  Raises:
+    ConfigError: for methods that read per-client metadata from keyed client
+      data (DaFKD, FedGen, FedFTG, heterogeneous FedDF and FedD3A).
+  """
+  method = registry.get_method(exp.config.method)
+  return method.build(exp.inputs._replace(dataset_fn=None), exp.config)
 
 
 # Config sections that only some methods read: a run folder's config is
@@ -545,26 +566,66 @@ def _seeded_initial_weights(model_fn) -> tff.learning.models.ModelWeights:
 
 def _load_or_initialize(exp: Experiment,
                         manager: tff.program.FileProgramStateManager):
-  """Returns (state, completed_rounds)."""
+  """Returns (state, completed_rounds).
+
+  Tries the checkpoints from the newest down. When the newest ones cannot be
+  read (e.g. a disk filled up or a copy was cut short while saving), the
+  run resumes from the newest readable one with a warning; the unreadable
+  folders are moved to `<root>/checkpoints_unreadable/` (kept, not deleted),
+  so the rounds after it are re-run and saved again. When none can be read,
+  a `CheckpointError` says so and nothing is moved.
+  """
   initial = exp.process.initialize()
   initial = exp.process.set_model_weights(
       initial, _seeded_initial_weights(exp.model_fn))
-  try:
-    state, version = _sync(manager.load_latest(initial))
-  except Exception as e:  # pylint: disable=broad-except
-    # TFF raises a mix of TF, IO and structure errors here.
-    message = str(e).strip().splitlines()[0] if str(e).strip() else type(e)
-    versions = sorted(_sync(manager.get_versions()) or [])
-    hint = ''
-    if len(versions) > 1:
-      hint = (f'; to resume from round {versions[-2]} instead, delete '
-              f'{manager._get_path_for_version(versions[-1])}')  # pylint: disable=protected-access
+  versions = sorted(_sync(manager.get_versions()) or [])
+  failures = []
+  for version in reversed(versions):
+    try:
+      state = _sync(manager.load(version, initial))
+    except Exception as e:  # pylint: disable=broad-except
+      # TFF raises a mix of TF, IO and structure errors here.
+      failures.append((version, _first_line(e)))
+      continue
+    if failures:
+      _set_aside(manager, [v for v, _ in failures])
+      logging.warning(
+          'checkpoint(s) of round(s) %s in %s are unreadable (%s); resuming '
+          'from round %d, the newest readable one. The unreadable ones are '
+          'kept in %s', ', '.join(str(v) for v, _ in failures),
+          manager._root_dir, failures[0][1], version,  # pylint: disable=protected-access
+          _unreadable_dir(manager))
+    return state, int(version)
+  if failures:
     raise errors.CheckpointError(
         f'checkpoint in {manager._root_dir} is unreadable or incompatible '  # pylint: disable=protected-access
-        f'with this experiment: {message}{hint}') from None
-  if state is None:
-    return initial, 0
-  return state, int(version)
+        f'with this experiment: {failures[0][1]} (no readable checkpoint '
+        f'among rounds {", ".join(str(v) for v in versions)})')
+  return initial, 0
+
+
+def _first_line(e: Exception) -> str:
+  text = str(e).strip()
+  return text.splitlines()[0] if text else type(e).__name__
+
+
+def _unreadable_dir(manager: tff.program.FileProgramStateManager) -> str:
+  return manager._root_dir.rstrip(os.sep) + '_unreadable'  # pylint: disable=protected-access
+
+
+def _set_aside(manager: tff.program.FileProgramStateManager,
+               versions: list[int]) -> None:
+  """Moves unreadable checkpoint folders out of the manager's sight."""
+  target = _unreadable_dir(manager)
+  os.makedirs(target, exist_ok=True)
+  for version in versions:
+    path = manager._get_path_for_version(version)  # pylint: disable=protected-access
+    dest = os.path.join(target, os.path.basename(path))
+    suffix = 0
+    while os.path.exists(dest):
+      suffix += 1
+      dest = os.path.join(target, f'{os.path.basename(path)}.{suffix}')
+    os.replace(path, dest)
 
 
 def load_state(config: ml_collections.ConfigDict, root_dir: str):
@@ -592,7 +653,7 @@ def load_state(config: ml_collections.ConfigDict, root_dir: str):
 
 
 def _round_metrics(output, config) -> dict[str, Any]:
-  cw = output.metrics['client_work']
+  cw = output.metrics['client_work']['train']
   examples = float(cw['num_examples'])
   metrics = {
       'train/loss': float(cw['train_loss_sum']) / max(examples, 1.0),
@@ -616,6 +677,28 @@ def _round_metrics(output, config) -> dict[str, Any]:
       if _is_scalar(value):
         metrics[f'distill/{key}'] = float(value)
   return metrics
+
+
+def _check_round(metrics: dict, round_num: int, last_saved: int,
+                 root_dir: str) -> None:
+  """Stops a run whose round has no usable client or a non-finite loss.
+
+  Clients with a non-finite update are excluded and counted
+  (`client/num_excluded`); the run goes on while at least one is left.
+  """
+  excluded = metrics.get('client/num_excluded', 0.0)
+  num_clients = metrics.get('client/num_clients', math.inf)
+  if excluded >= num_clients:
+    reason = (f'every client\'s update ({int(excluded)} of '
+              f'{int(num_clients)}) was non-finite')
+  elif not math.isfinite(metrics['train/loss']):
+    reason = f"training loss is {metrics['train/loss']}"
+  else:
+    return
+  raise errors.TrainingError(
+      f'round {round_num + 1}: {reason}; the last good state (round '
+      f'{last_saved}) stays in {root_dir}; lower the learning rate or '
+      'check the client data')
 
 
 _STANDARD_CLIENT_METRICS = frozenset((
@@ -705,11 +788,7 @@ def run(config: ml_collections.ConfigDict, root_dir: str, *,
     output = exp.process.next(state, keys)
     t_train = time.perf_counter() - t0
     metrics = _round_metrics(output, config)
-    if not math.isfinite(metrics['train/loss']):
-      raise errors.TrainingError(
-          f"round {round_num + 1}: training loss is {metrics['train/loss']}; "
-          f'the last good state (round {start}) stays in {root_dir}; lower '
-          'the learning rate')
+    _check_round(metrics, round_num, start, root_dir)
     state = output.state
     metrics['time/train_s'] = t_train
 
