@@ -17,5 +17,6 @@ setuptools.setup(
     packages=setuptools.find_packages(
         include=['tff_kd', 'tff_kd.*', 'binaries', 'configs']),
     entry_points={'console_scripts': ['train = binaries.train:run',
-                                      'plot = binaries.plot:run']},
+                                      'plot = binaries.plot:run',
+                                      'tff_kd_worker = binaries.worker:run']},
 )

@@ -21,7 +21,6 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 # `main`: importing TFF inside `app.run` leaves Keras building graph-mode
 # SymbolicTensors instead of KerasTensors, which breaks functional models.
 from tff_kd import errors  # pylint: disable=g-import-not-at-top
-from tff_kd.program import context
 from tff_kd.program import experiment
 from tff_kd.program import plots
 
@@ -163,7 +162,7 @@ def main(argv: list[str]) -> None:
   root_dir = _ROOT_DIR.value
   _log_to_file(root_dir)
   print(_header(config), flush=True)
-  context.set_context_for(experiment.needs_secure_sum(config))
+  experiment.set_context(config)
   start = time.perf_counter()
   try:
     result = experiment.run(config, root_dir, progress=_PROGRESS.value)

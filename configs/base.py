@@ -200,6 +200,17 @@ def get_config() -> ml_collections.ConfigDict:
       holder_share=0.05,
   ))
 
+  # Where rounds run. workers='': TFF's local C++ runtime in this process
+  # (one worker_binary child). 'host:port,...': TFF's remote runtime on
+  # running worker services (`tff_kd_worker --port=N` on each machine); each
+  # round's clients are split across them (tff_kd.program.runtime). A worker
+  # unreachable for worker_timeout_s seconds stops the run with an error
+  # naming it; the same command resumes once it is back.
+  c.runtime = ml_collections.ConfigDict(dict(
+      workers='',
+      worker_timeout_s=60.0,
+  ))
+
   c.eval_every = 1
   c.eval_batch_size = 1000
   c.checkpoint_every = 1

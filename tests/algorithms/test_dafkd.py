@@ -283,14 +283,6 @@ def test_bad_settings_raise_config_error(data, kwargs, match):
 
 
 def test_missing_inputs_raise_config_error(data):
-  with pytest.raises(errors.ConfigError, match='keyed client data'):
-    dafkd.build_dafkd_process(
-        _classifier_fn, data.element_spec, None, num_clients=3,
-        clients_per_round=2,
-        joint_optimizer=tff.learning.optimizers.build_sgdm(0.1),
-        generator_optimizer=tff.learning.optimizers.build_sgdm(0.1),
-        distill_optimizer=tff.learning.optimizers.build_adam(0.1),
-        distill_config=distillation.DistillConfig(), learning_rate=0.1)
   inputs = registry.ProcessInputs(lambda: None, data.element_spec, 3,
                                   dataset_fn=data.dataset_fn(LOCAL))
   with pytest.raises(errors.ConfigError, match='classifier_fn'):

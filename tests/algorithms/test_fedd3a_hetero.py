@@ -324,7 +324,6 @@ def _wrong_classes() -> tf.keras.Model:
 @pytest.mark.parametrize('overrides,match', [
     ({'kd_weight': -1.0}, r'fedd3a.kd_weight must be a finite number >= 0'),
     ({'kd_temperature': 0.0}, r'fedd3a.kd_temperature must be .* > 0'),
-    ({'dataset_fn': None}, 'heterogeneous fedd3a needs keyed client data'),
     ({'num_clients': 1}, r'num_clients must be >= the 2 client'),
     ({'client_model_fns': (_model_a, _wrong_classes)},
      'fedd3a global and client models must share input shape and classes'),

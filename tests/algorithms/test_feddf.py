@@ -214,9 +214,6 @@ def test_bad_inputs_fail_with_one_clear_line(data, pool, tmp_path):
   no_val = server_data.ServerData.create(str(tmp_path / 'noval'), X)
   with pytest.raises(errors.ConfigError, match='drop_worst needs'):
     _build(data, no_val, drop_worst=True)
-  with pytest.raises(errors.ConfigError,
-                     match='heterogeneous feddf needs keyed client data'):
-    _build(data, pool, model_fns=(_model_fn, _model_fn), dataset_fn=None)
   with pytest.raises(errors.DataError, match='non-empty'):
     server_data.ServerData.create(str(tmp_path / 'empty'),
                                   np.zeros((0, 2), np.float32))

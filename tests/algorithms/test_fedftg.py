@@ -143,7 +143,6 @@ def test_model_weights_and_state(toy):
     ({'ensemble': 'max'}, "ensemble 'max' is unknown"),
     ({'lr_decay': 1.5}, r'lr_decay must be in \(0, 1\]'),
     ({'temperature': 0.0}, 'temperature must be > 0'),
-    ({'dataset_fn': None}, 'needs keyed client data'),
 ])
 def test_bad_settings_fail_before_compute(tmp_path, overrides, match):
   data = toy_kd.make_data(str(tmp_path))

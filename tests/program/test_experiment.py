@@ -5,6 +5,7 @@ Runs in-process on scikit-learn's bundled digits with a few tiny rounds.
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -202,6 +203,17 @@ def test_corrupt_newest_checkpoint_falls_back_to_the_newest_readable(
                             progress=False)
   assert result.final['test/accuracy'] == straight.final['test/accuracy']
   assert result.final['test/loss'] == straight.final['test/loss']
+
+
+def test_run_stopped_before_its_first_checkpoint_resumes(tmp_path):
+  # Regression: only round 0's checkpoint exists (a run stopped between
+  # checkpoints); resuming used to fail on saving round 0 again.
+  root = str(tmp_path / 'run')
+  experiment.run(_config(rounds=1), root, progress=False)
+  shutil.rmtree(os.path.join(root, 'checkpoints', 'program_state_1'))
+  result = experiment.run(_config(rounds=1), root, progress=False)
+  assert result.resumed_after == 0
+  assert [h['round'] for h in result.history] == [1]
 
 
 def test_no_readable_checkpoint_is_a_clear_error(tmp_path):

@@ -1,10 +1,11 @@
-"""TFF's own program logic drives tff_kd processes whose clients take datasets.
+"""TFF's own program logic drives every tff_kd method.
 
 `tff.learning.programs.train_model`, with TFF's `FileProgramStateManager`, a
-train-metrics release manager and `ClientDataSource`, trains FedAvg, FedDF
-and FedD3A for 2 rounds, then resumes for a third from its own program
-state. The rounds it runs equal `experiment.run`'s keyed rounds: the same
-clients, shuffles and model.
+train-metrics release manager and `ClientDataSource`, trains each method's
+dataset-taking process (`experiment.build_dataset_process`) for 2 rounds,
+then resumes for a third from its own program state. The rounds it runs
+equal `experiment.run`'s keyed rounds (the fast path): the same clients,
+shuffles, per-client seeds and model.
 """
 
 import numpy as np
@@ -14,7 +15,6 @@ import tensorflow_federated as tff
 
 from tests.program.test_experiment import _config
 from tests.program.test_faults import METHOD_CASES
-from tff_kd import errors
 from tff_kd.program import experiment
 from tff_kd.program import tff_programs
 
@@ -31,8 +31,9 @@ class _Recorder(tff.program.ReleaseManager):
 
 def _train(exp, process, root: str, rounds: int, recorder) -> None:
   config = exp.config
-  source = tff_programs.ClientDataSource(
-      exp.client_data, experiment.local_work(config), seed=config.seed)
+  source = tff_programs.ClientDataSource.for_process(
+      process, exp.client_data, experiment.local_work(config),
+      seed=config.seed)
   manager = tff.program.FileProgramStateManager(root)
   initial = process.set_model_weights(
       process.initialize(), experiment._seeded_initial_weights(exp.model_fn))  # pylint: disable=protected-access
@@ -48,10 +49,16 @@ def _train(exp, process, root: str, rounds: int, recorder) -> None:
         evaluation_periodicity=1))
 
 
-@pytest.mark.parametrize('method', ['fedavg', 'feddf', 'fedd3a'])
+CASES = {**METHOD_CASES, 'feddf_hetero': {
+    **METHOD_CASES['feddf'], 'feddf.prototypes': 'cnn,cnn:group'}}
+
+
+@pytest.mark.parametrize('method', [
+    m if m == 'fedavg' else pytest.param(m, marks=pytest.mark.slow)
+    for m in sorted(CASES)])
 def test_train_model_trains_and_resumes_like_experiment_run(tmp_path,
                                                             method):
-  config = _config(rounds=3, export=False, **METHOD_CASES[method])
+  config = _config(rounds=3, export=False, **CASES[method])
   keyed_root = str(tmp_path / 'keyed')
   experiment.run(config, keyed_root, progress=False)
   exp = experiment.prepare(config, keyed_root)
@@ -71,8 +78,9 @@ def test_train_model_trains_and_resumes_like_experiment_run(tmp_path,
   assert versions[-1] == 3
   saved = experiment._sync(manager.load(  # pylint: disable=protected-access
       3, tff.learning.programs.ProgramState(
-          process.initialize(), 0, 0, tff_programs.ClientDataSource(
-              exp.client_data, experiment.local_work(config),
+          process.initialize(), 0, 0,
+          tff_programs.ClientDataSource.for_process(
+              process, exp.client_data, experiment.local_work(config),
               seed=config.seed).iterator())))
   assert saved.round_number == 3
   assert saved.data_iterator.round_num == 3
@@ -81,11 +89,3 @@ def test_train_model_trains_and_resumes_like_experiment_run(tmp_path,
   for a, b in zip(want, got):
     np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=0,
                                atol=1e-5)
-
-
-@pytest.mark.parametrize('method', ['dafkd', 'fedgen', 'fedftg'])
-def test_keyed_only_methods_say_so(tmp_path, method):
-  config = _config(export=False, **METHOD_CASES[method])
-  exp = experiment.prepare(config, str(tmp_path))
-  with pytest.raises(errors.ConfigError, match='needs keyed client data'):
-    experiment.build_dataset_process(exp)

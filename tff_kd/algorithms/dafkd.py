@@ -51,7 +51,7 @@ GENERATORS = ('mlp', 'dcgan')
 def build_dafkd_process(
     classifier_fn: Callable[[], classifiers.Classifier],
     element_spec: collections.OrderedDict,
-    dataset_fn: learning.DatasetFn,
+    dataset_fn: Optional[learning.DatasetFn],
     *,
     num_clients: int,
     clients_per_round: int,
@@ -87,7 +87,9 @@ def build_dafkd_process(
   Args:
     classifier_fn: No-arg builder of the seeded `Classifier`.
     element_spec: Batch structure of the client datasets.
-    dataset_fn: Key -> dataset (keys carry the client id).
+    dataset_fn: Key -> dataset (the fast path: keys carry the client id),
+      or None: clients take `OrderedDict(client_id=int32, data=<dataset>)`;
+      the id finds the client's discriminator.
     num_clients: K; client ids are 0..K-1.
     clients_per_round: M, the most clients per round.
     joint_optimizer: Client optimiser of eq. (9) (paper: lr 1e-3, weight
@@ -189,7 +191,7 @@ def build_dafkd_process(
       spec, element_spec, dataset_fn, joint_optimizer=joint_optimizer,
       generator_optimizer=generator_optimizer, num_clients=num_clients,
       learning_rate=learning_rate, learning_rate_decay=learning_rate_decay,
-      private=private_settings, negatives_fn=real_pool_fn)
+      private=private_settings, negatives_fn=real_pool_fn, seed=seed)
   update_type = client_work.next.type_signature.result.result.member.update
   if private:
     aggregator = dafkd_tff.build_private_aggregator(update_type,
@@ -227,9 +229,6 @@ def _validate(a: dict) -> None:
   if a['classifier_fn'] is None:
     fail('needs a classifier builder with a feature extractor '
          '(ProcessInputs.classifier_fn)')
-  if a['dataset_fn'] is None:
-    fail('needs keyed client data (dataset_fn): a client finds its '
-         'discriminator by the id in its key')
   for name in ('num_clients', 'clients_per_round', 'pool_size', 'noise_dim'):
     positive_int(name)
   if a['clients_per_round'] > a['num_clients']:

@@ -171,10 +171,6 @@ def _build_hetero(classifier_fn, client_model_fns, element_spec, *,
                   learning_rate_decay, num_clients, dataset_fn, kd_weight,
                   kd_temperature) -> tff.learning.templates.LearningProcess:
   """Heterogeneous FedD3A (arguments as `build_fedd3a_process`'s)."""
-  if dataset_fn is None:
-    raise errors.ConfigError(
-        'heterogeneous fedd3a needs keyed client data (dataset_fn): a '
-        "client's architecture and store row come from its id")
   if num_clients < len(client_model_fns):
     raise errors.ConfigError(
         f'heterogeneous fedd3a keeps one local model per client: '

@@ -65,7 +65,9 @@ def build_feddf_process(
     learning_rate_decay: Client lr multiplier per round, in (0, 1].
     drop_worst: Drop teachers at or below random-guess accuracy on the
       server validation set (needs `server_data.val_size > 0`).
-    dataset_fn: Key -> dataset function (required for several prototypes).
+    dataset_fn: Key -> dataset function (the fast path), or None: clients
+      take datasets, and with several prototypes `OrderedDict(client_id,
+      data)` (a client's prototype is its id modulo their number).
 
   Returns:
     A `tff.learning.templates.LearningProcess`.
@@ -88,10 +90,6 @@ def build_feddf_process(
         f'clients_per_round must be >= 1, got {clients_per_round!r}')
   distill_config.validate()
   distill_config.check_labeled(server_data.val_size)
-  if len(model_fns) > 1 and dataset_fn is None:
-    raise errors.ConfigError(
-        'heterogeneous feddf needs keyed client data (dataset_fn): a '
-        "client's prototype is its id modulo the number of prototypes")
   if drop_worst and not server_data.val_size:
     raise errors.ConfigError(
         'feddf.drop_worst needs a labeled server validation set '

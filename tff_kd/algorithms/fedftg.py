@@ -16,6 +16,7 @@ them).
 
 import collections
 import math
+from typing import Optional
 
 import tensorflow as tf
 import tensorflow_federated as tff
@@ -42,7 +43,7 @@ def build_fedftg_process(
     generator_optimizer: tff.learning.optimizers.Optimizer,
     student_optimizer: tff.learning.optimizers.Optimizer,
     learning_rate: float,
-    dataset_fn: learning.DatasetFn,
+    dataset_fn: Optional[learning.DatasetFn],
     learning_rate_decay: float = 1.0,
     iterations: int = 10,
     student_steps: int = 5,
@@ -72,7 +73,8 @@ def build_fedftg_process(
     generator_optimizer: Reference: Adam, lr 0.01.
     student_optimizer: Reference: SGD, lr 0.1.
     learning_rate: Client learning rate at round 0 (> 0).
-    dataset_fn: Key -> dataset function (clients count their labels).
+    dataset_fn: Key -> dataset function (the fast path), or None: clients
+      then take plain `tf.data.Dataset`s, as TFF's own algorithms do.
     learning_rate_decay: Client lr multiplier per round, in (0, 1].
     iterations: Generator/student iterations per round (reference 10).
     student_steps: Student steps per iteration (reference 5), through
@@ -136,8 +138,6 @@ def build_fedftg_process(
   if kl_reduction not in distillation.KL_REDUCTIONS:
     fail(f'kl_reduction {kl_reduction!r} is unknown; choose one of '
          f"{', '.join(distillation.KL_REDUCTIONS)}")
-  if dataset_fn is None:
-    fail('needs keyed client data (dataset_fn)')
   config = distillation.DistillConfig(
       steps=student_steps, batch_size=batch_size, temperature=temperature,
       eval_every=student_steps, seed=seed, student_training=student_training,

@@ -16,6 +16,7 @@ generator.
 
 import collections
 import math
+from typing import Optional
 
 import tensorflow as tf
 import tensorflow_federated as tff
@@ -39,7 +40,7 @@ def build_fedgen_process(
     server_optimizer: tff.learning.optimizers.Optimizer,
     generator_optimizer: tff.learning.optimizers.Optimizer,
     learning_rate: float,
-    dataset_fn: learning.DatasetFn,
+    dataset_fn: Optional[learning.DatasetFn],
     local_batch_size: int,
     learning_rate_decay: float = 1.0,
     generator_steps: int = 50,
@@ -71,8 +72,9 @@ def build_fedgen_process(
     server_optimizer: Applies the mean classifier delta (SGD lr 1: FedAvg).
     generator_optimizer: Reference: Adam, lr 3e-4 (MNIST).
     learning_rate: Client learning rate at round 0 (> 0).
-    dataset_fn: Key -> dataset function (required: clients read their round
-      number and build their dataset from the key).
+    dataset_fn: Key -> dataset function (the fast path), or None: clients
+      then take `OrderedDict(client_id=int32, data=<dataset>)`, the id
+      seeding their own generator noise (`learning.client_input`).
     local_batch_size: B, the clients' batch size (scales alpha by B'/B).
     learning_rate_decay: Client lr multiplier per round, in (0, 1].
     generator_steps: Server generator steps per round (reference 50).
@@ -114,10 +116,6 @@ def build_fedgen_process(
          local_batch_size=local_batch_size, start_round=start_round,
          reference_steps=reference_steps, teacher_weight=teacher_weight,
          diversity_weight=diversity_weight)
-  if dataset_fn is None:
-    raise errors.ConfigError(
-        'fedgen needs keyed client data (dataset_fn): clients read the round '
-        'number, which decays their regulariser, from their key')
   with tf.Graph().as_default():
     classifier = classifier_fn()
     try:
@@ -144,7 +142,7 @@ def build_fedgen_process(
   client_work = fedgen_tff.build_client_work(
       classifier_fn, element_spec, client_optimizer, num_classes=num_classes,
       learning_rate=learning_rate, learning_rate_decay=learning_rate_decay,
-      dataset_fn=dataset_fn, regularizer=regularizer)
+      dataset_fn=dataset_fn, regularizer=regularizer, seed=seed)
   aggregator, stack_type = feddf_tff.build_client_stack(
       client_work, clients_per_round)
   finalizer = fedgen_tff.build_generator_finalizer(

@@ -51,11 +51,6 @@ GAN_WINDOWS = ('first', 'last')
 _HASH_BUCKETS = 2**62
 
 
-def client_id_of_key(key: tf.Tensor) -> tf.Tensor:
-  """The int32 client id of a data key `"<id>|<seed>|<round>"`."""
-  return tf.strings.to_number(tf.strings.split(key, '|')[0], tf.int32)
-
-
 def key_seed(key: tf.Tensor) -> tf.Tensor:
   """An int64 seed word from a client's data key (unique per client/round)."""
   return tf.strings.to_hash_bucket_fast(key, _HASH_BUCKETS)

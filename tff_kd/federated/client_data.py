@@ -145,6 +145,39 @@ class FileClientData:
     x, y = self.read_arrays(parts[0])
     return shuffled_batches(x, y, seed, local)
 
+  def replayable_dataset(self, key: str, local: LocalWork) -> tf.data.Dataset:
+    """`dataset_from_key`'s batches, the same on every pass (eager only).
+
+    Inside a TFF computation, a `dataset_from_key` dataset restarts its
+    shuffle on every pass over it (a client that reads its data twice, e.g.
+    FedD3A's projection then training, sees the same order twice). A
+    dataset handed to TFF as a value instead continues its shuffle's seed
+    state, so a second pass would see other orders. This one fixes the
+    order up front: the example indices of `dataset_from_key`'s first pass,
+    gathered from the client's arrays in every pass.
+
+    Args:
+      key: `"<id>|<seed>|<round>"`.
+      local: The local work.
+
+    Returns:
+      A `tf.data.Dataset` of the same batches as `dataset_from_key`.
+    """
+    parts = key.split('|')
+    x, y = self.read_arrays(tf.constant(parts[0]))
+    seed = int(parts[1]) * 1_000_003 + int(parts[2])
+    order = shuffled_batches(
+        tf.range(tf.shape(y)[0]), tf.range(tf.shape(y)[0]),
+        tf.constant(seed, tf.int64), local.validate())
+    batches = [b['y'] for b in order]
+    sizes = tf.constant([int(b.shape[0]) for b in batches], tf.int64)
+    indices = tf.concat(batches, 0)
+    ends = tf.cumsum(sizes)
+    starts = ends - sizes
+    bounds = tf.data.Dataset.from_tensor_slices((starts, ends))
+    return bounds.map(lambda s, e: collections.OrderedDict(
+        x=tf.gather(x, indices[s:e]), y=tf.gather(y, indices[s:e])))
+
   def dataset_fn(self, local: LocalWork) -> Callable[[tf.Tensor],
                                                      tf.data.Dataset]:
     """A TF-traceable key -> dataset function for clients that build their

@@ -144,6 +144,7 @@ def build_client_work(
     learning_rate_decay: float = 1.0,
     private: Optional[PrivateSettings] = None,
     negatives_fn: Optional[Callable[[], tf.Tensor]] = None,
+    seed: int = 0,
 ) -> tff.templates.MeasuredProcess:
   """DaFKD's client work with the per-client discriminator store.
 
@@ -161,7 +162,9 @@ def build_client_work(
   Args:
     spec: `ModelSpec`.
     element_spec: Batch structure of the client datasets.
-    dataset_fn: Key -> dataset (keyed client data carries the client id).
+    dataset_fn: Key -> dataset (the fast path: keys carry the client id),
+      or None: clients take `OrderedDict(client_id=int32, data=<dataset>)`
+      (`learning.client_data_type`).
     joint_optimizer: Optimiser of eq. (9).
     generator_optimizer: Optimiser of eq. (3).
     num_clients: K, the rows of the store; client ids must be in [0, K).
@@ -172,12 +175,15 @@ def build_client_work(
       real images of the global distribution (the server's proxy pool,
       read inside the client's computation as if broadcast) that replace
       the generated negatives; None: generated negatives (DaFKD).
+    seed: The process seed; with `dataset_fn=None` it seeds each client's
+      round as the keys' seed field does (`learning.client_input`).
 
   Returns:
-    A `tff.templates.MeasuredProcess` (clients take keys).
+    A `tff.templates.MeasuredProcess`.
   """
   weights_type = models_type(spec)
-  data_type = learning.client_data_type(element_spec, dataset_fn)
+  data_type = learning.client_data_type(element_spec, dataset_fn,
+                                        with_id=True)
   store = client_store.ClientStore(lambda: _row_values(spec), num_clients,
                                    what='client')
   model_bytes = float(learning.payload_bytes(weights_type))
@@ -193,8 +199,10 @@ def build_client_work(
 
   @tff.tensorflow.computation(weights_type, data_type, np.float32, np.int32,
                               store.store_type)
-  def client_update(weights, key, lr, round_num, rows):
-    client_id = dafkd_tf.client_id_of_key(key)
+  def client_update(weights, data, lr, round_num, rows):
+    client = learning.client_input(data, dataset_fn, seed=seed,
+                                   round_num=round_num)
+    client_id = client.client_id
     row = list(store.read(rows, client_id))
     classifier, discriminator, generator = spec.build()
     private_pool = None
@@ -204,9 +212,9 @@ def build_client_work(
           private.temperature, private.correlation)
     r = dafkd_tf.client_round(
         classifier, discriminator, generator, weights, row,
-        dataset_fn(key), joint_optimizer=joint_optimizer,
+        client.dataset, joint_optimizer=joint_optimizer,
         generator_optimizer=generator_optimizer, learning_rate=lr,
-        seed=dafkd_tf.key_seed(key), settings=spec.settings,
+        seed=dafkd_tf.key_seed(client.key), settings=spec.settings,
         private_pool=private_pool,
         negatives_pool=None if negatives_fn is None else negatives_fn())
     update = collections.OrderedDict(classifier=r.classifier_delta,

@@ -77,11 +77,6 @@ def classifier_specs(classifier_fn: ClassifierFn):
             tuple(classifier.model.input_shape[1:]))
 
 
-def client_id_of_key(key: tf.Tensor) -> tf.Tensor:
-  """The int32 client id, the first field of a `"<id>|<seed>|<round>"` key."""
-  return tf.strings.to_number(tf.strings.split(key, '|')[0], tf.int32)
-
-
 def build_client_work(
     classifier_fn: ClassifierFn,
     element_spec: collections.OrderedDict,
@@ -121,10 +116,8 @@ def build_client_work(
 
   @tff.tensorflow.computation(weights_type, data_type, np.float32)
   def client_update(weights, data, lr):
-    if dataset_fn is None:
-      dataset, client_id = data, tf.constant(-1, tf.int32)
-    else:
-      dataset, client_id = dataset_fn(data), client_id_of_key(data)
+    client = learning.client_input(data, dataset_fn)
+    dataset, client_id = client.dataset, client.client_id
     result = fedd3a_tf.client_round(
         classifier_fn(), client_optimizer, weights, dataset, lr,
         alpha=alpha, projection_batches=projection_batches)
@@ -319,7 +312,7 @@ def build_hetero_client_work(
     client_model_fns: Sequence[learning.ModelFn],
     element_spec: collections.OrderedDict,
     client_optimizer: tff.learning.optimizers.Optimizer,
-    dataset_fn: learning.DatasetFn,
+    dataset_fn: Optional[learning.DatasetFn],
     *,
     num_clients: int,
     learning_rate: float,
@@ -352,7 +345,9 @@ def build_hetero_client_work(
     client_model_fns: One Keras model builder (logits) per architecture.
     element_spec: Batch structure of the client datasets.
     client_optimizer: A `tff.learning.optimizers` optimizer.
-    dataset_fn: Key -> dataset (the key carries the client id).
+    dataset_fn: Key -> dataset (the fast path: the key carries the client
+      id), or None: clients take `OrderedDict(client_id=int32,
+      data=<dataset>)`.
     num_clients: K; client ids must lie in [0, K).
     learning_rate: Client learning rate at round 0.
     alpha: Ridge of eq. 5 (> 0).
@@ -370,7 +365,8 @@ def build_hetero_client_work(
     num_trainable = [len(fn().trainable_weights) for fn in client_model_fns]
   weights_specs, d, _ = classifier_specs(classifier_fn)
   weights_type = learning.spec_to_type(weights_specs)
-  data_type = learning.client_data_type(element_spec, dataset_fn)
+  data_type = learning.client_data_type(element_spec, dataset_fn,
+                                        with_id=True)
   stores_type = tff.types.StructWithPythonType(
       [s.store_type for s in stores], tuple)
   itemsize = np.dtype(np.float32).itemsize
@@ -381,9 +377,10 @@ def build_hetero_client_work(
 
   @tff.tensorflow.computation(weights_type, data_type, np.float32,
                               stores_type)
-  def client_update(global_weights, key, lr, tables):
-    client_id = client_id_of_key(key)
-    architecture = feddf_tff.prototype_of_key(key, num_archs)
+  def client_update(global_weights, data, lr, tables):
+    client = learning.client_input(data, dataset_fn)
+    client_id = client.client_id
+    architecture = feddf_tff.prototype_of_id(client_id, num_archs)
     own = [tf.equal(architecture, a) for a in range(num_archs)]
     # Only the own architecture's index is checked; others read row 0.
     indices = [tf.where(own[a], client_id // num_archs, 0)
@@ -394,7 +391,7 @@ def build_hetero_client_work(
                                           num_trainable)]
     result = fedd3a_tf.hetero_client_round(
         classifier_fn(), [fn() for fn in client_model_fns], client_optimizer,
-        global_weights, local_weights, dataset_fn(key), lr,
+        global_weights, local_weights, client.dataset, lr,
         architecture=architecture, alpha=alpha, kd_weight=kd_weight,
         temperature=kd_temperature, projection_batches=projection_batches)
     uploads = tuple(

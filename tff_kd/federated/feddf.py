@@ -69,11 +69,10 @@ def build_initial_weights_fn(model_fns: Sequence[ModelFn]) -> tff.Computation:
   return initial_weights
 
 
-def prototype_of_key(key: tf.Tensor, num_prototypes: int) -> tf.Tensor:
-  """A client's prototype, `int(client_id) % P`, from its data key."""
-  client_id = tf.strings.split(key, '|')[0]
-  return tf.cast(tf.strings.to_number(client_id, tf.int64) % num_prototypes,
-                 tf.int32)
+def prototype_of_id(client_id: tf.Tensor, num_prototypes: int) -> tf.Tensor:
+  """A client's prototype: its id modulo P."""
+  return tf.cast(tf.math.floormod(tf.cast(client_id, tf.int64),
+                                  num_prototypes), tf.int32)
 
 
 def build_prototype_client_work(
@@ -98,18 +97,18 @@ def build_prototype_client_work(
     client_optimizer: A `tff.learning.optimizers` optimizer.
     learning_rate: Client learning rate at round 0.
     learning_rate_decay: Multiplicative decay per round.
-    dataset_fn: Key -> dataset function. Without it clients receive
-      sequences and every client trains prototype 0 (only P = 1 allowed).
+    dataset_fn: Key -> dataset function (the fast path). Without it,
+      clients receive sequences (P = 1), or with several prototypes
+      `OrderedDict(client_id=int32, data=<dataset>)`: a client trains
+      prototype `client_id % P`.
 
   Returns:
-    A `tff.templates.MeasuredProcess` (clients take keys, or sequences).
+    A `tff.templates.MeasuredProcess`.
   """
   num_prototypes = len(model_fns)
-  if dataset_fn is None and num_prototypes > 1:
-    raise ValueError('several prototypes need keyed client data '
-                     '(dataset_fn), which tells each client its prototype')
   weights_type = prototypes_weights_type(model_fns)
-  data_type = learning.client_data_type(element_spec, dataset_fn)
+  data_type = learning.client_data_type(element_spec, dataset_fn,
+                                        with_id=num_prototypes > 1)
   # What a real client moves: its own prototype down; it, its weight and its
   # prototype index up.
   sizes = [float(learning.payload_bytes(t)) for t in weights_type]
@@ -117,11 +116,9 @@ def build_prototype_client_work(
 
   @tff.tensorflow.computation(weights_type, data_type, np.float32)
   def client_update(weights, data, lr):
-    if dataset_fn is None:
-      dataset, prototype = data, tf.constant(0, tf.int32)
-    else:
-      dataset = dataset_fn(data)
-      prototype = prototype_of_key(data, num_prototypes)
+    client = learning.client_input(data, dataset_fn)
+    dataset = client.dataset
+    prototype = prototype_of_id(client.client_id, num_prototypes)
     results = []
     for p, model_fn in enumerate(model_fns):
       # take(-1) is the whole dataset, take(0) none: a zero delta.

@@ -98,10 +98,6 @@ def initial_weights_fn(classifier_fn: ClassifierFn,
   return initial_weights
 
 
-def _round_of_key(key: tf.Tensor) -> tf.Tensor:
-  return tf.strings.to_number(tf.strings.split(key, '|')[2], tf.int32)
-
-
 def count_labels(dataset: tf.data.Dataset, num_classes: int) -> tf.Tensor:
   """[C] float32 counts of the labels of every batch of `dataset`."""
   return dataset.reduce(
@@ -119,8 +115,9 @@ def build_client_work(
     num_classes: int,
     learning_rate: float,
     learning_rate_decay: float = 1.0,
-    dataset_fn: learning.DatasetFn,
+    dataset_fn: Optional[learning.DatasetFn] = None,
     regularizer: Optional[LocalRegularizer] = None,
+    seed: int = 0,
 ) -> tff.templates.MeasuredProcess:
   """Local training that also uploads the client's label counts.
 
@@ -138,11 +135,17 @@ def build_client_work(
     num_classes: C.
     learning_rate: Client learning rate at round 0.
     learning_rate_decay: Multiplicative decay per round.
-    dataset_fn: Key -> dataset function (keys carry the round number).
+    dataset_fn: Key -> dataset function (the fast path), or None: clients
+      then take `OrderedDict(client_id, data)` with a regulariser (each
+      client draws its own generator noise, seeded by its id and the
+      round), plain sequences without (`learning.client_data_type`).
     regularizer: FedGen's regulariser settings, or None.
+    seed: The process seed, which seeds the dataset path's noise (the keys
+      carry it on the keyed path).
 
   Returns:
-    A `tff.templates.MeasuredProcess` whose clients take keys.
+    A `tff.templates.MeasuredProcess`. The round number (which decays the
+    regulariser) comes from its state.
   """
   with tf.Graph().as_default():
     classifier_weights = local_training.model_weights(classifier_fn().model)
@@ -152,16 +155,19 @@ def build_client_work(
       weights_spec = (classifier_weights, local_training.model_weights(
           regularizer.generator_fn()))
   weights_type = learning.spec_to_type(weights_spec)
-  data_type = learning.client_data_type(element_spec, dataset_fn)
+  data_type = learning.client_data_type(
+      element_spec, dataset_fn, with_id=regularizer is not None)
   bytes_down = float(learning.payload_bytes(weights_type))
   # The classifier delta, the label counts and the weight go up.
   bytes_up = float(learning.payload_bytes(learning.spec_to_type(
       classifier_weights)) + (num_classes + 1) * np.dtype(np.float32).itemsize)
 
-  @tff.tensorflow.computation(weights_type, data_type, np.float32)
-  def client_update(weights, key, lr):
+  @tff.tensorflow.computation(weights_type, data_type, np.float32, np.int32)
+  def client_update(weights, data, lr, round_num):
+    client = learning.client_input(data, dataset_fn, seed=seed,
+                                   round_num=round_num)
     # Cached: the counting pass and training see the very same batches.
-    dataset = dataset_fn(key).cache()
+    dataset = client.dataset.cache()
     counts = count_labels(dataset, num_classes)
     classifier = classifier_fn()
     if regularizer is None:
@@ -171,8 +177,8 @@ def build_client_work(
       generator = regularizer.generator_fn()
       result = _train_regularized(
           classifier, generator, client_optimizer, weights[0], weights[1],
-          dataset, lr, counts, _round_of_key(key),
-          tf.strings.to_hash_bucket_fast(key, 2**62), regularizer)
+          dataset, lr, counts, round_num,
+          tf.strings.to_hash_bucket_fast(client.key, 2**62), regularizer)
     update = collections.OrderedDict(delta=result.weights_delta,
                                      label_counts=counts)
     return learning.screen_client(

@@ -20,7 +20,7 @@ down to and up from the clients.
 """
 
 import collections
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -34,21 +34,83 @@ DatasetFn = Callable[[tf.Tensor], tf.data.Dataset]
 
 
 def client_data_type(element_spec: collections.OrderedDict,
-                     dataset_fn: Optional[DatasetFn] = None) -> tff.Type:
+                     dataset_fn: Optional[DatasetFn] = None, *,
+                     with_id: bool = False) -> tff.Type:
   """What each client receives as its data.
 
   Without `dataset_fn`, a `tff.SequenceType` of batches: the standard TFF
-  form (datasets made elsewhere, e.g. by a composed dataset computation).
-  With it, a string key from which the client builds its own dataset inside
-  its TensorFlow computation (`FileClientData.dataset_fn`). That skips the
-  serialisation of a dataset graph between two computations for every
-  client, which costs the TFF runtime about 0.4 s per round on the FedGen
-  workload (benchmarks/fedgen_workload.py), and lets KD methods read
-  per-client metadata from the same key.
+  form (datasets made elsewhere, e.g. by a `tff.program` data source). With
+  `with_id` too, `OrderedDict(client_id=int32, data=<sequence>)`: methods
+  with per-client state (DaFKD's discriminators, heterogeneous models) need
+  to know which client a dataset belongs to, and every client needs a seed
+  of its own (`ClientInput.key`).
+
+  With `dataset_fn`, a string key `"<client_id>|<seed>|<round>"` from which
+  the client builds its own dataset inside its TensorFlow computation
+  (`FileClientData.dataset_fn`): the fast path. It skips the serialisation
+  of a dataset graph between two computations for every client, which costs
+  the TFF runtime about 0.4 s per round on the FedGen workload
+  (benchmarks/fedgen_workload.py).
   """
-  if dataset_fn is None:
-    return tff.SequenceType(spec_to_type(element_spec))
-  return tff.TensorType(np.str_)
+  if dataset_fn is not None:
+    return tff.TensorType(np.str_)
+  sequence = tff.SequenceType(spec_to_type(element_spec))
+  if with_id:
+    return tff.types.StructWithPythonType(
+        [('client_id', tff.TensorType(np.int32)), ('data', sequence)],
+        collections.OrderedDict)
+  return sequence
+
+
+class ClientInput(NamedTuple):
+  """One client's data, whichever form it arrived in.
+
+  Attributes:
+    dataset: Its batches.
+    client_id: int32 id (-1 for plain sequences, which carry none).
+    key: `"<client_id>|<seed>|<round>"`: the data key itself on the keyed
+      path, the same string rebuilt from (id, the process seed, the round
+      from the server state) on the dataset path, so both paths derive the
+      same per-client seeds (e.g. `tf.strings.to_hash_bucket_fast(key, ..)`).
+  """
+
+  dataset: tf.data.Dataset
+  client_id: tf.Tensor
+  key: tf.Tensor
+
+
+def client_id_of_key(key: tf.Tensor) -> tf.Tensor:
+  """The int32 client id, the first field of a `"<id>|<seed>|<round>"` key."""
+  return tf.strings.to_number(tf.strings.split(key, '|')[0], tf.int32)
+
+
+def client_input(data, dataset_fn: Optional[DatasetFn], *, seed: int = 0,
+                 round_num: Optional[tf.Tensor] = None) -> ClientInput:
+  """Unpacks a client's data (see `client_data_type`) inside its TF code.
+
+  Args:
+    data: The client's key, sequence, or (client_id, sequence).
+    dataset_fn: The key -> dataset function of the keyed path, or None.
+    seed: The process's seed (the keys' second field).
+    round_num: This round's number, from the server state; None (0 in the
+      rebuilt key) for clients that draw no per-round randomness.
+
+  Returns:
+    A `ClientInput`.
+  """
+  if dataset_fn is not None:
+    return ClientInput(dataset_fn(data), client_id_of_key(data), data)
+  if isinstance(data, tf.data.Dataset):
+    client_id = tf.constant(-1, tf.int32)
+    dataset = data
+  else:
+    client_id = tf.cast(data['client_id'], tf.int32)
+    dataset = data['data']
+  if round_num is None:
+    round_num = tf.constant(0, tf.int32)
+  key = tf.strings.join([tf.strings.as_string(client_id), str(int(seed)),
+                         tf.strings.as_string(round_num)], separator='|')
+  return ClientInput(dataset, client_id, key)
 
 
 def _unplaced_weights_type(model_fn: ModelFn) -> tff.Type:
@@ -254,7 +316,9 @@ def build_scheduled_client_work(
 
   Args:
     client_update: TF computation `(weights, data, lr) -> (ClientResult,
-      stats)`, with `stats` as made by `client_stats`.
+      stats)`, with `stats` as made by `client_stats`; or, taking a fourth
+      int32 argument, `(weights, data, lr, round_num)`: it then receives
+      the round number from the server state (e.g. for `client_input`).
     learning_rate: Client learning rate at round 0.
     learning_rate_decay: Multiplicative decay per round.
     sequence_data: Whether clients receive sequences (then the result is a
@@ -266,7 +330,8 @@ def build_scheduled_client_work(
     The client-work process; its measurements are the summed stats plus the
     learning rate and the number of clients.
   """
-  weights_type, data_type, _ = client_update.type_signature.parameter
+  weights_type, data_type = client_update.type_signature.parameter[:2]
+  with_round = len(client_update.type_signature.parameter) == 4
   round_learning_rate, increment = build_round_schedule(learning_rate,
                                                         learning_rate_decay)
 
@@ -280,8 +345,10 @@ def build_scheduled_client_work(
       tff.FederatedType(data_type, tff.CLIENTS))
   def next_fn(round_num, weights, data):
     lr = tff.federated_map(round_learning_rate, round_num)
-    client_results, stats = tff.federated_map(
-        client_update, (weights, data, tff.federated_broadcast(lr)))
+    args = (weights, data, tff.federated_broadcast(lr))
+    if with_round:
+      args += (tff.federated_broadcast(round_num),)
+    client_results, stats = tff.federated_map(client_update, args)
     measurements = tff.federated_zip(client_measurements(stats, lr))
     return tff.templates.MeasuredProcessOutput(
         state=tff.federated_map(increment, round_num),

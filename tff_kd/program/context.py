@@ -104,6 +104,15 @@ def shutdown() -> int:
   return killed
 
 
+def start_reaped(args: list[str]) -> subprocess.Popen:
+  """Starts a child (e.g. a `worker_binary` service) that dies with us.
+
+  Its output is discarded: workers log every request.
+  """
+  return _ReapedPopen(args, stdout=subprocess.DEVNULL,
+                      stderr=subprocess.DEVNULL)
+
+
 def install_worker_reaper() -> None:
   """Makes TFF's local executor factory start reaped `worker_binary`s."""
   global _installed

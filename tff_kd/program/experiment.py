@@ -49,8 +49,10 @@ from tff_kd.algorithms import feddf as feddf_lib
 from tff_kd.core import fedd3a as fedd3a_lib
 from tff_kd.federated import client_data as client_data_lib
 from tff_kd.federated import server_data as server_data_lib
+from tff_kd.program import context
 from tff_kd.program import evaluation
 from tff_kd.program import export
+from tff_kd.program import runtime
 from tff_kd.program import sampling
 
 PARTITIONS = ('dirichlet', 'iid', 'fedgen', 'domain')
@@ -59,7 +61,8 @@ _DISTILLING_METHODS = ('feddf', 'fedd3a', 'dafkd')
 _CONFIG_FILE = 'config.json'
 # Keys that may change between a run and its resumption.
 _RESUMABLE_KEYS = ('rounds', 'eval_every', 'checkpoint_every', 'export',
-                   'keep_checkpoints')
+                   'keep_checkpoints', 'runtime.workers',
+                   'runtime.worker_timeout_s')
 
 
 class Experiment(NamedTuple):
@@ -140,6 +143,17 @@ def _check_keys(config: ml_collections.ConfigDict,
       _check_keys(value, reference[key], f'{prefix}{key}.')
 
 
+def set_context(config: ml_collections.ConfigDict) -> None:
+  """Installs the TFF context the config's runtime section asks for: TFF's
+  local runtime (its test context for secure sums), or remote workers."""
+  workers = runtime.parse_workers(config.runtime.workers)
+  if workers:
+    runtime.set_remote_context(workers,
+                               timeout_s=config.runtime.worker_timeout_s)
+  else:
+    context.set_context_for(needs_secure_sum(config))
+
+
 def needs_secure_sum(config: ml_collections.ConfigDict) -> bool:
   """Whether the method's process uses secure aggregation (DaFKD private
   mode), which only TFF's test context simulates
@@ -159,6 +173,10 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   from configs import base  # pylint: disable=g-import-not-at-top
   _check_keys(config, base.get_config())
   registry.get_method(config.method)
+  runtime.check_supported(needs_secure_sum(config), config.runtime.workers)
+  if not config.runtime.worker_timeout_s > 0:
+    raise errors.ConfigError('runtime.worker_timeout_s must be > 0, got '
+                             f'{config.runtime.worker_timeout_s!r}')
   if not config.dataset.domains and (
       config.dataset.name not in data_lib.DATASETS):
     raise errors.ConfigError(
@@ -764,7 +782,9 @@ def run(config: ml_collections.ConfigDict, root_dir: str, *,
       keep_total=config.keep_checkpoints)
   state, start = _load_or_initialize(exp, manager)
   resumed_after = start
-  if start == 0:
+  # A run stopped before its first checkpoint after round 0 resumes from
+  # round 0's, which is already saved.
+  if not _sync(manager.get_versions()):
     _sync(manager.save(state, 0))
   else:
     logging.info('Resuming %s after round %d', root_dir, start)

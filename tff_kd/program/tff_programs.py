@@ -14,21 +14,30 @@ first are provided here:
   `tff_kd.program.experiment.run` (`tff_kd.program.sampling`).
 * `native_context`: `train_model` awaits value references, so it needs a
   `tff.program.NativeFederatedContext` around an async execution context,
-  not the synchronous one `set_local_context` installs.
+  not the synchronous one `set_local_context` installs; TFF 0.87's own also
+  tears apart structured client data (see `_materialize`).
 
-Processes whose clients receive datasets are built with
+Processes whose clients take datasets are built with
 `tff_kd.program.experiment.build_dataset_process`. FedAvg, FedProx, FedDF
-(one architecture) and homogeneous FedD3A take datasets. DaFKD, FedGen,
-FedFTG, heterogeneous FedD3A and heterogeneous FedDF read per-client
-metadata (the client id, the round) out of keyed client data and do not yet
-take plain datasets (issue 14).
+with one architecture, homogeneous FedD3A and FedFTG take plain
+`tf.data.Dataset`s, as TFF's own algorithms do. Methods with per-client
+state or per-client randomness (DaFKD's discriminator store, heterogeneous
+FedD3A's and FedDF's client models, FedGen's generator noise) take
+`OrderedDict(client_id=int32, data=<dataset>)`
+(`tff_kd.federated.learning.client_data_type`); the round number always
+comes from the server state. `ClientDataSource.for_process` picks the form.
 """
 
+import asyncio
+import collections
 import json
-from typing import Optional
+from typing import Any, Optional
 
+import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
+from tensorflow_federated.python.core.impl.types import type_conversions
+from tensorflow_federated.python.program import native_platform
 
 from tff_kd.federated import client_data as client_data_lib
 from tff_kd.federated import learning
@@ -40,15 +49,17 @@ class ClientDataSourceIterator(tff.program.FederatedDataSourceIterator):
   """Selects seeded client samples of a `FileClientData`, round by round.
 
   The k-th call of `select` returns the datasets of the clients that
-  `sampling.sample_clients` draws for (seed, round k), each shuffled by
-  (seed, round k) as in `FileClientData.dataset_from_key`.
+  `sampling.sample_clients` draws for (seed, round k), each with the batches
+  of `FileClientData.dataset_from_key` for (seed, round k), on every pass
+  (`FileClientData.replayable_dataset`).
   """
 
   def __init__(self, directory: str, local: client_data_lib.LocalWork, *,
-               seed: int, round_num: int = 0):
+               seed: int, with_ids: bool = False, round_num: int = 0):
     self._directory = directory
     self._local = client_data_lib.LocalWork(*local).validate()
     self._seed = int(seed)
+    self._with_ids = bool(with_ids)
     self._round = int(round_num)
     self._clients: Optional[client_data_lib.FileClientData] = None
 
@@ -57,9 +68,13 @@ class ClientDataSourceIterator(tff.program.FederatedDataSourceIterator):
       self._clients = client_data_lib.FileClientData(self._directory)
     return self._clients
 
+  def _fields(self) -> dict[str, Any]:
+    return dict(directory=self._directory, local=list(self._local),
+                seed=self._seed, with_ids=self._with_ids,
+                round_num=self._round)
+
   def __deepcopy__(self, memo) -> 'ClientDataSourceIterator':
-    return ClientDataSourceIterator(self._directory, self._local,
-                                    seed=self._seed, round_num=self._round)
+    return self.from_bytes(self.to_bytes())
 
   @property
   def round_num(self) -> int:
@@ -68,32 +83,36 @@ class ClientDataSourceIterator(tff.program.FederatedDataSourceIterator):
 
   @property
   def federated_type(self) -> tff.FederatedType:
-    return tff.FederatedType(
-        tff.SequenceType(learning.spec_to_type(
-            self._client_data().element_spec)), tff.CLIENTS)
+    return tff.FederatedType(learning.client_data_type(
+        self._client_data().element_spec, with_id=self._with_ids),
+                             tff.CLIENTS)
 
-  def select(self, k: Optional[int] = None) -> list[tf.data.Dataset]:
-    """The next round's k client datasets."""
-    clients = self._client_data()
+  def select(self, k: Optional[int] = None) -> list[Any]:
+    """The next round's k client datasets (with their ids if `with_ids`)."""
     if k is None:
       raise ValueError('select needs k, the number of clients per round')
+    clients = self._client_data()
     indices = sampling.sample_clients(len(clients.client_ids), k,
                                       seed=self._seed, round_num=self._round)
     keys = clients.keys(indices, seed=self._seed, round_num=self._round)
     self._round += 1
-    return [clients.dataset_from_key(tf.constant(key), self._local)
-            for key in keys]
+    datasets = [clients.replayable_dataset(key, self._local)
+                for key in keys]
+    if not self._with_ids:
+      return datasets
+    return [collections.OrderedDict(client_id=np.int32(i), data=d)
+            for i, d in zip(indices, datasets)]
 
   def to_bytes(self) -> bytes:
-    return json.dumps(dict(directory=self._directory,
-                           local=list(self._local), seed=self._seed,
-                           round_num=self._round)).encode()
+    return json.dumps(self._fields(), sort_keys=True).encode()
 
   @classmethod
   def from_bytes(cls, buffer: bytes) -> 'ClientDataSourceIterator':
     fields = json.loads(buffer.decode())
-    return cls(fields['directory'], client_data_lib.LocalWork(
-        *fields['local']), seed=fields['seed'], round_num=fields['round_num'])
+    return cls(fields['directory'],
+               client_data_lib.LocalWork(*fields['local']),
+               seed=fields['seed'], with_ids=fields['with_ids'],
+               round_num=fields['round_num'])
 
   def __eq__(self, other: object) -> bool:
     if not isinstance(other, ClientDataSourceIterator):
@@ -105,14 +124,28 @@ class ClientDataSource(tff.program.FederatedDataSource):
   """A `tff.program.FederatedDataSource` over a `FileClientData` folder."""
 
   def __init__(self, client_data: client_data_lib.FileClientData,
-               local: client_data_lib.LocalWork, *, seed: int):
+               local: client_data_lib.LocalWork, *, seed: int,
+               with_ids: bool = False):
     """Args:
       client_data: The clients' arrays (e.g. `Experiment.client_data`).
       local: The local work each client's dataset is batched for.
-      seed: Seeds the client sample and the shuffles of every round.
+      seed: Seeds the client sample and the shuffles of every round; give
+        the process's seed (its per-client seeds derive from it).
+      with_ids: Yield `OrderedDict(client_id, data)` per client, for
+        processes whose clients take ids (`for_process` decides).
     """
     self._iterator = ClientDataSourceIterator(client_data.directory, local,
-                                              seed=seed)
+                                              seed=seed, with_ids=with_ids)
+
+  @classmethod
+  def for_process(cls, process: tff.learning.templates.LearningProcess,
+                  client_data: client_data_lib.FileClientData,
+                  local: client_data_lib.LocalWork, *,
+                  seed: int) -> 'ClientDataSource':
+    """The source whose selections `process.next` takes."""
+    data_type = process.next.type_signature.parameter[1].member
+    return cls(client_data, local, seed=seed,
+               with_ids=isinstance(data_type, tff.StructType))
 
   @property
   def federated_type(self) -> tff.FederatedType:
@@ -122,14 +155,69 @@ class ClientDataSource(tff.program.FederatedDataSource):
     return self._iterator.__deepcopy__({})
 
 
+async def _materialize(value, type_signature: tff.Type):
+  """Awaits the value references in a computation argument.
+
+  TFF 0.87's `NativeFederatedContext` recurses into the member type of a
+  CLIENTS-placed value as if the list of clients were that member's
+  structure, so a list of `OrderedDict(client_id, data)` is torn apart
+  (each struct field gets one client). Client-placed data comes from a data
+  source and holds no references, so it is passed on as it is.
+  """
+  if isinstance(type_signature, tff.FederatedType):
+    if type_signature.placement == tff.CLIENTS:
+      return value
+    return await _materialize(value, type_signature.member)
+  if isinstance(type_signature, tff.StructType):
+    elements = tff.structure.to_elements(tff.structure.from_container(value))
+    types = tff.structure.to_elements(type_signature)
+    values = await asyncio.gather(*[_materialize(v, t) for (_, v), (_, t)
+                                    in zip(elements, types)])
+    return tff.structure.Struct([(name, v) for (name, _), v
+                                 in zip(types, values)])
+  if isinstance(value, tff.program.MaterializableValueReference):
+    return await value.get_value()
+  return value
+
+
+class _NativeContext(tff.program.NativeFederatedContext):
+  """`NativeFederatedContext` that accepts structured client data."""
+
+  def __init__(self, execution_context):
+    super().__init__(execution_context)
+    self._execution_context = execution_context
+
+  def invoke(self, comp: tff.Computation, arg):
+    parameter = comp.type_signature.parameter
+    if parameter is None or arg is None:
+      return super().invoke(comp, arg)
+
+    async def run():
+      value = await _materialize(arg, parameter)
+      return await self._execution_context.invoke(comp, value)
+
+    task = asyncio.create_task(run())
+    # Results are server-placed only (as TFF's invoke requires): they are
+    # wrapped into value references by TFF's own helper.
+    references = native_platform._create_structure_of_references(  # pylint: disable=protected-access
+        task, comp.type_signature.result)
+    return type_conversions.type_to_py_container(
+        references, comp.type_signature.result)
+
+
 def native_context() -> tff.program.NativeFederatedContext:
   """An async local C++ context wrapped for TFF's program logic.
 
-  Install it around `train_model`, e.g.
+  `tff.learning.programs.train_model` awaits value references, so it needs
+  a `tff.program.NativeFederatedContext` around an async execution context,
+  not the synchronous one `set_local_context` installs. This one also passes
+  structured client data (`OrderedDict(client_id, data)`) through intact,
+  which TFF 0.87's own does not (see `_materialize`). Install it around
+  `train_model`, e.g.
   `with tff.framework.get_context_stack().install(native_context()): ...`.
   Its `worker_binary` is reaped like the synchronous context's
   (`tff_kd.program.context`).
   """
   context.install_worker_reaper()
-  return tff.program.NativeFederatedContext(
+  return _NativeContext(
       tff.backends.native.create_async_local_cpp_execution_context())

@@ -1,0 +1,139 @@
+"""Several workers on TFF's remote runtime (loopback), and a worker that dies.
+
+Real `worker_binary` services on localhost ports, driven through TFF's
+mergeable-computation context (`tff_kd.program.runtime`): a round split over
+two workers gives the model of the one-worker run and of the local runtime;
+a worker killed mid-run stops the `train` binary within its timeout with an
+error naming the worker, leaves the checkpoints intact, and the same command
+resumes once the worker is back.
+"""
+
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tests.program.test_experiment import _config
+from tests.program.test_faults import METHOD_CASES
+from tff_kd import errors
+from tff_kd.program import experiment
+from tff_kd.program import runtime
+
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+
+
+@pytest.fixture
+def workers():
+  started = runtime.start_local_workers(3)
+  yield started
+  runtime.stop_workers(started)
+
+
+def _global_weights(config, root: str) -> list[np.ndarray]:
+  state, rounds = experiment.load_state(config, root)
+  assert rounds == config.rounds
+  exp = experiment.prepare(config, root)
+  return [np.asarray(v) for v in
+          tf.nest.flatten(exp.process.get_model_weights(state))]
+
+
+@pytest.mark.parametrize('method', [
+    'fedavg', pytest.param('feddf', marks=pytest.mark.slow),
+    pytest.param('dafkd', marks=pytest.mark.slow)])
+def test_two_workers_give_the_one_worker_model(tmp_path, workers, method):
+  config = _config(rounds=2, export=False, **METHOD_CASES[method])
+  addresses = [a for a, _ in workers]
+  roots = {}
+  for name, group in (('one', addresses[:1]), ('two', addresses[1:])):
+    roots[name] = str(tmp_path / name)
+    with tff.framework.get_context_stack().install(
+        runtime.remote_context(group, timeout_s=30)):
+      experiment.run(config, roots[name], progress=False)
+  roots['local'] = str(tmp_path / 'local')
+  experiment.run(config, roots['local'], progress=False)
+  one = _global_weights(config, roots['one'])
+  for other in ('two', 'local'):
+    for a, b in zip(one, _global_weights(config, roots[other])):
+      np.testing.assert_allclose(b, a, rtol=0, atol=1e-6, err_msg=other)
+
+
+@pytest.mark.parametrize('spec,message', [
+    ('localhost', "'localhost' is not host:port"),
+    ('localhost:0', "'localhost:0' is not host:port"),
+    ('a:1,a:1', 'lists a worker twice'),
+])
+def test_bad_worker_lists_are_config_errors(spec, message):
+  config = _config()
+  config.runtime.workers = spec
+  with pytest.raises(errors.ConfigError, match=message):
+    experiment.validate_config(config)
+
+
+def test_secure_sums_are_refused_on_remote_workers():
+  config = _config(method='dafkd')
+  config.dafkd.private = True
+  config.runtime.workers = 'localhost:8000'
+  with pytest.raises(errors.ConfigError, match='secure sums'):
+    experiment.validate_config(config)
+
+
+def _metrics_rows(root: str) -> int:
+  path = os.path.join(root, 'metrics.csv')
+  if not os.path.exists(path):
+    return 0
+  with open(path) as f:
+    return max(0, len(f.read().strip().splitlines()) - 1)
+
+
+@pytest.mark.slow
+def test_killed_worker_stops_the_run_clearly_and_it_resumes(tmp_path):
+  started = runtime.start_local_workers(2)
+  try:
+    (first, _), (second, proc) = started
+    root = str(tmp_path / 'run')
+    command = [
+        sys.executable, '-m', 'binaries.train', '--config=configs/digits.py',
+        '--config.partition.num_clients=6', '--config.clients_per_round=3',
+        '--config.rounds=40', '--config.export=false', '--noprogress',
+        f'--config.runtime.workers={first},{second}',
+        '--config.runtime.worker_timeout_s=5', f'--root_dir={root}']
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
+    train = subprocess.Popen(command, cwd=_REPO, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 300
+    while _metrics_rows(root) < 1 and train.poll() is None:
+      assert time.monotonic() < deadline, 'no round finished'
+      time.sleep(0.2)
+    proc.kill()
+    proc.wait()
+    killed_at = time.monotonic()
+    _, stderr = train.communicate(timeout=120)
+    assert time.monotonic() - killed_at < 90
+    assert train.returncode == 2, stderr[-2000:]
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith('train: error: worker ' + second), stderr[-2000:]
+    assert 'Traceback' not in stderr
+    # The checkpoints on disk are intact: the run resumes from them once the
+    # worker is back on its port.
+    done = _metrics_rows(root)
+    port = int(second.rsplit(':', 1)[1])
+    back = subprocess.Popen(runtime.worker_command(port),
+                            stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+      resumed = subprocess.run(command, cwd=_REPO, capture_output=True,
+                               text=True, env=env, timeout=600)
+    finally:
+      back.kill()
+      back.wait()
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert 'resumed after round' in resumed.stdout
+    assert _metrics_rows(root) >= 40 and done >= 1
+  finally:
+    runtime.stop_workers(started)
