@@ -58,9 +58,13 @@ def test_two_workers_give_the_one_worker_model(tmp_path, workers, method):
   roots['local'] = str(tmp_path / 'local')
   experiment.run(config, roots['local'], progress=False)
   one = _global_weights(config, roots['one'])
-  for other in ('two', 'local'):
+  # Two workers: partial sums grouped otherwise, and each worker's TF
+  # kernels run in another process and thread layout (oneDNN reductions are
+  # not bitwise stable across them). FedAvg came out identical, DaFKD up to
+  # 1.1e-5 apart after 2 rounds.
+  for other, atol in (('two', 1e-4), ('local', 1e-6)):
     for a, b in zip(one, _global_weights(config, roots[other])):
-      np.testing.assert_allclose(b, a, rtol=0, atol=1e-6, err_msg=other)
+      np.testing.assert_allclose(b, a, rtol=0, atol=atol, err_msg=other)
 
 
 @pytest.mark.parametrize('spec,message', [

@@ -1,12 +1,19 @@
 """TFF's own program logic drives every tff_kd method.
 
 `tff.learning.programs.train_model`, with TFF's `FileProgramStateManager`, a
-train-metrics release manager and `ClientDataSource`, trains each method's
+train-metrics release manager, an evaluation manager (TFF's `build_fed_eval`
+on the test set) and `ClientDataSource`, trains each method's
 dataset-taking process (`experiment.build_dataset_process`) for 2 rounds,
 then resumes for a third from its own program state. The rounds it runs
 equal `experiment.run`'s keyed rounds (the fast path): the same clients,
-shuffles, per-client seeds and model.
+shuffles, per-client seeds and model. One exception, homogeneous FedD3A:
+its keyed clients read their dataset twice (projection, then training) and
+TF reshuffles the second pass, while a `ClientDataSource` dataset gives the
+same batches on every pass; its 2 + 1 rounds are checked against 3 straight
+`train_model` rounds instead.
 """
+
+import os
 
 import numpy as np
 import pytest
@@ -29,24 +36,42 @@ class _Recorder(tff.program.ReleaseManager):
     self.released[key] = value
 
 
-def _train(exp, process, root: str, rounds: int, recorder) -> None:
+def _train(exp, process, root: str, rounds: int, recorder,
+           eval_recorder) -> None:
   config = exp.config
   source = tff_programs.ClientDataSource.for_process(
       process, exp.client_data, experiment.local_work(config),
       seed=config.seed)
-  manager = tff.program.FileProgramStateManager(root)
+  manager = tff.program.FileProgramStateManager(
+      os.path.join(root, 'checkpoints'))
   initial = process.set_model_weights(
       process.initialize(), experiment._seeded_initial_weights(exp.model_fn))  # pylint: disable=protected-access
   with tff.framework.get_context_stack().install(
       tff_programs.native_context()):
+    evaluation = tff_programs.build_evaluation_manager(
+        exp, root, num_clients=4, cohort_size=2,
+        metrics_manager=eval_recorder)
     experiment._sync(tff.learning.programs.train_model(  # pylint: disable=protected-access
         train_process=process, initial_train_state=initial,
         train_data_source=source,
         train_per_round_clients=config.clients_per_round,
         train_total_rounds=rounds, program_state_manager=manager,
         model_output_manager=tff.program.LoggingReleaseManager(),
-        train_metrics_manager=recorder, evaluation_manager=None,
+        train_metrics_manager=recorder, evaluation_manager=evaluation,
         evaluation_periodicity=1))
+
+
+def _saved_state(exp, process, root: str):
+  """`train_model`'s newest program state in `root`."""
+  manager = tff.program.FileProgramStateManager(
+      os.path.join(root, 'checkpoints'))
+  version = experiment._sync(manager.get_versions())[-1]  # pylint: disable=protected-access
+  return experiment._sync(manager.load(  # pylint: disable=protected-access
+      version, tff.learning.programs.ProgramState(
+          process.initialize(), 0, 0,
+          tff_programs.ClientDataSource.for_process(
+              process, exp.client_data, experiment.local_work(exp.config),
+              seed=exp.config.seed).iterator())))
 
 
 CASES = {**METHOD_CASES, 'feddf_hetero': {
@@ -63,28 +88,32 @@ def test_train_model_trains_and_resumes_like_experiment_run(tmp_path,
   experiment.run(config, keyed_root, progress=False)
   exp = experiment.prepare(config, keyed_root)
   process = experiment.build_dataset_process(exp)
-  recorder = _Recorder()
+  recorder, eval_recorder = _Recorder(), _Recorder()
   program_root = str(tmp_path / 'program')
-  _train(exp, process, program_root, 2, recorder)
-  _train(exp, process, program_root, 3, recorder)  # Resumes after round 2.
+  _train(exp, process, program_root, 2, recorder, eval_recorder)
+  # Resumes after round 2, from train_model's own program state.
+  _train(exp, process, program_root, 3, recorder, eval_recorder)
   assert sorted(recorder.released) == [1, 2, 3]
+  # TFF's federated evaluation (build_fed_eval) of every round's model.
+  assert sorted(eval_recorder.released) == [1, 2, 3]
+  for value in eval_recorder.released.values():
+    accuracy = float(value['model_metrics']['sparse_categorical_accuracy'])
+    assert 0.0 <= accuracy <= 1.0
   # TFF re-homes `client_work/train` as `model_metrics`.
   train = recorder.released[3]['model_metrics']
   assert float(train['num_clients']) == config.clients_per_round
   assert float(train['num_excluded']) == 0.0
-  state, _ = experiment.load_state(config, keyed_root)
-  manager = tff.program.FileProgramStateManager(program_root)
-  versions = experiment._sync(manager.get_versions())  # pylint: disable=protected-access
-  assert versions[-1] == 3
-  saved = experiment._sync(manager.load(  # pylint: disable=protected-access
-      3, tff.learning.programs.ProgramState(
-          process.initialize(), 0, 0,
-          tff_programs.ClientDataSource.for_process(
-              process, exp.client_data, experiment.local_work(config),
-              seed=config.seed).iterator())))
+  saved = _saved_state(exp, process, program_root)
   assert saved.round_number == 3
   assert saved.data_iterator.round_num == 3
-  want = tf.nest.flatten(exp.process.get_model_weights(state))
+  if method == 'fedd3a':
+    straight_root = str(tmp_path / 'straight')
+    _train(exp, process, straight_root, 3, _Recorder(), _Recorder())
+    want = tf.nest.flatten(process.get_model_weights(
+        _saved_state(exp, process, straight_root).state))
+  else:
+    state, _ = experiment.load_state(config, keyed_root)
+    want = tf.nest.flatten(exp.process.get_model_weights(state))
   got = tf.nest.flatten(process.get_model_weights(saved.state))
   for a, b in zip(want, got):
     np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=0,

@@ -74,6 +74,26 @@ def shuffled_batches(x: tf.Tensor, y: tf.Tensor, seed: tf.Tensor,
   return ds.repeat().batch(local.batch_size).take(local.amount)
 
 
+def _batch_order(num: int, seed: int,
+                 local: LocalWork) -> tuple[tf.Tensor, tf.Tensor]:
+  """(example indices, batch sizes) of `shuffled_batches`' first pass.
+
+  Built and run in a fresh graph, as inside a TFF computation: a dataset
+  made eagerly would take TF's eager global seed (set e.g. by
+  `tf.random.set_seed`) into its shuffle's seed pair, and so its order.
+  """
+  with tf.Graph().as_default() as graph:
+    index = tf.range(num, dtype=tf.int64)
+    ds = shuffled_batches(index, index, tf.constant(seed, tf.int64), local)
+    flat = ds.reduce(tf.zeros([0], tf.int64),
+                     lambda acc, b: tf.concat([acc, b['y']], 0))
+    sizes = ds.reduce(tf.zeros([0], tf.int64), lambda acc, b: tf.concat(
+        [acc, tf.shape(b['y'], out_type=tf.int64)], 0))
+    with tf.compat.v1.Session(graph=graph) as session:
+      flat, sizes = session.run([flat, sizes])
+  return tf.constant(flat), tf.constant(sizes)
+
+
 class FileClientData:
   """Per-client arrays on disk plus the TFF computation that reads them."""
 
@@ -165,13 +185,9 @@ class FileClientData:
     """
     parts = key.split('|')
     x, y = self.read_arrays(tf.constant(parts[0]))
-    seed = int(parts[1]) * 1_000_003 + int(parts[2])
-    order = shuffled_batches(
-        tf.range(tf.shape(y)[0]), tf.range(tf.shape(y)[0]),
-        tf.constant(seed, tf.int64), local.validate())
-    batches = [b['y'] for b in order]
-    sizes = tf.constant([int(b.shape[0]) for b in batches], tf.int64)
-    indices = tf.concat(batches, 0)
+    indices, sizes = _batch_order(
+        int(y.shape[0]), int(parts[1]) * 1_000_003 + int(parts[2]),
+        local.validate())
     ends = tf.cumsum(sizes)
     starts = ends - sizes
     bounds = tf.data.Dataset.from_tensor_slices((starts, ends))

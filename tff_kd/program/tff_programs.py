@@ -30,7 +30,9 @@ comes from the server state. `ClientDataSource.for_process` picks the form.
 
 import asyncio
 import collections
+import datetime
 import json
+import os
 from typing import Any, Optional
 
 import numpy as np
@@ -42,6 +44,7 @@ from tensorflow_federated.python.program import native_platform
 from tff_kd.federated import client_data as client_data_lib
 from tff_kd.federated import learning
 from tff_kd.program import context
+from tff_kd.program import experiment as experiment_lib
 from tff_kd.program import sampling
 
 
@@ -153,6 +156,64 @@ class ClientDataSource(tff.program.FederatedDataSource):
 
   def iterator(self) -> ClientDataSourceIterator:
     return self._iterator.__deepcopy__({})
+
+
+def build_evaluation_manager(
+    exp: experiment_lib.Experiment, root_dir: str, *,
+    num_clients: int = 10, cohort_size: Optional[int] = None,
+    metrics_manager: Optional[tff.program.ReleaseManager] = None,
+    batch_size: int = 500) -> tff.learning.programs.EvaluationManager:
+  """A `tff.learning.programs.EvaluationManager` on the experiment's test set.
+
+  Federated evaluation with TFF's own `tff.learning.algorithms.build_fed_eval`
+  of the global model (Keras, wrapped by `tff.learning.models.
+  from_keras_model`; inference mode, as `experiment`'s evaluator). The test
+  set is split into `num_clients` contiguous evaluation clients, written
+  once under `root_dir/evaluation_data`; each evaluation runs one round of
+  `cohort_size` of them (all by default: the whole test set).
+
+  Args:
+    exp: From `experiment.prepare`.
+    root_dir: Where the evaluation clients and the managers' states go.
+    num_clients: Evaluation clients the test set is split into.
+    cohort_size: Clients per evaluation (default: all).
+    metrics_manager: Receives each evaluation's aggregated metrics, keyed by
+      the training round (TFF releases them under `model_metrics`).
+    batch_size: Evaluation batch size.
+
+  Returns:
+    The manager, for `train_model(evaluation_manager=...)`.
+  """
+  x, y = exp.dataset.x_test, exp.dataset.y_test
+  folder = os.path.join(root_dir, 'evaluation_data')
+  if os.path.exists(os.path.join(folder, 'manifest.json')):
+    clients = client_data_lib.FileClientData(folder)
+  else:
+    clients = client_data_lib.FileClientData.create(
+        folder, x, y, np.array_split(np.arange(len(y)), num_clients))
+  source = ClientDataSource(
+      clients, client_data_lib.LocalWork('epochs', 1, batch_size), seed=0)
+  element_spec = clients.element_spec
+
+  def tff_model_fn():
+    return tff.learning.models.from_keras_model(
+        exp.model_fn(), input_spec=element_spec,
+        loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=[tf.keras.metrics.SparseCategoricalAccuracy()])
+
+  def create_process_fn(unused_name: str):
+    return tff.learning.algorithms.build_fed_eval(tff_model_fn), None
+
+  def create_state_manager_fn(name: str):
+    return tff.program.FileProgramStateManager(
+        os.path.join(root_dir, 'evaluation_state', name))
+
+  return tff.learning.programs.EvaluationManager(
+      data_source=source, aggregated_metrics_manager=metrics_manager,
+      create_state_manager_fn=create_state_manager_fn,
+      create_process_fn=create_process_fn,
+      cohort_size=cohort_size or num_clients,
+      duration=datetime.timedelta(0))
 
 
 async def _materialize(value, type_signature: tff.Type):
