@@ -74,10 +74,15 @@ def test_excluded_client_equals_its_absence(tmp_path, method):
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
 
 
+# One case per client-work implementation that screens its clients
+# (FedProx shares FedAvg's, FedFTG shares FedGen's).
+SCREENING_CASES = sorted(set(METHOD_CASES) - {'fedprox', 'fedftg'})
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize('case', sorted(METHOD_CASES))
+@pytest.mark.parametrize('case', SCREENING_CASES)
 def test_every_method_runs_on_past_a_nan_client(tmp_path, case):
-  config = _config(rounds=2, export=False, **METHOD_CASES[case])
+  config = _config(rounds=1, export=False, **METHOD_CASES[case])
   root = str(tmp_path)
   exp = experiment.prepare(config, root)
   bad = _round0_clients(config)[0]

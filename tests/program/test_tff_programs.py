@@ -74,8 +74,11 @@ def _saved_state(exp, process, root: str):
               seed=exp.config.seed).iterator())))
 
 
-CASES = {**METHOD_CASES, 'feddf_hetero': {
-    **METHOD_CASES['feddf'], 'feddf.prototypes': 'cnn,cnn:group'}}
+# Every method and client-data form (FedProx builds FedAvg's process with a
+# proximal term; it is left out for time).
+CASES = {**{k: v for k, v in METHOD_CASES.items() if k != 'fedprox'},
+         'feddf_hetero': {**METHOD_CASES['feddf'],
+                          'feddf.prototypes': 'cnn,cnn:group'}}
 
 
 @pytest.mark.parametrize('method', [
