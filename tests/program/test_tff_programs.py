@@ -23,6 +23,7 @@ import tensorflow_federated as tff
 from tests.program.test_experiment import _config
 from tests.program.test_faults import METHOD_CASES
 from tff_kd.program import experiment
+from tff_kd.program import sampling
 from tff_kd.program import tff_programs
 
 
@@ -61,6 +62,22 @@ def _train(exp, process, root: str, rounds: int, recorder,
         evaluation_periodicity=1))
 
 
+def _keyed_rounds(exp):
+  """The state after `experiment.run`'s rounds: the same seeded start,
+  client samples and keys (the keyed fast path)."""
+  config = exp.config
+  state = exp.process.set_model_weights(
+      exp.process.initialize(),
+      experiment._seeded_initial_weights(exp.model_fn))  # pylint: disable=protected-access
+  for round_num in range(config.rounds):
+    clients = sampling.sample_clients(
+        config.partition.num_clients, config.clients_per_round,
+        seed=config.seed, round_num=round_num)
+    state = exp.process.next(state, exp.client_data.keys(
+        clients, seed=config.seed, round_num=round_num)).state
+  return state
+
+
 def _saved_state(exp, process, root: str):
   """`train_model`'s newest program state in `root`."""
   manager = tff.program.FileProgramStateManager(
@@ -87,9 +104,7 @@ CASES = {**{k: v for k, v in METHOD_CASES.items() if k != 'fedprox'},
 def test_train_model_trains_and_resumes_like_experiment_run(tmp_path,
                                                             method):
   config = _config(rounds=3, export=False, **CASES[method])
-  keyed_root = str(tmp_path / 'keyed')
-  experiment.run(config, keyed_root, progress=False)
-  exp = experiment.prepare(config, keyed_root)
+  exp = experiment.prepare(config, str(tmp_path / 'keyed'))
   process = experiment.build_dataset_process(exp)
   recorder, eval_recorder = _Recorder(), _Recorder()
   program_root = str(tmp_path / 'program')
@@ -115,8 +130,7 @@ def test_train_model_trains_and_resumes_like_experiment_run(tmp_path,
     want = tf.nest.flatten(process.get_model_weights(
         _saved_state(exp, process, straight_root).state))
   else:
-    state, _ = experiment.load_state(config, keyed_root)
-    want = tf.nest.flatten(exp.process.get_model_weights(state))
+    want = tf.nest.flatten(exp.process.get_model_weights(_keyed_rounds(exp)))
   got = tf.nest.flatten(process.get_model_weights(saved.state))
   for a, b in zip(want, got):
     np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=0,
