@@ -2,8 +2,8 @@
 
 `tff.learning.programs.train_model` runs any `LearningProcess` whose clients
 take `tf.data.Dataset`s, given a `tff.program.FederatedDataSource`, a
-program-state manager and release managers. Two things a TFF 0.87 user hits
-first are provided here:
+program-state manager, release managers and optionally an evaluation
+manager. What a TFF 0.87 user needs for that and does not get from TFF:
 
 * `ClientDataSource`: TFF's `tff.program.DatasetDataSource` fails under
   TF 2.14, because `train_model` deep-copies its iterator every round and a
@@ -16,6 +16,8 @@ first are provided here:
   `tff.program.NativeFederatedContext` around an async execution context,
   not the synchronous one `set_local_context` installs; TFF 0.87's own also
   tears apart structured client data (see `_materialize`).
+* `build_evaluation_manager`: federated evaluation with TFF's
+  `build_fed_eval` on the experiment's test set.
 
 Processes whose clients take datasets are built with
 `tff_kd.program.experiment.build_dataset_process`. FedAvg, FedProx, FedDF
