@@ -8,6 +8,7 @@ context, which implements the secure-sum intrinsic (by an insecure sum);
 plain mode runs there exactly as under the local context.
 """
 
+import dataclasses
 import functools
 
 import numpy as np
@@ -18,6 +19,7 @@ import tensorflow_federated as tff
 from tff_kd import errors
 from tff_kd import models
 from tff_kd.algorithms import dafkd
+from tff_kd.algorithms import hparams
 from tff_kd.algorithms import registry
 from tff_kd.core import dafkd as dafkd_tf
 from tff_kd.core import distillation
@@ -78,6 +80,8 @@ def data(tmp_path_factory):
 
 
 def _build(data, **kwargs):
+  """The process; `kwargs` are builder arguments or `DaFKDHparams` fields."""
+  fields = {f.name for f in dataclasses.fields(hparams.DaFKDHparams)}
   sgd = tff.learning.optimizers.build_sgdm(LR)
   args = dict(
       num_clients=3, clients_per_round=2, joint_optimizer=sgd,
@@ -87,9 +91,13 @@ def _build(data, **kwargs):
       distill_optimizer=tff.learning.optimizers.build_sgdm(0.5),
       distill_config=distillation.DistillConfig(steps=3, batch_size=8,
                                                 seed=SEED),
-      learning_rate=LR, pool_size=16, noise_dim=NOISE,
-      generator_hidden=HIDDEN, pool_generator='broadcast', seed=SEED)
-  args.update(kwargs)
+      learning_rate=LR, seed=SEED,
+      hparams=hparams.DaFKDHparams(**dict(
+          dict(pool_size=16, noise_dim=NOISE,
+               generator_hidden=','.join(map(str, HIDDEN)),
+               pool_generator='broadcast'),
+          **{k: v for k, v in kwargs.items() if k in fields})))
+  args.update({k: v for k, v in kwargs.items() if k not in fields})
   return dafkd.build_dafkd_process(_classifier_fn, data.element_spec,
                                    data.dataset_fn(LOCAL), **args)
 
@@ -267,14 +275,17 @@ def _bad(data, match, **kwargs):
     (dict(noise_dim=-1), 'noise_dim must be'),
     (dict(clients_per_round=4), 'clients_per_round=4 is more than'),
     (dict(learning_rate=0.0), 'learning_rate must be > 0'),
-    (dict(gp_weight=-0.3), 'gp_weight must be >= 0'),
+    (dict(gp_weight=-0.3), 'dafkd.gp_weight must be a finite number >= 0'),
     (dict(generator_form='wgan'), "generator_form 'wgan' is unknown"),
     (dict(discriminator_mode='moving'), "discriminator_mode 'moving' is"),
-    (dict(ensemble='mean'), "weights_on 'mean' is unknown"),
-    (dict(private=True, ensemble='logits'), "needs weights_on='probs'"),
+    (dict(weights_on='mean'), "dafkd.weights_on 'mean' is unknown"),
+    (dict(private=True, weights_on='logits'), "needs weights_on='probs'"),
     (dict(private=True, pool_generator='aggregated'),
      "pool_generator must be 'broadcast'"),
-    (dict(generator_hidden=()), 'generator_hidden must be'),
+    (dict(generator_hidden=''), 'dafkd.generator_hidden must be'),
+    (dict(generator_hidden='8,0'), 'dafkd.generator_hidden must be'),
+    (dict(holder_share=0.0), r'dafkd.holder_share must be in \(0, 1\]'),
+    (dict(pool='real', private=True), "pool='real' is an ablation"),
     (dict(distill_config=distillation.DistillConfig(steps=0)),
      'distillation steps must be'),
 ])

@@ -12,6 +12,7 @@ import tensorflow_federated as tff
 
 from tff_kd import errors
 from tff_kd.algorithms import fedavg
+from tff_kd.algorithms import hparams
 from tff_kd.algorithms import registry
 from tff_kd.federated import client_data
 
@@ -80,8 +81,8 @@ def test_fedavg_round_is_example_weighted_mean(data):
 
 def test_fedprox_matches_proximal_reference(data):
   process = fedavg.build_fedprox_process(
-      _model_fn, data.element_spec, proximal_strength=0.5, learning_rate=0.1,
-      **_optimizers())
+      _model_fn, data.element_spec, hparams=hparams.FedProxHparams(mu=0.5),
+      learning_rate=0.1, **_optimizers())
   process, output = _run_round(process, data, steps=3)
   expected = W0 + (1 * _client_delta(PARTS[0], 0.1, 0.5, 3) +
                    3 * _client_delta(PARTS[1], 0.1, 0.5, 3)) / 4
@@ -120,10 +121,10 @@ def test_set_and_get_model_weights_round_trip(data):
 
 @pytest.mark.parametrize('mu', [0.0, -1.0])
 def test_fedprox_rejects_non_positive_mu(data, mu):
-  with pytest.raises(errors.ConfigError, match=str(mu)):
+  with pytest.raises(errors.ConfigError, match=f'fedprox.mu .*{mu}'):
     fedavg.build_fedprox_process(_model_fn, data.element_spec,
-                                 proximal_strength=mu, learning_rate=0.1,
-                                 **_optimizers())
+                                 hparams=hparams.FedProxHparams(mu=mu),
+                                 learning_rate=0.1, **_optimizers())
 
 
 def test_registry_lists_methods_and_rejects_unknown():

@@ -11,6 +11,7 @@ client updates.
 """
 
 import collections
+import dataclasses
 
 import numpy as np
 import pytest
@@ -20,10 +21,10 @@ import tensorflow_federated as tff
 from tff_kd import errors
 from tff_kd import models
 from tff_kd.algorithms import fedd3a
+from tff_kd.algorithms import hparams
 from tff_kd.algorithms import registry
 from tff_kd.core import distillation
 from tff_kd.core import fedd3a as fedd3a_tf
-from tff_kd.core import feddf as feddf_tf
 from tff_kd.federated import client_data
 from tff_kd.federated import fedd3a as fedd3a_tff
 from tff_kd.federated import server_data
@@ -95,14 +96,18 @@ def pool(tmp_path_factory):
 
 
 def _build(data, pool, **overrides):
+  fields = {f.name for f in dataclasses.fields(hparams.FedD3AHparams)}
   kwargs = dict(
       server_data=pool, clients_per_round=3,
       client_optimizer=tff.learning.optimizers.build_sgdm(1.0),
       server_optimizer=tff.learning.optimizers.build_sgdm(1.0),
       distill_optimizer=tff.learning.optimizers.build_adam(DISTILL_LR),
-      distill_config=CONFIG, learning_rate=LR, alpha=ALPHA,
+      distill_config=CONFIG, learning_rate=LR,
+      hparams=hparams.FedD3AHparams(
+          **dict(dict(alpha=ALPHA),
+                 **{k: v for k, v in overrides.items() if k in fields})),
       num_clients=2, dataset_fn=data.dataset_fn(LOCAL))
-  kwargs.update(overrides)
+  kwargs.update({k: v for k, v in overrides.items() if k not in fields})
   return fedd3a.build_fedd3a_process(_classifier_fn, data.element_spec,
                                      **kwargs)
 

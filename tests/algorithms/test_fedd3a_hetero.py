@@ -14,6 +14,8 @@ One process is built per module and run for two rounds with clients 0 and
 """
 
 
+import dataclasses
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -22,6 +24,7 @@ import tensorflow_federated as tff
 from tff_kd import errors
 from tff_kd import models
 from tff_kd.algorithms import fedd3a
+from tff_kd.algorithms import hparams
 from tff_kd.algorithms import registry
 from tff_kd.core import distillation
 from tff_kd.core import fedd3a as fedd3a_tf
@@ -118,15 +121,18 @@ def pool(tmp_path_factory):
 
 
 def _build(data, pool, **overrides):
+  fields = {f.name for f in dataclasses.fields(hparams.FedD3AHparams)}
   kwargs = dict(
       server_data=pool, clients_per_round=3,
       client_optimizer=tff.learning.optimizers.build_sgdm(1.0),
       server_optimizer=tff.learning.optimizers.build_sgdm(1.0),
       distill_optimizer=tff.learning.optimizers.build_adam(DISTILL_LR),
-      distill_config=CONFIG, learning_rate=LR, alpha=ALPHA, num_clients=3,
-      dataset_fn=data.dataset_fn(LOCAL), client_model_fns=MODEL_FNS,
-      kd_weight=KD_WEIGHT, kd_temperature=KD_T)
-  kwargs.update(overrides)
+      distill_config=CONFIG, learning_rate=LR, num_clients=3,
+      hparams=hparams.FedD3AHparams(
+          **dict(dict(alpha=ALPHA, kd_weight=KD_WEIGHT, kd_temperature=KD_T),
+                 **{k: v for k, v in overrides.items() if k in fields})),
+      dataset_fn=data.dataset_fn(LOCAL), client_model_fns=MODEL_FNS)
+  kwargs.update({k: v for k, v in overrides.items() if k not in fields})
   return fedd3a.build_fedd3a_process(_classifier_fn, data.element_spec,
                                      **kwargs)
 
@@ -336,8 +342,7 @@ def test_bad_settings_fail_before_building(data, pool, overrides, match):
 def test_unknown_client_architecture_is_a_config_error(data, pool):
   with pytest.raises(errors.ConfigError,
                      match="fedd3a.client_models entry 'vgg' is not"):
-    fedd3a_tf.check_settings(alpha=1.0, weighting='soft',
-                             client_models='cnn,vgg')
+    hparams.FedD3AHparams(client_models='cnn,vgg').validate()
   from configs import base  # pylint: disable=g-import-not-at-top
   c = base.get_config()
   c.fedd3a.client_models = 'cnn:layer'

@@ -15,21 +15,23 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tests.algorithms.test_fedavg import _client_delta
+from tests.algorithms.test_fedavg import _model_fn
 from tests.algorithms.test_fedavg import PARTS
 from tests.algorithms.test_fedavg import W0
 from tests.algorithms.test_fedavg import X
 from tests.algorithms.test_fedavg import Y
-from tests.algorithms.test_fedavg import _client_delta
-from tests.algorithms.test_fedavg import _model_fn
 from tff_kd import errors
 from tff_kd.algorithms import fedavg
 from tff_kd.algorithms import feddf
+from tff_kd.algorithms import hparams
 from tff_kd.algorithms import registry
 from tff_kd.core import distillation
 from tff_kd.core import feddf as feddf_tf
 from tff_kd.federated import client_data
 from tff_kd.federated import feddf as feddf_tff
 from tff_kd.federated import server_data
+from tff_kd.federated import stacking
 
 ModelWeights = tff.learning.models.ModelWeights
 LOCAL = client_data.LocalWork('epochs', 1, 32)
@@ -73,7 +75,7 @@ def _build(data, pool, *, distill_lr=0.0, steps=4, drop_worst=False,
       distill_optimizer=tff.learning.optimizers.build_adam(distill_lr),
       distill_config=kwargs.pop('config', distillation.DistillConfig(
           steps=steps, batch_size=2, seed=5)),
-      learning_rate=LR, drop_worst=drop_worst,
+      learning_rate=LR, hparams=hparams.FedDFHparams(drop_worst=drop_worst),
       dataset_fn=data.dataset_fn(LOCAL) if dataset_fn is _KEYED
       else dataset_fn, **kwargs)
 
@@ -116,7 +118,7 @@ def test_server_receives_each_clients_trained_model(data, pool):
       tff.learning.optimizers.build_sgdm(1.0), learning_rate=LR,
       dataset_fn=data.dataset_fn(LOCAL))
   update_type = work.next.type_signature.result.result.member.update
-  aggregator = feddf_tff.build_stacking_aggregator(update_type, 3)
+  aggregator = stacking.build_stacking_aggregator(update_type, 3)
   broadcast = ((ModelWeights([W0], []),),) * 2
   out = work.next(work.initialize(), list(broadcast),
                   data.keys([0, 1], seed=0, round_num=0))
@@ -134,7 +136,7 @@ def test_server_receives_each_clients_trained_model(data, pool):
                                rtol=1e-5, atol=1e-6)
   np.testing.assert_array_equal(rows[2], np.zeros_like(W0))  # Unused slot.
   # More clients than slots: a clear error, not an index error.
-  small = feddf_tff.build_stacking_aggregator(update_type, 1)
+  small = stacking.build_stacking_aggregator(update_type, 1)
   with pytest.raises(Exception, match='more clients than the 1 teacher'):
     small.next(small.initialize(), [r.update for r in results],
                [r.update_weight for r in results])

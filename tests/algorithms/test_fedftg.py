@@ -16,6 +16,7 @@ import tensorflow_federated as tff
 from tests.algorithms import toy_kd
 from tff_kd import errors
 from tff_kd.algorithms import fedftg
+from tff_kd.algorithms import hparams
 from tff_kd.algorithms import registry
 from tff_kd.core import distillation
 from tff_kd.core import fedftg as fedftg_tf
@@ -25,11 +26,12 @@ from tff_kd.program import experiment
 
 ModelWeights = tff.learning.models.ModelWeights
 KW = dict(iterations=3, student_steps=2, batch_size=8, noise_dim=4,
-          temperature=2.0, mask='none', seed=7)
+          temperature=2.0, mask='none')
 
 
 def _build(data, **overrides):
-  kwargs = dict(KW, **overrides)
+  kwargs = dict(seed=7, hparams=hparams.FedFTGHparams(**dict(KW,
+                                                             **overrides)))
   return fedftg.build_fedftg_process(
       toy_kd.classifier_fn, data.element_spec,
       num_classes=toy_kd.NUM_CLASSES, clients_per_round=3,
@@ -136,19 +138,19 @@ def test_model_weights_and_state(toy):
 
 
 @pytest.mark.parametrize('overrides,match', [
-    ({'iterations': 0}, 'iterations must be an integer >= 1'),
-    ({'student_steps': 0}, 'student_steps must be an integer >= 1'),
-    ({'noise': 'pink'}, "noise 'pink' is unknown"),
-    ({'mask': 'some'}, "mask 'some' is unknown"),
-    ({'ensemble': 'max'}, "ensemble 'max' is unknown"),
-    ({'lr_decay': 1.5}, r'lr_decay must be in \(0, 1\]'),
-    ({'temperature': 0.0}, 'temperature must be > 0'),
+    ({'iterations': 0}, 'fedftg.iterations must be an integer >= 1'),
+    ({'student_steps': 0}, 'fedftg.student_steps must be an integer >= 1'),
+    ({'noise': 'pink'}, "fedftg.noise 'pink' is unknown"),
+    ({'mask': 'some'}, "fedftg.mask 'some' is unknown"),
+    ({'ensemble': 'max'}, "fedftg.ensemble 'max' is unknown"),
+    ({'lr_decay': 1.5}, r'fedftg.lr_decay must be in \(0, 1\]'),
+    ({'temperature': 0.0}, 'fedftg.temperature must be a finite number > 0'),
 ])
 def test_bad_settings_fail_before_compute(tmp_path, overrides, match):
   data = toy_kd.make_data(str(tmp_path))
   with pytest.raises(errors.ConfigError, match=match):
     if 'dataset_fn' in overrides:
-      kwargs = dict(KW)
+      kwargs = dict(seed=7, hparams=hparams.FedFTGHparams(**KW))
       fedftg.build_fedftg_process(
           toy_kd.classifier_fn, data.element_spec, num_classes=3,
           clients_per_round=2,

@@ -17,6 +17,7 @@ from tests.algorithms import toy_kd
 from tff_kd import errors
 from tff_kd import models
 from tff_kd.algorithms import fedgen
+from tff_kd.algorithms import hparams
 from tff_kd.algorithms import registry
 from tff_kd.federated import fedgen as fedgen_tff
 from tff_kd.models import generators
@@ -24,11 +25,12 @@ from tff_kd.program import experiment
 
 ModelWeights = tff.learning.models.ModelWeights
 KW = dict(generator_steps=4, generator_batch_size=8, noise_dim=4, hidden=8,
-          local_gen_batch_size=4, local_alpha=2.0, local_beta=1.0, seed=7)
+          local_gen_batch_size=4, local_alpha=2.0, local_beta=1.0)
 
 
 def _build(data, **overrides):
-  kwargs = dict(KW, **overrides)
+  kwargs = dict(seed=7, hparams=hparams.FedGenHparams(**dict(KW,
+                                                             **overrides)))
   return fedgen.build_fedgen_process(
       toy_kd.classifier_fn, data.element_spec,
       num_classes=toy_kd.NUM_CLASSES, clients_per_round=2,
@@ -202,11 +204,13 @@ def test_model_weights_view_is_the_classifier(toy):
 
 
 @pytest.mark.parametrize('overrides,match', [
-    ({'generator_steps': 0}, 'generator_steps must be an integer >= 1'),
-    ({'noise': 'pink'}, "noise 'pink' is unknown"),
-    ({'teacher_ensemble': 'max'}, "teacher_ensemble 'max' is unknown"),
-    ({'local_alpha': -1.0}, 'local_alpha must be >= 0'),
-    ({'coefficient_decay': 0.0}, r'coefficient_decay must be in \(0, 1\]'),
+    ({'generator_steps': 0}, 'fedgen.generator_steps must be an integer >= 1'),
+    ({'noise': 'pink'}, "fedgen.noise 'pink' is unknown"),
+    ({'teacher_ensemble': 'max'}, "fedgen.teacher_ensemble 'max' is unknown"),
+    ({'local_alpha': -1.0}, 'fedgen.local_alpha must be a finite number >= 0'),
+    ({'coefficient_decay': 0.0},
+     r'fedgen.coefficient_decay must be in \(0, 1\]'),
+    ({'output_activation': 'nosuch'}, 'fedgen.output_activation must be'),
 ])
 def test_bad_settings_fail_before_compute(tmp_path, overrides, match):
   data = toy_kd.make_data(str(tmp_path))

@@ -12,6 +12,7 @@ import tensorflow_federated as tff
 from tff_kd import errors
 from tff_kd.core import distillation
 from tff_kd.core import feddf
+from tff_kd.core import teachers as teachers_tf
 
 ModelWeights = tff.learning.models.ModelWeights
 
@@ -23,64 +24,6 @@ def _np_softmax(z):
 
 def _spec(*shape, dtype=tf.float32):
   return tf.TensorSpec(shape, dtype)
-
-
-def test_stack_accumulates_rows_in_order_and_merges():
-  specs = dict(a=_spec(2), b=_spec(dtype=tf.int32))
-  values = [dict(a=np.array([i, -i], np.float32), b=np.int32(10 + i))
-            for i in range(1, 4)]
-  sequential = feddf.empty_stack(specs, 4)
-  for i, v in enumerate(values):
-    sequential = feddf.stack_accumulate(sequential, v, float(i + 1))
-  assert int(sequential.count) == 3
-  np.testing.assert_array_equal(sequential.values['a'],
-                                [[1, -1], [2, -2], [3, -3], [0, 0]])
-  np.testing.assert_array_equal(sequential.values['b'], [11, 12, 13, 0])
-  np.testing.assert_array_equal(sequential.weights, [1, 2, 3, 0])
-  # Two partial stacks (as TFF's merge sees them) concatenate in order.
-  first = feddf.stack_accumulate(feddf.empty_stack(specs, 4), values[0], 1.)
-  second = feddf.empty_stack(specs, 4)
-  for i, v in enumerate(values[1:], 2):
-    second = feddf.stack_accumulate(second, v, float(i))
-  merged = feddf.stack_merge(first, second)
-  tf.nest.map_structure(np.testing.assert_array_equal, merged, sequential)
-
-
-def test_stack_overflow_is_a_clear_error():
-  stack = feddf.empty_stack(_spec(1), 1)
-  stack = feddf.stack_accumulate(stack, np.ones([1], np.float32), 1.0)
-  with pytest.raises(tf.errors.InvalidArgumentError,
-                     match='more clients than the 1 teacher slots'):
-    feddf.stack_accumulate(stack, np.ones([1], np.float32), 1.0)
-  with pytest.raises(tf.errors.InvalidArgumentError,
-                     match='more clients than the 1 teacher slots'):
-    feddf.stack_merge(stack, stack)
-  with pytest.raises(errors.ConfigError, match='>= 1 slot'):
-    feddf.empty_stack(_spec(1), 0)
-
-
-@pytest.mark.parametrize('weights,valid,expected', [
-    ([1.0, 3.0, 5.0], [True, True, False], [0.25, 0.75, 0.0]),
-    # All valid weights zero: uniform over the valid rows, never 0/0.
-    ([0.0, 0.0, 5.0], [True, True, False], [0.5, 0.5, 0.0]),
-    # No client of this prototype: all zero, no NaN.
-    ([1.0, 2.0, 3.0], [False, False, False], [0.0, 0.0, 0.0]),
-])
-def test_prototype_alpha(weights, valid, expected):
-  alpha = feddf.prototype_alpha(tf.constant(weights), tf.constant(valid))
-  np.testing.assert_allclose(alpha, expected, atol=1e-7)
-
-
-def test_average_update_keeps_statistics_without_clients():
-  deltas = ModelWeights([np.array([[1.0], [3.0]], np.float32)],
-                        [np.array([[10.0], [20.0]], np.float32)])
-  fallback = [np.array([7.0], np.float32)]
-  mean = feddf.average_update(deltas, tf.constant([0.25, 0.75]), fallback)
-  np.testing.assert_allclose(mean.trainable[0], [2.5])
-  np.testing.assert_allclose(mean.non_trainable[0], [17.5])
-  none = feddf.average_update(deltas, tf.zeros([2]), fallback)
-  np.testing.assert_allclose(none.trainable[0], [0.0])
-  np.testing.assert_allclose(none.non_trainable[0], [7.0])
 
 
 def test_avg_logits_target_is_softmax_of_mean_kept_logits():
@@ -166,4 +109,4 @@ def test_pool_shape_mismatch_is_a_data_error():
   with pytest.raises(errors.DataError,
                      match=r'proxy dataset images have shape \(16, 16, 1\) '
                      r'but the model expects \(28, 28, 1\)'):
-    feddf.check_pool_shape((16, 16, 1), (28, 28, 1))
+    teachers_tf.check_pool_shape((16, 16, 1), (28, 28, 1))

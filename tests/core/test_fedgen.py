@@ -5,6 +5,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_kd.core import data_free
 from tff_kd.core import distillation
 from tff_kd.core import fedftg
 from tff_kd.core import fedgen
@@ -26,13 +27,13 @@ _LOGITS = np.array([[[2.0, 0.0, -1.0], [0.5, 0.5, 1.0], [0.0, 3.0, 0.0]],
 
 
 def test_label_weights_guard_a_class_nobody_holds():
-  w = fedgen.label_weights(_COUNTS).numpy()
+  w = data_free.label_weights(_COUNTS).numpy()
   np.testing.assert_allclose(w, [[0.75, 0.5, 0.0], [0.25, 0.5, 1.0]])
   np.testing.assert_array_equal(fedftg.class_ensemble_weights(_COUNTS), w)
-  np.testing.assert_array_equal(fedgen.qualified_labels(_COUNTS),
+  np.testing.assert_array_equal(data_free.qualified_labels(_COUNTS),
                                 [True, False, True])
   np.testing.assert_array_equal(
-      fedgen.qualified_labels([[1, 0, 2]]), [False, False, True])
+      data_free.qualified_labels([[1, 0, 2]]), [False, False, True])
 
 
 def test_teacher_loss_matches_hand_computation():
@@ -63,15 +64,15 @@ def test_diversity_loss_golden_on_three_points():
   # 1, 4/3, 1; exp(-2 (.5 + 8/3 + 2.5) / 9).
   expected = np.exp(-2 * (0.5 + 8 / 3 + 2.5) / 9)
   assert expected == pytest.approx(0.2838642184327271)
-  assert float(fedgen.diversity_loss(noise, feats)) == pytest.approx(
+  assert float(data_free.diversity_loss(noise, feats)) == pytest.approx(
       expected, rel=1e-6)
   # Identical samples: no diversity, loss 1.
-  assert float(fedgen.diversity_loss(noise, np.ones((3, 3)))) == 1.0
+  assert float(data_free.diversity_loss(noise, np.ones((3, 3)))) == 1.0
   # Images are flattened.
-  assert float(fedgen.diversity_loss(
+  assert float(data_free.diversity_loss(
       noise, feats.reshape(3, 3, 1, 1))) == pytest.approx(expected, rel=1e-6)
   l2 = np.exp(-2 * (0.5 * 1 + 2 * (8 / 3) + 2.5 * 1) / 9)
-  assert float(fedgen.diversity_loss(noise, feats, metric='l2')) == (
+  assert float(data_free.diversity_loss(noise, feats, metric='l2')) == (
       pytest.approx(l2, rel=1e-6))
 
 

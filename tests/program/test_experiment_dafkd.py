@@ -1,6 +1,6 @@
 """`train --method=dafkd` in-process on digits: a short run learns; configs.
 
-The bad-setting checks fail in the builder, before any TFF computation.
+The bad-setting checks fail in `validate_config`, before any data is loaded.
 """
 
 import os

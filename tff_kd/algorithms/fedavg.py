@@ -14,6 +14,7 @@ from typing import Optional
 import tensorflow_federated as tff
 
 from tff_kd import errors
+from tff_kd.algorithms import hparams as hparams_lib
 from tff_kd.federated import learning
 
 
@@ -53,7 +54,7 @@ def build_fedprox_process(
     model_fn: learning.ModelFn,
     element_spec: collections.OrderedDict,
     *,
-    proximal_strength: float,
+    hparams: hparams_lib.FedProxHparams = hparams_lib.FedProxHparams(),
     client_optimizer: tff.learning.optimizers.Optimizer,
     server_optimizer: tff.learning.optimizers.Optimizer,
     learning_rate: float,
@@ -65,7 +66,7 @@ def build_fedprox_process(
   Args:
     model_fn: No-arg callable building the Keras classifier (logits).
     element_spec: Batch structure of the client datasets.
-    proximal_strength: mu > 0.
+    hparams: `config.fedprox` (mu, the proximal strength).
     client_optimizer: Client `tff.learning.optimizers` optimizer.
     server_optimizer: Server optimizer.
     learning_rate: Client learning rate at round 0 (> 0).
@@ -75,16 +76,17 @@ def build_fedprox_process(
 
   Returns:
     A `tff.learning.templates.LearningProcess`.
+
+  Raises:
+    ConfigError: a bad hyper-parameter.
   """
-  if not proximal_strength > 0:
-    raise errors.ConfigError(
-        f'fedprox.mu must be > 0, got {proximal_strength}')
+  hparams.validate()
   _check_schedule(learning_rate, learning_rate_decay)
   return learning.build_keras_learning_process(
       model_fn, element_spec, client_optimizer=client_optimizer,
       server_optimizer=server_optimizer, learning_rate=learning_rate,
       learning_rate_decay=learning_rate_decay,
-      proximal_strength=proximal_strength, dataset_fn=dataset_fn)
+      proximal_strength=hparams.mu, dataset_fn=dataset_fn)
 
 
 def _check_schedule(learning_rate: float, decay: float) -> None:

@@ -32,13 +32,14 @@ import tensorflow_federated as tff
 
 from tff_kd import errors
 from tff_kd.algorithms import feddf as feddf_lib
+from tff_kd.algorithms import hparams as hparams_lib
 from tff_kd.core import distillation
 from tff_kd.core import fedd3a as fedd3a_tf
 from tff_kd.federated import composer
 from tff_kd.federated import fedd3a as fedd3a_tff
-from tff_kd.federated import feddf as feddf_tff
 from tff_kd.federated import learning
 from tff_kd.federated import server_data as server_data_lib
+from tff_kd.federated import stacking
 
 
 def build_fedd3a_process(
@@ -52,17 +53,11 @@ def build_fedd3a_process(
     distill_optimizer: tff.learning.optimizers.Optimizer,
     distill_config: distillation.DistillConfig,
     learning_rate: float,
-    alpha: float,
-    weighting: str = 'soft',
-    ensemble: str = 'probs',
-    projection_batches: int = 0,
+    hparams: hparams_lib.FedD3AHparams = hparams_lib.FedD3AHparams(),
     learning_rate_decay: float = 1.0,
     num_clients: int = 0,
     dataset_fn: Optional[learning.DatasetFn] = None,
     client_model_fns: Sequence[learning.ModelFn] = (),
-    kd_weight: float = 1.0,
-    kd_temperature: float = 1.0,
-    score_backbone: str = 'broadcast',
 ) -> tff.learning.templates.LearningProcess:
   """Builds FedD3A.
 
@@ -79,11 +74,10 @@ def build_fedd3a_process(
     distill_optimizer: Student optimiser.
     distill_config: Distillation settings.
     learning_rate: Client learning rate at round 0 (> 0).
-    alpha: Ridge of eq. 5 (> 0), in squared feature units.
-    weighting: 'soft' (eq. 6), or the ablation's 'onehot', 'avg', 'random'.
-    ensemble: 'probs' (eq. 7: weighted mean of probabilities) or 'logits'.
-    projection_batches: Cap on the local batches P is built from (0: all of
-      the round's batches).
+    hparams: `config.fedd3a` (`hparams_lib.FedD3AHparams`: alpha,
+      weighting, ensemble, projection_batches, score_backbone; kd_weight
+      and kd_temperature for heterogeneous clients, whose models
+      `client_models` names and `client_model_fns` builds).
     learning_rate_decay: Client lr multiplier per round, in (0, 1].
     num_clients: K of the federation, for the per-client weight report (0:
       no report); with heterogeneous clients, the rows of the local-model
@@ -94,14 +88,8 @@ def build_fedd3a_process(
     client_model_fns: Empty: homogeneous FedD3A. Otherwise one Keras model
       builder (logits) per client architecture; client k uses entry
       k % len(client_model_fns). Same input shape and classes as the
-      global model.
-    kd_weight: Heterogeneous clients' weight of the KD term (>= 0).
-    kd_temperature: Its temperature (> 0).
-    score_backbone: The backbone of the server samples' features (eq. 6):
-      'broadcast' (w_t, the space the clients' P_k live in) or
-      'aggregated' (the averaged model after local training). With
-      heterogeneous clients the two are the same (the previous global
-      model).
+      global model. With heterogeneous clients, both of
+      `hparams.score_backbone`'s backbones are the previous global model.
 
   Returns:
     A `tff.learning.templates.LearningProcess`.
@@ -110,11 +98,7 @@ def build_fedd3a_process(
     ConfigError: a bad hyper-parameter (alpha <= 0, unknown weighting, ...).
     DataError: a server pool whose images do not match the model input.
   """
-  fedd3a_tf.check_settings(alpha=alpha, weighting=weighting,
-                           ensemble=ensemble,
-                           projection_batches=projection_batches,
-                           kd_weight=kd_weight, kd_temperature=kd_temperature,
-                           score_backbone=score_backbone)
+  hparams.validate()
   distill_config.check_labeled(server_data.val_size)
   if not 0 < learning_rate:
     raise errors.ConfigError(
@@ -137,26 +121,28 @@ def build_fedd3a_process(
         server_data=server_data, clients_per_round=clients_per_round,
         client_optimizer=client_optimizer,
         distill_optimizer=distill_optimizer, distill_config=distill_config,
-        learning_rate=learning_rate, alpha=float(alpha), weighting=weighting,
-        ensemble=ensemble, projection_batches=projection_batches,
+        learning_rate=learning_rate, alpha=float(hparams.alpha),
+        weighting=hparams.weighting, ensemble=hparams.ensemble,
+        projection_batches=hparams.projection_batches,
         learning_rate_decay=learning_rate_decay, num_clients=num_clients,
-        dataset_fn=dataset_fn, kd_weight=float(kd_weight),
-        kd_temperature=float(kd_temperature))
+        dataset_fn=dataset_fn, kd_weight=float(hparams.kd_weight),
+        kd_temperature=float(hparams.kd_temperature))
   _, _, input_shape = fedd3a_tff.classifier_specs(classifier_fn)
   fedd3a_tf.check_pool(server_data.image_shape, input_shape)
 
   client_work = fedd3a_tff.build_client_work(
       classifier_fn, element_spec, client_optimizer,
       learning_rate=learning_rate, learning_rate_decay=learning_rate_decay,
-      alpha=float(alpha), projection_batches=projection_batches,
-      dataset_fn=dataset_fn)
-  aggregator, stack_type = feddf_tff.build_client_stack(
+      alpha=float(hparams.alpha),
+      projection_batches=hparams.projection_batches, dataset_fn=dataset_fn)
+  aggregator, stack_type = stacking.build_client_stack(
       client_work, clients_per_round)
   finalizer = fedd3a_tff.build_finalizer(
       classifier_fn, stack_type, server_optimizer, distill_optimizer,
-      server_data, distill_config, weighting=weighting, ensemble=ensemble,
+      server_data, distill_config, weighting=hparams.weighting,
+      ensemble=hparams.ensemble,
       num_clients=num_clients if dataset_fn is not None else 0,
-      score_backbone=score_backbone)
+      score_backbone=hparams.score_backbone)
   weights_type = client_work.next.type_signature.parameter[1].member
   return composer.compose_learning_process(
       learning.build_initial_weights_fn(model_fn),
@@ -185,7 +171,7 @@ def _build_hetero(classifier_fn, client_model_fns, element_spec, *,
       alpha=alpha, kd_weight=kd_weight, kd_temperature=kd_temperature,
       learning_rate_decay=learning_rate_decay,
       projection_batches=projection_batches)
-  aggregator, stack_type = feddf_tff.build_client_stack(
+  aggregator, stack_type = stacking.build_client_stack(
       client_work, clients_per_round)
   finalizer = fedd3a_tff.build_hetero_finalizer(
       classifier_fn, client_model_fns, stack_type, distill_optimizer,

@@ -23,12 +23,14 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_kd import errors
+from tff_kd.algorithms import hparams as hparams_lib
 from tff_kd.core import distillation
-from tff_kd.core import feddf as feddf_tf
+from tff_kd.core import teachers as teachers_tf
 from tff_kd.federated import composer
 from tff_kd.federated import feddf as feddf_tff
 from tff_kd.federated import learning
 from tff_kd.federated import server_data as server_data_lib
+from tff_kd.federated import stacking
 
 
 def build_feddf_process(
@@ -43,7 +45,7 @@ def build_feddf_process(
     distill_config: distillation.DistillConfig,
     learning_rate: float,
     learning_rate_decay: float = 1.0,
-    drop_worst: bool = False,
+    hparams: hparams_lib.FedDFHparams = hparams_lib.FedDFHparams(),
     dataset_fn: Optional[learning.DatasetFn] = None,
 ) -> tff.learning.templates.LearningProcess:
   """Builds FedDF with one or several architecture prototypes.
@@ -63,8 +65,10 @@ def build_feddf_process(
       stopping, cosine decay).
     learning_rate: Client learning rate at round 0 (> 0).
     learning_rate_decay: Client lr multiplier per round, in (0, 1].
-    drop_worst: Drop teachers at or below random-guess accuracy on the
-      server validation set (needs `server_data.val_size > 0`).
+    hparams: `config.feddf`: `drop_worst` drops teachers at or below
+      random-guess accuracy on the server validation set (needs
+      `server_data.val_size > 0`); `prototypes` is what `model_fns` were
+      built from.
     dataset_fn: Key -> dataset function (the fast path), or None: clients
       take datasets, and with several prototypes `OrderedDict(client_id,
       data)` (a client's prototype is its id modulo their number).
@@ -88,9 +92,10 @@ def build_feddf_process(
   if not isinstance(clients_per_round, int) or clients_per_round < 1:
     raise errors.ConfigError(
         f'clients_per_round must be >= 1, got {clients_per_round!r}')
+  hparams.validate()
   distill_config.validate()
   distill_config.check_labeled(server_data.val_size)
-  if drop_worst and not server_data.val_size:
+  if hparams.drop_worst and not server_data.val_size:
     raise errors.ConfigError(
         'feddf.drop_worst needs a labeled server validation set '
         '(server_data.val_size > 0)')
@@ -100,11 +105,11 @@ def build_feddf_process(
       model_fns, element_spec, client_optimizer,
       learning_rate=learning_rate, learning_rate_decay=learning_rate_decay,
       dataset_fn=dataset_fn)
-  aggregator, stack_type = feddf_tff.build_client_stack(
+  aggregator, stack_type = stacking.build_client_stack(
       client_work, clients_per_round)
   finalizer = feddf_tff.build_fusion_finalizer(
       model_fns, stack_type, server_optimizer, distill_optimizer,
-      server_data, distill_config, drop_worst=drop_worst)
+      server_data, distill_config, drop_worst=hparams.drop_worst)
   weights_type = feddf_tff.prototypes_weights_type(model_fns)
   process = composer.compose_learning_process(
       feddf_tff.build_initial_weights_fn(model_fns),
@@ -132,7 +137,7 @@ def check_models(model_fns: Sequence[learning.ModelFn],
     raise errors.ConfigError(
         f'{what} must share input shape and classes, got input '
         f'shapes {shapes} and {classes} classes')
-  feddf_tf.check_pool_shape(server_data.image_shape, shapes[0])
+  teachers_tf.check_pool_shape(server_data.image_shape, shapes[0])
 
 
 def prototype_weights(state) -> list[tff.learning.models.ModelWeights]:

@@ -5,7 +5,7 @@ Federated Learning", ICML 2021 (Algorithm 1; generator objective eq. 4 with
 the supplement's label-count weighting, Sec. 9; client objective eq. 5).
 This module validates the settings and wires the stages of
 `tff_kd.federated.fedgen` (data flow of one round: see there) with the
-stacking aggregator of `tff_kd.federated.feddf`.
+stacking aggregator of `tff_kd.federated.stacking`.
 
 State: `tff.learning.templates.LearningAlgorithmState` whose
 `global_model_weights` is `(classifier ModelWeights, generator
@@ -22,11 +22,11 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_kd import errors
-from tff_kd.core import fedgen as fedgen_tf
+from tff_kd.algorithms import hparams as hparams_lib
 from tff_kd.federated import composer
-from tff_kd.federated import feddf as feddf_tff
 from tff_kd.federated import fedgen as fedgen_tff
 from tff_kd.federated import learning
+from tff_kd.federated import stacking
 from tff_kd.models import generators
 
 
@@ -43,21 +43,7 @@ def build_fedgen_process(
     dataset_fn: Optional[learning.DatasetFn],
     local_batch_size: int,
     learning_rate_decay: float = 1.0,
-    generator_steps: int = 50,
-    generator_batch_size: int = 32,
-    noise_dim: int = 32,
-    hidden: int = 256,
-    noise: str = 'gaussian',
-    output_activation: str | None = None,
-    teacher_ensemble: str = 'per_head',
-    teacher_weight: float = 1.0,
-    diversity_weight: float = 1.0,
-    local_alpha: float = 10.0,
-    local_beta: float = 10.0,
-    coefficient_decay: float = 0.98,
-    local_gen_batch_size: int = 32,
-    start_round: int = 1,
-    reference_steps: int = 20,
+    hparams: hparams_lib.FedGenHparams = hparams_lib.FedGenHparams(),
     seed: int = 0,
 ) -> tff.learning.templates.LearningProcess:
   """Builds FedGen (defaults: the reference's MNIST settings).
@@ -70,34 +56,17 @@ def build_fedgen_process(
     clients_per_round: M, the most clients per round (stack slots).
     client_optimizer: Client optimizer (reference: SGD).
     server_optimizer: Applies the mean classifier delta (SGD lr 1: FedAvg).
-    generator_optimizer: Reference: Adam, lr 3e-4 (MNIST).
+    generator_optimizer: Reference: Adam, lr 3e-4 (MNIST; the registry
+      builds it from `hparams.generator_learning_rate`).
     learning_rate: Client learning rate at round 0 (> 0).
     dataset_fn: Key -> dataset function (the fast path), or None: clients
       then take `OrderedDict(client_id=int32, data=<dataset>)`, the id
       seeding their own generator noise (`learning.client_input`).
     local_batch_size: B, the clients' batch size (scales alpha by B'/B).
     learning_rate_decay: Client lr multiplier per round, in (0, 1].
-    generator_steps: Server generator steps per round (reference 50).
-    generator_batch_size: Generated features per server step (reference
-      32).
-    noise_dim: d_n (32).
-    hidden: d_h (256 for MNIST).
-    noise: 'gaussian' (the paper) or 'uniform' (the reference code).
-    output_activation: The generator's last activation: None (reference) or
-      e.g. 'relu'.
-    teacher_ensemble: 'per_head' (reference) or 'logits' (the paper).
-    teacher_weight: Weight of the teacher loss (reference 1).
-    diversity_weight: Weight of the diversity loss (reference 1).
-    local_alpha: c0 of the clients' generated-feature CE (reference 10).
-    local_beta: c0 of the clients' latent KL term (reference 10; 0 = the
-      paper's objective).
-    coefficient_decay: Per-round decay of both (reference 0.98).
-    local_gen_batch_size: B', generated labels per client step (32).
-    start_round: First round whose clients use the regulariser (1).
-    reference_steps: Local steps the regulariser's coefficients are tuned
-      for (reference: 20); longer client rounds scale them down by
-      reference_steps / steps (`federated.fedgen.LocalRegularizer`); 0:
-      never scale.
+    hparams: `config.fedgen` (`hparams_lib.FedGenHparams`; defaults: the
+      reference's MNIST settings). `reference_steps` scales the
+      regulariser's coefficients (`federated.fedgen.LocalRegularizer`).
     seed: Seed of the generator's initial weights and of its noise.
 
   Returns:
@@ -106,16 +75,11 @@ def build_fedgen_process(
   Raises:
     ConfigError: A bad setting, or a classifier whose head is not linear.
   """
+  hparams.validate()
   _check(learning_rate=learning_rate, learning_rate_decay=learning_rate_decay,
-         clients_per_round=clients_per_round, generator_steps=generator_steps,
-         generator_batch_size=generator_batch_size, noise_dim=noise_dim,
-         hidden=hidden, noise=noise, teacher_ensemble=teacher_ensemble,
-         local_alpha=local_alpha, local_beta=local_beta,
-         coefficient_decay=coefficient_decay,
-         local_gen_batch_size=local_gen_batch_size,
-         local_batch_size=local_batch_size, start_round=start_round,
-         reference_steps=reference_steps, teacher_weight=teacher_weight,
-         diversity_weight=diversity_weight)
+         clients_per_round=clients_per_round,
+         local_batch_size=local_batch_size)
+  h = hparams
   with tf.Graph().as_default():
     classifier = classifier_fn()
     try:
@@ -130,28 +94,30 @@ def build_fedgen_process(
 
   def generator_fn():
     return generators.build_feature_generator(
-        noise_dim=noise_dim, num_classes=num_classes, feature_dim=feature_dim,
-        hidden=hidden, output_activation=output_activation or None,
-        seed=seed)
+        noise_dim=h.noise_dim, num_classes=num_classes,
+        feature_dim=feature_dim, hidden=h.hidden,
+        output_activation=h.output_activation or None, seed=seed)
 
   regularizer = fedgen_tff.LocalRegularizer(
-      generator_fn=generator_fn, noise_dim=noise_dim, alpha=local_alpha,
-      beta=local_beta, decay=coefficient_decay, floor=1e-4,
-      gen_batch_size=local_gen_batch_size, batch_size=local_batch_size,
-      noise=noise, start_round=start_round, reference_steps=reference_steps)
+      generator_fn=generator_fn, noise_dim=h.noise_dim, alpha=h.local_alpha,
+      beta=h.local_beta, decay=h.coefficient_decay, floor=1e-4,
+      gen_batch_size=h.local_gen_batch_size, batch_size=local_batch_size,
+      noise=h.noise, start_round=h.start_round,
+      reference_steps=h.reference_steps)
   client_work = fedgen_tff.build_client_work(
       classifier_fn, element_spec, client_optimizer, num_classes=num_classes,
       learning_rate=learning_rate, learning_rate_decay=learning_rate_decay,
       dataset_fn=dataset_fn, regularizer=regularizer, seed=seed)
-  aggregator, stack_type = feddf_tff.build_client_stack(
+  aggregator, stack_type = stacking.build_client_stack(
       client_work, clients_per_round)
   finalizer = fedgen_tff.build_generator_finalizer(
       classifier_fn, stack_type, server_optimizer,
       fedgen_tff.GeneratorTraining(
           generator_fn=generator_fn, optimizer=generator_optimizer,
-          steps=generator_steps, batch_size=generator_batch_size,
-          noise_dim=noise_dim, noise=noise, teacher_weight=teacher_weight,
-          diversity_weight=diversity_weight, ensemble=teacher_ensemble,
+          steps=h.generator_steps, batch_size=h.generator_batch_size,
+          noise_dim=h.noise_dim, noise=h.noise,
+          teacher_weight=h.teacher_weight,
+          diversity_weight=h.diversity_weight, ensemble=h.teacher_ensemble,
           seed=seed))
   initial = fedgen_tff.initial_weights_fn(classifier_fn, generator_fn)
   process = composer.compose_learning_process(
@@ -168,6 +134,7 @@ def generator_weights(state) -> tff.learning.models.ModelWeights:
 
 
 def _check(**v) -> None:
+  """Checks the settings that are not `config.fedgen`'s."""
   def fail(message):
     raise errors.ConfigError(f'fedgen {message}')
 
@@ -181,27 +148,7 @@ def _check(**v) -> None:
           0 < v['learning_rate_decay'] <= 1):
     fail('client learning-rate decay must be in (0, 1], got '
          f"{v['learning_rate_decay']!r}")
-  for name in ('clients_per_round', 'generator_steps', 'generator_batch_size',
-               'noise_dim', 'hidden', 'local_gen_batch_size',
-               'local_batch_size'):
+  for name in ('clients_per_round', 'local_batch_size'):
     if not isinstance(v[name], int) or isinstance(v[name], bool) or (
         v[name] < 1):
       fail(f'{name} must be an integer >= 1, got {v[name]!r}')
-  for name in ('start_round', 'reference_steps'):
-    if (not isinstance(v[name], int) or isinstance(v[name], bool) or
-        v[name] < 0):
-      fail(f'{name} must be an integer >= 0, got {v[name]!r}')
-  if v['noise'] not in generators.NOISE_KINDS:
-    fail(f"noise {v['noise']!r} is unknown; choose one of "
-         f"{', '.join(generators.NOISE_KINDS)}")
-  if v['teacher_ensemble'] not in fedgen_tf.TEACHER_ENSEMBLES:
-    fail(f"teacher_ensemble {v['teacher_ensemble']!r} is unknown; choose one "
-         f"of {', '.join(fedgen_tf.TEACHER_ENSEMBLES)}")
-  for name in ('local_alpha', 'local_beta', 'teacher_weight',
-               'diversity_weight'):
-    if not (finite(v[name]) and v[name] >= 0):
-      fail(f'{name} must be >= 0, got {v[name]!r}')
-  if not (finite(v['coefficient_decay']) and
-          0 < v['coefficient_decay'] <= 1):
-    fail('coefficient_decay must be in (0, 1], got '
-         f"{v['coefficient_decay']!r}")

@@ -2,8 +2,10 @@
 
 A method is registered with a builder that turns the experiment's shared
 inputs (`ProcessInputs`) and its config into a
-`tff.learning.templates.LearningProcess`. Builders validate their own
-hyper-parameters; the registry only maps names.
+`tff.learning.templates.LearningProcess`, and with the class of its config
+section's hyper-parameters (`tff_kd.algorithms.hparams`), which the builder
+adapters below and `experiment.validate_config` build from the config
+(`section_hparams`, `method_hparams`) and validate.
 """
 
 import collections
@@ -21,6 +23,7 @@ from tff_kd.algorithms import fedd3a
 from tff_kd.algorithms import feddf
 from tff_kd.algorithms import fedftg
 from tff_kd.algorithms import fedgen
+from tff_kd.algorithms import hparams as hparams_lib
 from tff_kd.core import distillation
 from tff_kd.federated import learning
 from tff_kd.federated import server_data as server_data_lib
@@ -69,12 +72,21 @@ class Method(NamedTuple):
     build: The builder.
     description: One line, with the paper.
     needs_server_data: The builder needs `ProcessInputs.server_data`.
+    server_step: The server runs one TF step of its own (distillation,
+      generator training) that `runtime.server_device` can move out of the
+      TFF runtime (`tff_kd.program.server_stage`).
+    hparams: The `hparams_lib.Hparams` class of the method's config section
+      (`hparams.SECTION`); None for a method with no section of its own.
+    uses_distill: The server distils with `config.distill`.
   """
 
   name: str
   build: Builder
   description: str
   needs_server_data: bool = False
+  server_step: bool = True
+  hparams: Optional[type[hparams_lib.Hparams]] = None
+  uses_distill: bool = False
 
 
 def build_optimizer(
@@ -86,8 +98,7 @@ def build_optimizer(
         momentum=config.get('momentum') or None)
   if config.name == 'adam':
     return tff.learning.optimizers.build_adam(
-        learning_rate=config.learning_rate,
-        beta_1=config.get('beta_1', 0.9), beta_2=config.get('beta_2', 0.999))
+        learning_rate=config.learning_rate)
   raise errors.ConfigError(
       f"optimizer {config.name!r} is unknown; choose one of sgd, adam")
 
@@ -110,7 +121,8 @@ def _build_fedavg(inputs: ProcessInputs, config: ml_collections.ConfigDict):
 def _build_fedprox(inputs: ProcessInputs, config: ml_collections.ConfigDict):
   return fedavg.build_fedprox_process(
       inputs.model_fn, inputs.element_spec,
-      proximal_strength=config.fedprox.mu, **_common(inputs, config))
+      hparams=section_hparams(config, hparams_lib.FedProxHparams),
+      **_common(inputs, config))
 
 
 def distill_config(config: ml_collections.ConfigDict
@@ -136,7 +148,8 @@ def _build_feddf(inputs: ProcessInputs, config: ml_collections.ConfigDict):
       distill_optimizer=tff.learning.optimizers.build_adam(
           learning_rate=config.distill.learning_rate),
       distill_config=distill_config(config),
-      drop_worst=config.feddf.drop_worst, **_common(inputs, config))
+      hparams=section_hparams(config, hparams_lib.FedDFHparams),
+      **_common(inputs, config))
 
 
 def _build_fedd3a(inputs: ProcessInputs, config: ml_collections.ConfigDict):
@@ -148,7 +161,7 @@ def _build_fedd3a(inputs: ProcessInputs, config: ml_collections.ConfigDict):
     raise errors.ConfigError(
         'fedd3a needs a classifier_fn (the backbone whose features define '
         'the client subspaces)')
-  f = config.fedd3a
+  f = section_hparams(config, hparams_lib.FedD3AHparams)
   # Heterogeneous clients (`fedd3a.client_models` non-empty): client k uses
   # entry k % A; the global model stays `model`'s architecture.
   input_shape = tuple(inputs.element_spec['x'].shape[1:])
@@ -158,7 +171,7 @@ def _build_fedd3a(inputs: ProcessInputs, config: ml_collections.ConfigDict):
           input_shape=input_shape, num_classes=inputs.num_classes,
           norm=norm, seed=config.seed)
       for name, norm in models.parse_model_list(
-          f.get('client_models', ''), default_norm=config.model.norm,
+          f.client_models, default_norm=config.model.norm,
           key='fedd3a.client_models'))
   return fedd3a.build_fedd3a_process(
       inputs.classifier_fn, inputs.element_spec,
@@ -166,13 +179,9 @@ def _build_fedd3a(inputs: ProcessInputs, config: ml_collections.ConfigDict):
       clients_per_round=config.clients_per_round,
       distill_optimizer=tff.learning.optimizers.build_adam(
           learning_rate=config.distill.learning_rate),
-      distill_config=distill_config(config), alpha=f.alpha,
-      weighting=f.weighting, ensemble=f.ensemble,
-      projection_batches=f.projection_batches,
+      distill_config=distill_config(config), hparams=f,
       num_clients=inputs.num_clients, client_model_fns=client_model_fns,
-      kd_weight=f.get('kd_weight', 1.0),
-      kd_temperature=f.get('kd_temperature', 1.0),
-      score_backbone=f.score_backbone, **_common(inputs, config))
+      **_common(inputs, config))
 
 
 
@@ -180,30 +189,21 @@ def _build_fedgen(inputs: ProcessInputs, config: ml_collections.ConfigDict):
   if inputs.classifier_fn is None:
     raise errors.ConfigError(
         'fedgen needs a classifier_fn (its generator feeds the head)')
-  f = config.fedgen
+  f = section_hparams(config, hparams_lib.FedGenHparams)
   return fedgen.build_fedgen_process(
       inputs.classifier_fn, inputs.element_spec,
       num_classes=inputs.num_classes,
       clients_per_round=config.clients_per_round,
       generator_optimizer=tff.learning.optimizers.build_adam(
           learning_rate=f.generator_learning_rate),
-      local_batch_size=config.local.batch_size,
-      generator_steps=f.generator_steps,
-      generator_batch_size=f.generator_batch_size, noise_dim=f.noise_dim,
-      hidden=f.hidden, noise=f.noise,
-      output_activation=f.output_activation or None,
-      teacher_ensemble=f.teacher_ensemble, teacher_weight=f.teacher_weight,
-      diversity_weight=f.diversity_weight, local_alpha=f.local_alpha,
-      local_beta=f.local_beta, coefficient_decay=f.coefficient_decay,
-      local_gen_batch_size=f.local_gen_batch_size,
-      start_round=f.start_round, reference_steps=f.reference_steps,
-      seed=config.seed, **_common(inputs, config))
+      local_batch_size=config.local.batch_size, hparams=f, seed=config.seed,
+      **_common(inputs, config))
 
 
 def _build_fedftg(inputs: ProcessInputs, config: ml_collections.ConfigDict):
   if inputs.classifier_fn is None:
     raise errors.ConfigError('fedftg needs a classifier_fn')
-  f = config.fedftg
+  f = section_hparams(config, hparams_lib.FedFTGHparams)
   return fedftg.build_fedftg_process(
       inputs.classifier_fn, inputs.element_spec,
       num_classes=inputs.num_classes,
@@ -212,14 +212,7 @@ def _build_fedftg(inputs: ProcessInputs, config: ml_collections.ConfigDict):
           learning_rate=f.generator_learning_rate),
       student_optimizer=tff.learning.optimizers.build_sgdm(
           learning_rate=f.student_learning_rate),
-      iterations=f.iterations, student_steps=f.student_steps,
-      batch_size=f.batch_size, temperature=f.temperature,
-      student_training=f.student_training, noise_dim=f.noise_dim,
-      noise=f.noise, transfer_weight=f.transfer_weight,
-      diversity_weight=f.diversity_weight, mask=f.mask, ensemble=f.ensemble,
-      lr_decay=f.lr_decay, generator_steps=f.generator_steps,
-      kl_reduction=f.kl_reduction, seed=config.seed,
-      **_common(inputs, config))
+      hparams=f, seed=config.seed, **_common(inputs, config))
 
 
 def _build_dafkd(inputs: ProcessInputs, config: ml_collections.ConfigDict):
@@ -227,24 +220,14 @@ def _build_dafkd(inputs: ProcessInputs, config: ml_collections.ConfigDict):
     raise errors.ConfigError(
         'dafkd needs a classifier_fn (its discriminator shares the '
         "classifier's feature extractor)")
-  f = config.dafkd
+  f = section_hparams(config, hparams_lib.DaFKDHparams)
   opt = config.client_optimizer
   if f.weight_decay:
-    # Decoupled weight decay (AdamW): TFF's SGD has none.
-    if opt.name != 'adam':
-      raise errors.ConfigError(
-          'dafkd.weight_decay needs client_optimizer.name=adam (AdamW); '
-          f'got {opt.name!r}')
+    # Decoupled weight decay (AdamW); `check_config` asked for Adam.
     joint_optimizer = tff.learning.optimizers.build_adamw(
         learning_rate=opt.learning_rate, weight_decay=f.weight_decay)
   else:
     joint_optimizer = build_optimizer(opt)
-  try:
-    hidden = tuple(int(h) for h in str(f.generator_hidden).split(','))
-  except ValueError:
-    raise errors.ConfigError(
-        'dafkd.generator_hidden must be comma-separated widths, got '
-        f'{f.generator_hidden!r}') from None
   return dafkd.build_dafkd_process(
       inputs.classifier_fn, inputs.element_spec, inputs.dataset_fn,
       num_clients=inputs.num_clients,
@@ -257,33 +240,32 @@ def _build_dafkd(inputs: ProcessInputs, config: ml_collections.ConfigDict):
           learning_rate=config.distill.learning_rate),
       distill_config=distill_config(config),
       learning_rate=opt.learning_rate, learning_rate_decay=opt.lr_decay,
-      pool_size=f.pool_size, noise_dim=f.noise_dim, generator=f.generator,
-      generator_hidden=hidden, adv_weight=f.adv_weight,
-      gp_weight=f.gp_weight, generator_form=f.generator_form,
-      discriminator_mode=f.discriminator_mode, gan_steps=f.gan_steps,
-      gan_window=f.gan_window,
-      shared=not f.no_sharing,
-      correlation=not f.no_correlation, ensemble=f.weights_on,
-      private=f.private, pool_generator=f.pool_generator or None,
-      aggregation=f.aggregation, pool=f.pool, server_data=inputs.server_data,
-      holder_share=f.holder_share, seed=config.seed)
+      hparams=f, server_data=inputs.server_data, seed=config.seed)
+
 
 METHODS: dict[str, Method] = {
     m.name: m for m in (
-        Method('fedavg', _build_fedavg, 'FedAvg (McMahan et al., 2017)'),
-        Method('fedprox', _build_fedprox, 'FedProx (Li et al., 2020)'),
+        Method('fedavg', _build_fedavg, 'FedAvg (McMahan et al., 2017)',
+               server_step=False),
+        Method('fedprox', _build_fedprox, 'FedProx (Li et al., 2020)',
+               server_step=False, hparams=hparams_lib.FedProxHparams),
         Method('feddf', _build_feddf,
                'FedDF ensemble distillation (Lin et al., 2020)',
-               needs_server_data=True),
+               needs_server_data=True, hparams=hparams_lib.FedDFHparams,
+               uses_distill=True),
         Method('fedd3a', _build_fedd3a,
                'FedD3A domain-aware distillation (Su et al., 2023)',
-               needs_server_data=True),
+               needs_server_data=True, hparams=hparams_lib.FedD3AHparams,
+               uses_distill=True),
         Method('fedgen', _build_fedgen,
-               'FedGen data-free feature-generator KD (Zhu et al., 2021)'),
+               'FedGen data-free feature-generator KD (Zhu et al., 2021)',
+               hparams=hparams_lib.FedGenHparams),
         Method('fedftg', _build_fedftg,
-               'FedFTG data-free server fine-tuning (Zhang et al., 2022)'),
+               'FedFTG data-free server fine-tuning (Zhang et al., 2022)',
+               hparams=hparams_lib.FedFTGHparams),
         Method('dafkd', _build_dafkd,
-               'DaFKD domain-aware data-free KD (Wang et al., 2023)'),
+               'DaFKD domain-aware data-free KD (Wang et al., 2023)',
+               hparams=hparams_lib.DaFKDHparams, uses_distill=True),
     )
 }
 
@@ -298,3 +280,33 @@ def get_method(name: str) -> Method:
     raise errors.ConfigError(
         f"method {name!r} is unknown; choose one of {', '.join(METHODS)}")
   return METHODS[name]
+
+
+def section_hparams(config: ml_collections.ConfigDict,
+                    cls: type[hparams_lib.Hparams]) -> hparams_lib.Hparams:
+  """The validated `cls` of `config[cls.SECTION]`.
+
+  Checks the section's keys and values (`Hparams.from_config`) and what the
+  rest of the config requires of them (`Hparams.check_config`).
+
+  Raises:
+    ConfigError: an unknown key or a bad value, named.
+  """
+  hparams = cls.from_config(config[cls.SECTION])
+  hparams.check_config(config)
+  return hparams
+
+
+def method_hparams(
+    config: ml_collections.ConfigDict) -> Optional[hparams_lib.Hparams]:
+  """The validated hyper-parameters of `config.method`'s section.
+
+  Returns:
+    The method's `hparams_lib.Hparams` (`section_hparams`), or None for a
+    method without a section of its own (FedAvg).
+
+  Raises:
+    ConfigError: an unknown method, key or a bad value, named.
+  """
+  cls = get_method(config.method).hparams
+  return None if cls is None else section_hparams(config, cls)

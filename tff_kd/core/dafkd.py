@@ -39,9 +39,9 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_kd.core import distillation
-from tff_kd.core import feddf as feddf_tf
 from tff_kd.core import gan
 from tff_kd.core import local_training
+from tff_kd.core import stacking as stacking_tf
 from tff_kd.core import weight_diagnostics
 from tff_kd.models import classifiers
 from tff_kd.models import generators
@@ -438,8 +438,8 @@ def mean_update(global_weights: ModelWeights, deltas: ModelWeights,
   """
   weights = (tf.ones(tf.shape(valid), tf.float32) if example_weights is None
              else example_weights)
-  alpha = feddf_tf.prototype_alpha(weights, valid)
-  mean = feddf_tf.average_update(deltas, alpha, global_weights.non_trainable)
+  alpha = stacking_tf.example_weights(weights, valid)
+  mean = stacking_tf.average_update(deltas, alpha, global_weights.non_trainable)
   return ModelWeights(
       [g + d for g, d in zip(global_weights.trainable, mean.trainable)],
       mean.non_trainable)

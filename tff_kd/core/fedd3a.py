@@ -27,7 +27,7 @@ models and projections and the student's starting point (their average):
    'avg', 'random' (Table 1), over this round's clients only;
 4. the eq. 7 target y = sum_k alpha_k h_k(x) (`distillation.weighted_ensemble`
    with `ensemble='probs'`; h_k's outputs are probabilities), teachers
-   evaluated by `tff_kd.core.feddf.stacked_logits`;
+   evaluated by `tff_kd.core.teachers_tf.stacked_logits`;
 5. eq. 8, KL between the student and y, minimised by the shared
    `distillation.distill` from the averaged model.
 
@@ -60,9 +60,9 @@ import tensorflow_federated as tff
 from tff_kd import errors
 from tff_kd import models
 from tff_kd.core import distillation
-from tff_kd.core import feddf as feddf_tf
 from tff_kd.core import local_training
 from tff_kd.core import projection
+from tff_kd.core import teachers as teachers_tf
 
 ModelWeights = tff.learning.models.ModelWeights
 WEIGHTINGS = projection.STRATEGIES
@@ -394,7 +394,7 @@ def server_round(student: models.Classifier,
     optimizer: Distillation optimiser, fresh state.
     global_weights: This round's broadcast global `ModelWeights`.
     deltas: Stacked client results ([M, ...] leaves; see
-      `tff_kd.core.feddf.average_update`).
+      `tff_kd.core.stacking.average_update`).
     projections: [M, d, d] client projections.
     valid: [M] bool, rows holding a client.
     start_weights: The student's start, the clients' average (Algorithm 1
@@ -422,7 +422,7 @@ def server_round(student: models.Classifier,
       student, optimizer, start_weights=start_weights,
       feature_weights=feature_weights, pool=pool, projections=projections,
       valid=valid,
-      teacher_logits_fn=lambda x: feddf_tf.stacked_logits(
+      teacher_logits_fn=lambda x: teachers_tf.stacked_logits(
           teacher, global_weights, deltas, valid, x, batch_size),
       config=config, weighting=weighting, ensemble=ensemble, seed=seed,
       batch_size=batch_size, labeled=labeled)
@@ -478,7 +478,7 @@ def hetero_server_round(student: models.Classifier,
   def teacher_logits(x):
     # Row k is valid for exactly one architecture; the others give zeros.
     return tf.add_n([
-        feddf_tf.stacked_logits(
+        teachers_tf.stacked_logits(
             model, None, weights,
             tf.logical_and(valid, tf.equal(architectures, a)), x,
             batch_size)
@@ -536,7 +536,7 @@ def _weighted_distill(student: models.Classifier,
     uniform = masked_teacher_weights(scores=tf.ones_like(val_alpha),
                                      valid=valid, weighting='avg')
     ensemble_accuracy, uniform_accuracy = [
-        feddf_tf.accuracy(distillation.weighted_ensemble(
+        teachers_tf.accuracy(distillation.weighted_ensemble(
             val_logits, w, ensemble=ensemble), labeled[1])
         for w in (val_alpha, uniform)]
   logits = teacher_logits_fn(pool)
@@ -574,4 +574,4 @@ def per_client_mean(values: tf.Tensor, client_ids: tf.Tensor,
 
 def check_pool(pool_shape: Sequence[int], input_shape: Sequence[int]) -> None:
   """`errors.DataError` unless the server pool matches the model input."""
-  feddf_tf.check_pool_shape(pool_shape, input_shape, 'server pool')
+  teachers_tf.check_pool_shape(pool_shape, input_shape, 'server pool')

@@ -16,224 +16,27 @@ heterogeneous model prototypes). After local training the server
    decay, early stopping: FedDF's reference settings are DistillConfig
    options).
 
-How the client models reach the server: they are stacked. Each client's
-value is written into row `count` of a fixed-size [M, ...] accumulator (M =
-clients per round); `stack_accumulate` / `stack_merge` are the accumulate
-and merge functions of a `tff.federated_aggregate` (see
-`tff_kd.federated.feddf`), and plain functions here, so the same maths runs
-eagerly in tests. Rows past `count` stay zero and are masked out.
+The client models reach the server stacked (`tff_kd.core.stacking`); the
+teachers are evaluated with `tff_kd.core.teachers`.
 
 Everything in this module is plain TensorFlow: `fuse` runs eagerly and
 inside the server's `tff.tensorflow.computation`.
 """
 
-from typing import NamedTuple, Optional, Sequence
+from typing import NamedTuple, Sequence
 
-import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_kd import errors
 from tff_kd.core import distillation
 from tff_kd.core import local_training
+from tff_kd.core import teachers as teachers_tf
 
 ModelWeights = tff.learning.models.ModelWeights
 
-# Per-prototype weights at or below this are treated as "no client".
-_EPS = 1e-12
-
-
-# ---------------------------------------------------------------------------
-# The stack: a fixed-size collection of this round's client values.
-
-
-class Stack(NamedTuple):
-  """This round's client values, one row each.
-
-  Attributes:
-    values: A structure whose leaves are [M, ...]: row k is the k-th client
-      received (in arrival order); rows >= `count` are zero.
-    weights: [M] float32 client weights (number of examples).
-    count: int32 number of rows filled.
-  """
-
-  values: object
-  weights: tf.Tensor
-  count: tf.Tensor
-
-
-def empty_stack(value_specs, num_slots: int) -> Stack:
-  """A zero `Stack` with `num_slots` rows for values shaped like the specs."""
-  if not isinstance(num_slots, (int, np.integer)) or num_slots < 1:
-    raise errors.ConfigError(
-        f'the teacher stack needs >= 1 slot, got {num_slots!r}')
-  values = tf.nest.map_structure(
-      lambda s: tf.zeros([num_slots, *s.shape], s.dtype), value_specs)
-  return Stack(values, tf.zeros([num_slots], tf.float32),
-               tf.constant(0, tf.int32))
-
-
-def _num_slots(stack: Stack) -> int:
-  return int(stack.weights.shape[0])
-
-
-def stack_accumulate(stack: Stack, value, weight) -> Stack:
-  """Writes one client's value and weight into row `stack.count`.
-
-  A client of weight <= 0 is left out: no examples, or excluded for a
-  non-finite update (`tff_kd.federated.learning.screen_client`), so it is
-  no teacher.
-
-  Raises `tf.errors.InvalidArgumentError` (at run time) if the stack is full,
-  i.e. more clients took part than the process was built for.
-  """
-  slots = _num_slots(stack)
-  weight = tf.cast(weight, tf.float32)
-  take = weight > 0
-  check = tf.debugging.Assert(
-      tf.logical_or(tf.logical_not(take), stack.count < slots),
-      [f'more clients than the {slots} teacher slots this stacking '
-       'process was built for (clients_per_round)'])
-  with tf.control_dependencies([check]):
-    row = tf.reshape(tf.minimum(stack.count, slots - 1), [1, 1])
-
-  def write(s, v):
-    written = tf.tensor_scatter_nd_update(s, row,
-                                          tf.cast(v, s.dtype)[tf.newaxis])
-    return tf.where(take, written, s)
-
-  values = tf.nest.map_structure(write, stack.values, value)
-  weights = write(stack.weights, tf.reshape(weight, []))
-  return Stack(values, weights, stack.count + tf.cast(take, stack.count.dtype))
-
-
-def stack_merge(first: Stack, second: Stack) -> Stack:
-  """Concatenates the filled rows of two partial stacks (first, then second).
-
-  Raises `tf.errors.InvalidArgumentError` if together they overflow.
-  """
-  slots = _num_slots(first)
-  check = tf.debugging.assert_less_equal(
-      first.count + second.count, slots,
-      message=f'more clients than the {slots} teacher slots this FedDF '
-      'process was built for (clients_per_round)')
-  with tf.control_dependencies([check]):
-    keep_first = tf.range(slots) < first.count
-
-  def merge(a, b):
-    # Rolling `b` by first.count moves its filled rows behind a's; its zero
-    # tail wraps around onto rows that `a` keeps.
-    shifted = tf.roll(b, first.count, axis=0)
-    mask = tf.reshape(keep_first, [slots] + [1] * (a.shape.rank - 1))
-    return tf.where(mask, a, shifted)
-
-  return Stack(tf.nest.map_structure(merge, first.values, second.values),
-               merge(first.weights, second.weights),
-               first.count + second.count)
-
-
-# ---------------------------------------------------------------------------
-# Averaging within a prototype.
-
-
-def prototype_alpha(weights: tf.Tensor, valid: tf.Tensor) -> tf.Tensor:
-  """Averaging coefficients of the clients of one prototype.
-
-  Args:
-    weights: [M] client weights (example counts).
-    valid: [M] bool, rows that hold a client of this prototype.
-
-  Returns:
-    [M] coefficients summing to 1 over the valid rows (n_k / sum n_k; uniform
-    when all valid weights are 0), or all zeros when no row is valid.
-  """
-  valid_f = tf.cast(valid, tf.float32)
-  any_valid = tf.reduce_any(valid)
-  # normalize_weights' uniform fallback would divide 0 by 0 with no valid
-  # row; give it an all-ones mask then and zero the result instead.
-  mask = tf.where(any_valid, valid_f, tf.ones_like(valid_f))
-  alpha = distillation.normalize_weights(
-      tf.maximum(tf.cast(weights, tf.float32), 0.0)[:, tf.newaxis],
-      _EPS, mask=mask)[:, 0]
-  return alpha * tf.cast(any_valid, tf.float32)
-
-
-def average_update(deltas: ModelWeights, alpha: tf.Tensor,
-                   fallback_non_trainable: Sequence[tf.Tensor]
-                   ) -> ModelWeights:
-  """sum_k alpha_k delta_k of stacked deltas; zero delta when alpha is 0.
-
-  Args:
-    deltas: Stacked client results: trainable leaves [M, ...] are deltas,
-      non-trainable leaves [M, ...] the clients' final values.
-    alpha: [M] coefficients from `prototype_alpha`.
-    fallback_non_trainable: Non-trainable values to keep when no client of
-      the prototype took part (alpha all zero).
-
-  Returns:
-    `ModelWeights` of the mean trainable delta and the mean non-trainable
-    values (FedAvg's finalizer in `tff_kd.federated.learning`).
-  """
-  alpha = tf.convert_to_tensor(alpha, tf.float32)
-  any_client = tf.reduce_sum(alpha) > 0
-
-  def mean(stacked):
-    stacked = tf.convert_to_tensor(stacked)
-    a = tf.reshape(alpha, [-1] + [1] * (stacked.shape.rank - 1))
-    return tf.reduce_sum(a * stacked, axis=0)
-
-  trainable = [mean(d) for d in deltas.trainable]
-  non_trainable = [
-      tf.where(any_client, mean(d), f)
-      for d, f in zip(deltas.non_trainable, fallback_non_trainable)
-  ]
-  return ModelWeights(trainable, non_trainable)
-
-
 # ---------------------------------------------------------------------------
 # Teachers and the AVGLOGITS target.
-
-
-def stacked_logits(model: tf.keras.Model,
-                   global_weights: Optional[ModelWeights],
-                   deltas: ModelWeights, valid: tf.Tensor, x: tf.Tensor,
-                   batch_size: int = 256) -> tf.Tensor:
-  """Logits [M, N, C] of each stacked client model (zeros for invalid rows).
-
-  Row k's model is `global + delta_k` (trainable) with the client's own
-  non-trainable values; with `global_weights=None` the rows are whole
-  models (FedD3A's heterogeneous clients upload their weights). One Keras
-  model is reused for all rows, so the server builds one model per
-  prototype, not one per client. Call inside a `tf.function` (as `fuse`
-  does) so that the weight assignments are ordered.
-
-  Args:
-    model: A built Keras model of the rows' architecture (overwritten).
-    global_weights: This prototype's global `ModelWeights` (broadcast), or
-      None when `deltas` holds whole weights.
-    deltas: Stacked client results, as in `average_update`.
-    valid: [M] bool, rows to evaluate.
-    x: Inputs [N, ...].
-    batch_size: Examples per forward pass.
-  """
-  variables = local_training.model_weights(model)
-  num_slots = int(valid.shape[0])
-  num_classes = int(model.output_shape[-1])
-  outputs = tf.TensorArray(tf.float32, size=num_slots,
-                           element_shape=tf.TensorShape([None, num_classes]))
-  bases = (global_weights.trainable if global_weights is not None else
-           [None] * len(variables.trainable))
-  for k in tf.range(num_slots):
-    if valid[k]:
-      for v, g, d in zip(variables.trainable, bases, deltas.trainable):
-        v.assign(d[k] if g is None else g + d[k])
-      for v, d in zip(variables.non_trainable, deltas.non_trainable):
-        v.assign(d[k])
-      logits = distillation.teacher_logits([model], x, batch_size)[0]
-    else:
-      logits = tf.zeros([tf.shape(x)[0], num_classes])
-    outputs = outputs.write(k, logits)
-  return outputs.stack()
 
 
 class TeacherSelection(NamedTuple):
@@ -313,14 +116,6 @@ def avg_logits_target(teacher_logits: tf.Tensor, kept: tf.Tensor, *,
       teacher_logits, alpha, temperature=temperature, ensemble='logits')
 
 
-def accuracy(logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
-  """Fraction of argmax predictions equal to the labels (0 if empty)."""
-  labels = tf.cast(tf.reshape(labels, [-1]), tf.int64)
-  correct = tf.reduce_sum(tf.cast(
-      tf.equal(tf.argmax(logits, axis=-1), labels), tf.float32))
-  return correct / tf.maximum(tf.cast(tf.shape(labels)[0], tf.float32), 1.0)
-
-
 # ---------------------------------------------------------------------------
 # One round of fusion.
 
@@ -333,7 +128,7 @@ class Prototype(NamedTuple):
     teacher: Built Keras model of the same architecture, reused for all
       teacher rows (overwritten).
     global_weights: The prototype's global `ModelWeights` of this round.
-    deltas: Stacked client results of this prototype (`average_update`).
+    deltas: Stacked client results of this prototype (`tff_kd.core.stacking.average_update`).
     valid: [M] bool, rows holding a client of this prototype.
     start_weights: The student's starting point x_{t,0}^P: the average, or
       the previous global model when no client of P took part.
@@ -375,15 +170,6 @@ class FusionResult(NamedTuple):
   distill_seconds: tf.Tensor
 
 
-def check_pool_shape(pool_shape: Sequence[int], input_shape: Sequence[int],
-                     what: str = 'proxy dataset') -> None:
-  """Raises `errors.DataError` unless per-example shapes match."""
-  if tuple(pool_shape) != tuple(input_shape):
-    raise errors.DataError(
-        f'{what} images have shape {tuple(pool_shape)} but the model expects '
-        f'{tuple(input_shape)}; resize it to the training image shape')
-
-
 @tf.function
 def fuse(prototypes: Sequence[Prototype],
          optimizer: tff.learning.optimizers.Optimizer, pool: tf.Tensor,
@@ -418,8 +204,9 @@ def fuse(prototypes: Sequence[Prototype],
   num_pool = tf.shape(pool)[0]
   inputs = tf.concat([pool, val_x], 0) if has_val else pool
   logits = tf.concat([
-      stacked_logits(p.teacher, p.global_weights, p.deltas, p.valid, inputs,
-                     batch_size) for p in prototypes
+      teachers_tf.stacked_logits(p.teacher, p.global_weights, p.deltas,
+                              p.valid, inputs, batch_size)
+      for p in prototypes
   ], 0)
   valid = tf.concat([p.valid for p in prototypes], 0)
   pool_logits = logits[:, :num_pool]
@@ -432,8 +219,8 @@ def fuse(prototypes: Sequence[Prototype],
 
   if has_val:
     # argmax of the AVGLOGITS probabilities = argmax of the mean logits.
-    ensemble_acc = accuracy(avg_logits_target(val_logits, selection.kept),
-                            val_y)
+    ensemble_acc = teachers_tf.accuracy(
+        avg_logits_target(val_logits, selection.kept), val_y)
   else:
     ensemble_acc = tf.constant(-1.0)
   num_teachers = tf.reduce_sum(tf.cast(valid, tf.int32))
@@ -443,8 +230,8 @@ def fuse(prototypes: Sequence[Prototype],
   def student_accuracy(student):
     if not has_val:
       return tf.constant(-1.0)
-    return accuracy(distillation.teacher_logits([student], val_x,
-                                                batch_size)[0], val_y)
+    return teachers_tf.accuracy(
+        distillation.teacher_logits([student], val_x, batch_size)[0], val_y)
 
   weights, results, before, after = [], [], [], []
   t_distill = tf.constant(0.0, tf.float64)

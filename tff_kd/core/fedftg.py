@@ -32,7 +32,7 @@ coefficient is configurable:
                `mask='agree'` (only samples the student still agrees on are
                pushed towards the decision boundary, as in the adversarial
                data-free KD FedFTG builds on) or w_i = 1 with `mask='none'`,
-      L_div  = `fedgen.diversity_loss(z, x)` (exp(-mean pairwise l1 sample
+      L_div  = `data_free.diversity_loss(z, x)` (exp(-mean pairwise l1 sample
                distance x squared noise distance), Mao et al., CVPR 2019).
   beta_tran = beta_div = 1 by default.
 
@@ -54,8 +54,8 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_kd import errors
+from tff_kd.core import data_free
 from tff_kd.core import distillation
-from tff_kd.core import fedgen
 from tff_kd.models import generators
 
 MASKS = ('agree', 'none')
@@ -64,7 +64,7 @@ _TINY = float(np.finfo(np.float32).tiny)
 
 # FedFTG's class-level ensemble weights n_{k,c} / sum_j n_{j,c} (uniform 1/K
 # where no client holds class c) are FedGen's label-count weights.
-class_ensemble_weights = fedgen.label_weights
+class_ensemble_weights = data_free.label_weights
 
 
 def customized_label_sampling(label_counts: tf.Tensor, batch_size,
@@ -84,7 +84,7 @@ def customized_label_sampling(label_counts: tf.Tensor, batch_size,
     counts = tf.reduce_sum(counts, axis=0)
   total = tf.reduce_sum(counts)
   probs = tf.where(total > 0, counts, tf.ones_like(counts))
-  return fedgen.sample_labels(probs, batch_size, seed)
+  return data_free.sample_labels(probs, batch_size, seed)
 
 
 def class_weighted_teacher(teacher_logits: tf.Tensor,
@@ -183,7 +183,7 @@ def hard_sample_generator_loss(student_logits: tf.Tensor,
   if noise is None:
     diversity = tf.constant(0.0)
   else:
-    diversity = fedgen.diversity_loss(noise, samples)
+    diversity = data_free.diversity_loss(noise, samples)
   loss = fidelity - transfer_weight * transfer + diversity_weight * diversity
   return HardSampleLoss(loss, fidelity, transfer, diversity)
 

@@ -57,58 +57,16 @@ variables and can run in a `tf.function` inside a TFF computation.
 
 from typing import Callable, NamedTuple
 
-import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_kd.core import data_free
 from tff_kd.core import distillation
 from tff_kd.models import classifiers
 from tff_kd.models import generators
 
 HeadsFn = Callable[[tf.Tensor], tf.Tensor]
 TEACHER_ENSEMBLES = ('per_head', 'logits')
-FEATURE_METRICS = ('l1', 'l2', 'cosine')
-_TINY = float(np.finfo(np.float32).tiny)
-
-
-def label_weights(label_counts: tf.Tensor) -> tf.Tensor:
-  """w[k, y] = n_{k,y} / sum_j n_{j,y}; 1/K for a class nobody holds.
-
-  Args:
-    label_counts: [K, C] non-negative per-client label counts.
-
-  Returns:
-    [K, C] float32, columns summing to 1.
-  """
-  return distillation.normalize_weights(tf.cast(label_counts, tf.float32))
-
-
-def qualified_labels(label_counts: tf.Tensor,
-                     min_count: float = 1.0) -> tf.Tensor:
-  """[C] bool: some client holds more than `min_count` samples of the label.
-
-  The reference's `MIN_SAMPLES_PER_LABEL = 1`; the server's generator only
-  trains on these labels.
-  """
-  counts = tf.cast(label_counts, tf.float32)
-  return tf.reduce_max(counts, axis=0) > min_count
-
-
-def sample_labels(label_probs: tf.Tensor, batch_size, seed) -> tf.Tensor:
-  """[batch_size] int32 labels drawn from an (unnormalised) distribution.
-
-  Args:
-    label_probs: [C] non-negative weights (e.g. a `qualified_labels` mask
-      cast to float, or label counts); not all zero.
-    batch_size: Number of labels.
-    seed: int or shape-[2] stateless seed.
-  """
-  probs = tf.reshape(tf.cast(label_probs, tf.float32), [1, -1])
-  logits = tf.math.log(tf.maximum(probs, _TINY))
-  seed = generators._as_seed(seed)  # pylint: disable=protected-access
-  return tf.cast(
-      tf.random.stateless_categorical(logits, batch_size, seed=seed)[0],
-      tf.int32)
 
 
 def linear_heads_logits(features: tf.Tensor, kernels: tf.Tensor,
@@ -129,7 +87,7 @@ def linear_heads_logits(features: tf.Tensor, kernels: tf.Tensor,
 
 def _weights_per_sample(labels, label_counts) -> tf.Tensor:
   """alpha[k, i] = w[k, y_i], [K, B]."""
-  return tf.gather(label_weights(label_counts), tf.cast(labels, tf.int32),
+  return tf.gather(data_free.label_weights(label_counts), tf.cast(labels, tf.int32),
                    axis=1)
 
 
@@ -167,46 +125,6 @@ def teacher_loss(teacher_logits: tf.Tensor,
   mixed = tf.einsum('kb,kbc->bc', alpha, teacher_logits)
   return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
       labels=labels, logits=mixed))
-
-
-def _pairwise(x: tf.Tensor, metric: str) -> tf.Tensor:
-  """[B, B] distances between the rows of x [B, D]."""
-  x = tf.reshape(tf.cast(x, tf.float32), [tf.shape(x)[0], -1])
-  if metric == 'cosine':
-    unit = tf.math.l2_normalize(x, axis=1)
-    return 1.0 - tf.matmul(unit, unit, transpose_b=True)
-  diff = x[:, None, :] - x[None, :, :]
-  if metric == 'l1':
-    return tf.reduce_mean(tf.abs(diff), axis=-1)
-  return tf.reduce_mean(tf.square(diff), axis=-1)
-
-
-def diversity_loss(noise: tf.Tensor,
-                   features: tf.Tensor,
-                   *,
-                   metric: str = 'l1') -> tf.Tensor:
-  """exp(-mean_{i,j} d_feat(f_i, f_j) * mean_d (eps_i - eps_j)^2).
-
-  The reference's `DiversityLoss` (see module docstring); FedFTG's
-  diversity term reuses it on images (flattened).
-
-  Args:
-    noise: [B, noise_dim] noise the samples were generated from.
-    features: [B, ...] generated samples.
-    metric: Sample distance: 'l1' (reference), 'l2' (mean squared) or
-      'cosine'.
-
-  Returns:
-    Scalar in (0, 1].
-
-  Raises:
-    ValueError: Unknown `metric`.
-  """
-  if metric not in FEATURE_METRICS:
-    raise ValueError(f'diversity metric {metric!r} is unknown; choose one of '
-                     f"{', '.join(FEATURE_METRICS)}")
-  return tf.exp(-tf.reduce_mean(
-      _pairwise(features, metric) * _pairwise(noise, 'l2')))
 
 
 class GeneratorStepResult(NamedTuple):
@@ -258,7 +176,7 @@ def generator_step(generator: tf.keras.Model,
     seed: int or shape-[2] stateless seed; vary it per step.
     noise: 'gaussian' (the paper, default) or 'uniform' (reference code).
     label_probs: [C] weights of the labels to draw; default uniform over
-      `qualified_labels(label_counts)` (the reference).
+      `data_free.qualified_labels(label_counts)` (the reference).
     teacher_weight: The reference's ensemble_alpha (1).
     diversity_weight: The reference's ensemble_eta (1).
     ensemble: `teacher_loss` form.
@@ -270,15 +188,15 @@ def generator_step(generator: tf.keras.Model,
   seeds = tf.random.experimental.stateless_split(
       generators._as_seed(seed), 2)  # pylint: disable=protected-access
   if label_probs is None:
-    label_probs = tf.cast(qualified_labels(label_counts), tf.float32)
-  labels = sample_labels(label_probs, batch_size, seeds[0])
+    label_probs = tf.cast(data_free.qualified_labels(label_counts), tf.float32)
+  labels = data_free.sample_labels(label_probs, batch_size, seeds[0])
   eps = generators.sample_noise([batch_size, noise_dim], noise, seeds[1])
   variables = generator.trainable_weights
   with tf.GradientTape() as tape:
     features = generator([eps, labels], training=True)
     logits = tf.cast(heads_fn(features), tf.float32)
     t_loss = teacher_loss(logits, labels, label_counts, ensemble=ensemble)
-    diversity = diversity_loss(eps, features, metric=diversity_metric)
+    diversity = data_free.diversity_loss(eps, features, metric=diversity_metric)
     loss = teacher_weight * t_loss + diversity_weight * diversity
   grads = tape.gradient(loss, variables)
   optimizer_state, updated = optimizer.next(
@@ -435,7 +353,7 @@ def regularized_local_loss(classifier: classifiers.Classifier,
   ce = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
       labels=y, logits=logits))
 
-  sampled = sample_labels(label_probs, gen_batch, seeds[0])
+  sampled = data_free.sample_labels(label_probs, gen_batch, seeds[0])
   eps = generators.sample_noise([gen_batch, noise_dim], noise, seeds[1])
   gen_features = tf.stop_gradient(generator([eps, sampled], training=False))
   gen_logits = classifier.head(gen_features, training=training)

@@ -10,12 +10,16 @@ receive a short string key and build their datasets inside their own
 TensorFlow computation (`tff_kd.federated.learning.client_data_type`), which
 TFF's composer rejects.
 
+The stages are checked as TFF's composer checks them (each output fits the
+next stage's input), except for the client data's type.
+
 A round: broadcast the global weights; run the client work; aggregate its
 updates; the finalizer turns the aggregate into new global weights (for KD
 methods, this is where server-side distillation happens).
 """
 
 import collections
+from typing import Callable, Optional
 
 import tensorflow_federated as tff
 
@@ -42,6 +46,8 @@ def compose_learning_process(
   Returns:
     A `LearningProcess` whose state is a `LearningAlgorithmState`.
   """
+  _check_stages(initial_weights_fn, distributor, client_work, aggregator,
+                finalizer)
   state_cls = tff.learning.templates.LearningAlgorithmState
   data_type = client_work.next.type_signature.parameter[2]
 
@@ -83,8 +89,97 @@ def compose_learning_process(
     return state_cls(weights, state.distributor, state.client_work,
                      state.aggregator, state.finalizer)
 
-  return tff.learning.templates.LearningProcess(
+  process = tff.learning.templates.LearningProcess(
       init_fn, next_fn, get_model_weights, set_model_weights)
+  _record_stages(process, finalizer, lambda other: compose_learning_process(
+      initial_weights_fn, distributor, client_work, aggregator, other))
+  return process
+
+
+def _check_assignable(target: tff.Type, source: tff.Type, what: str) -> None:
+  try:
+    target.check_assignable_from(source)
+  except TypeError as e:
+    raise TypeError(f'{what}: expected {target}, got {source}') from e
+
+
+def _check_stages(initial_weights_fn, distributor, client_work, aggregator,
+                  finalizer) -> None:
+  """TFF's composer checks, but for the client data's type.
+
+  As `tff.learning.templates.compose_learning_process`: each stage is a
+  process of the right kind, and each stage's output is assignable to the
+  next one's input. The client data may be any CLIENTS-placed type (TFF
+  insists on sequences; tff_kd's fast path passes keys).
+
+  Raises:
+    TypeError: naming the first stage that does not fit.
+  """
+  if not isinstance(initial_weights_fn, tff.Computation) or (
+      initial_weights_fn.type_signature.parameter is not None):
+    raise TypeError('initial_weights_fn must be a no-arg tff.Computation')
+  weights_type = initial_weights_fn.type_signature.result
+  if isinstance(weights_type, tff.FederatedType):
+    raise TypeError('initial_weights_fn must return unplaced weights, got '
+                    f'{weights_type}')
+  for stage, kind in ((distributor, tff.templates.MeasuredProcess),
+                      (client_work, tff.templates.MeasuredProcess),
+                      (aggregator, tff.templates.AggregationProcess),
+                      (finalizer, tff.templates.MeasuredProcess)):
+    if not isinstance(stage, kind):
+      raise TypeError(f'expected a {kind.__name__}, got {type(stage)}')
+  if not aggregator.is_weighted:
+    raise TypeError('the aggregator must be weighted')
+  server_weights = tff.FederatedType(weights_type, tff.SERVER)
+  dist = distributor.next.type_signature
+  work = client_work.next.type_signature
+  agg = aggregator.next.type_signature
+  fin = finalizer.next.type_signature
+  _check_assignable(dist.parameter[1], server_weights,
+                    'distributor input (the global weights)')
+  _check_assignable(work.parameter[1], dist.result.result,
+                    'client work input (the broadcast weights)')
+  _check_assignable(agg.parameter[1].member, work.result.result.member.update,
+                    'aggregator input (the client updates)')
+  _check_assignable(agg.parameter[2].member,
+                    work.result.result.member.update_weight,
+                    'aggregator weight (the client update weights)')
+  _check_assignable(fin.parameter[1], server_weights,
+                    'finalizer input (the global weights)')
+  _check_assignable(fin.parameter[2], agg.result.result,
+                    'finalizer input (the aggregate)')
+  _check_assignable(server_weights, fin.result.result,
+                    'finalizer output (the new global weights)')
+
+
+def _record_stages(
+    process: tff.learning.templates.LearningProcess,
+    finalizer: tff.templates.MeasuredProcess,
+    recompose: Callable[[tff.templates.MeasuredProcess],
+                        tff.learning.templates.LearningProcess],
+) -> None:
+  """Keeps the finalizer, and a way to swap it, on the composed process.
+
+  `tff_kd.program.server_stage` runs a KD method's server step in the driver
+  by recomposing the same stages around a pass-through finalizer.
+  """
+  process.finalizer = finalizer
+  process.recompose = recompose
+
+
+def finalizer_of(
+    process: tff.learning.templates.LearningProcess
+) -> Optional[tff.templates.MeasuredProcess]:
+  """The finalizer a process was composed with here, or None."""
+  return getattr(process, 'finalizer', None)
+
+
+def recompose(
+    process: tff.learning.templates.LearningProcess,
+    finalizer: tff.templates.MeasuredProcess,
+) -> tff.learning.templates.LearningProcess:
+  """The same process with another finalizer of the same signature."""
+  return process.recompose(finalizer)
 
 
 def first_model_view(
@@ -120,5 +215,9 @@ def first_model_view(
     return state_cls((weights,) + others, state.distributor,
                      state.client_work, state.aggregator, state.finalizer)
 
-  return tff.learning.templates.LearningProcess(
+  view = tff.learning.templates.LearningProcess(
       process.initialize, process.next, get_model_weights, set_model_weights)
+  if finalizer_of(process) is not None:
+    _record_stages(view, finalizer_of(process),
+                   lambda other: first_model_view(recompose(process, other)))
+  return view

@@ -22,7 +22,7 @@ CVPR 2023, Algorithm 1; the maths is `tff_kd.core.dafkd` and
    keep: local optimisers start fresh every round, as in `local_training`.
    With appendix B (`private`), the client also draws the round's pool from
    the broadcast generator and computes f_k s_k and f_k;
-3. aggregator: `feddf.build_stacking_aggregator` stacks every client's
+3. aggregator: `tff_kd.federated.stacking.build_stacking_aggregator` stacks every client's
    classifier and generator deltas (and, plain mode, discriminator) into
    [M, ...] rows. In private mode the discriminator is not in the stack and
    the f_k s_k, f_k terms go through `tff.aggregators.SecureSumFactory`
@@ -59,15 +59,14 @@ import tensorflow_federated as tff
 
 from tff_kd.core import dafkd as dafkd_tf
 from tff_kd.core import distillation
-from tff_kd.core import feddf as feddf_tf
 from tff_kd.core import local_training
+from tff_kd.core import stacking as stacking_tf
 from tff_kd.federated import client_store
-from tff_kd.federated import feddf as feddf_tff
 from tff_kd.federated import learning
+from tff_kd.federated import stacking
 from tff_kd.models import classifiers
 from tff_kd.models import generators
 
-ModelWeights = tff.learning.models.ModelWeights
 _FLOAT_BYTES = np.dtype(np.float32).itemsize
 
 
@@ -288,7 +287,7 @@ def build_private_aggregator(
       classifier=update_type.classifier, generator=update_type.generator))
   terms_type = tff.to_type(collections.OrderedDict(fs=update_type.fs,
                                                    f=update_type.f))
-  stacking = feddf_tff.build_stacking_aggregator(models_part_type, num_slots)
+  stacker = stacking.build_stacking_aggregator(models_part_type, num_slots)
   # f_k s_k and f_k lie in [0, 1]: no clipping, 32-bit quantisation.
   secure = tff.aggregators.SecureSumFactory(
       upper_bound_threshold=1.0, lower_bound_threshold=0.0).create(terms_type)
@@ -304,15 +303,15 @@ def build_private_aggregator(
 
   @tff.federated_computation
   def init_fn():
-    return tff.federated_zip((stacking.initialize(), secure.initialize()))
+    return tff.federated_zip((stacker.initialize(), secure.initialize()))
 
   @tff.federated_computation(
       init_fn.type_signature.result,
       tff.FederatedType(update_type, tff.CLIENTS),
       tff.FederatedType(np.float32, tff.CLIENTS))
   def next_fn(state, value, weight):
-    stacked = stacking.next(state[0], tff.federated_map(models_part, value),
-                            weight)
+    stacked = stacker.next(state[0], tff.federated_map(models_part, value),
+                           weight)
     summed = secure.next(state[1], tff.federated_map(terms_part, value))
     return tff.templates.MeasuredProcessOutput(
         state=tff.federated_zip((stacked.state, summed.state)),
@@ -398,14 +397,14 @@ def build_finalizer(
   weights_type = models_type(spec)
   diagnose = validation_fn is not None and not private
 
-  @tff.tensorflow.computation(np.int32, weights_type, aggregate_type)
+  @learning.server_computation(np.int32, weights_type, aggregate_type)
   def server_tf(round_num, weights, aggregate):
     if private:
-      stack = feddf_tf.Stack(*aggregate[0])
+      stack = stacking_tf.Stack(*aggregate[0])
       sums = aggregate[1]
       kwargs = dict(private_sums=(sums['fs'], sums['f']))
     else:
-      stack = feddf_tf.Stack(*aggregate)
+      stack = stacking_tf.Stack(*aggregate)
       kwargs = dict(discriminator_rows=stack.values['discriminator'])
     num_slots = int(stack.weights.shape[0])
     valid = tf.range(num_slots) < stack.count

@@ -11,7 +11,7 @@ Aggregation in Federated Learning", AAAI 2023, Algorithm 1). One round:
    weighted by the number of examples (client id: the first field of the
    data key, -1 for sequence data);
 3. aggregator: FedDF's stacking aggregator
-   (`tff_kd.federated.feddf.build_stacking_aggregator`): every client's
+   (`tff_kd.federated.stacking.build_stacking_aggregator`): every client's
    delta, P and id reach the server as rows of an [M, ...] stack;
 4. finalizer (`build_finalizer`), a server TF computation: the
    example-weighted mean delta is applied with the server optimiser (SGD lr
@@ -47,10 +47,9 @@ import tensorflow_federated as tff
 from tff_kd import models
 from tff_kd.core import distillation
 from tff_kd.core import fedd3a as fedd3a_tf
-from tff_kd.core import feddf as feddf_tf
 from tff_kd.core import local_training
+from tff_kd.core import stacking as stacking_tf
 from tff_kd.federated import client_store
-from tff_kd.federated import feddf as feddf_tff
 from tff_kd.federated import learning
 from tff_kd.federated import server_data as server_data_lib
 
@@ -135,10 +134,6 @@ def build_client_work(
       sequence_data=dataset_fn is None)
 
 
-def _select(condition: tf.Tensor, new: tf.Tensor, old: tf.Tensor) -> tf.Tensor:
-  return tf.where(condition, new, old)
-
-
 def build_finalizer(
     classifier_fn: ClassifierFn,
     stack_type: tff.Type,
@@ -197,24 +192,15 @@ def build_finalizer(
 
   state_type = init_tf.type_signature.result
 
-  @tff.tensorflow.computation(state_type, weights_type, stack_type)
+  @learning.server_computation(state_type, weights_type, stack_type)
   def finalize_tf(state, global_weights, stack):
     opt_state, round_num = state
-    stack = feddf_tf.Stack(*stack)
+    stack = stacking_tf.Stack(*stack)
     valid = tf.range(num_slots) < stack.count
     values = stack.values
-    alpha = feddf_tf.prototype_alpha(stack.weights, valid)
-    mean = feddf_tf.average_update(values['delta'], alpha,
-                                   global_weights.non_trainable)
-    new_opt_state, trainable = server_optimizer.next(
-        opt_state, tuple(global_weights.trainable),
-        tuple(-u for u in mean.trainable))
-    any_client = tf.reduce_any(valid)
-    keep = functools.partial(_select, any_client)
-    new_opt_state = tf.nest.map_structure(keep, new_opt_state, opt_state)
-    start = ModelWeights(
-        [keep(t, g) for t, g in zip(trainable, global_weights.trainable)],
-        list(mean.non_trainable))
+    new_opt_state, start = stacking_tf.server_update(
+        server_optimizer, opt_state, global_weights, values['delta'],
+        stacking_tf.example_weights(stack.weights, valid))
     result = fedd3a_tf.server_round(
         classifier_fn(), model_fn(), distill_optimizer,
         global_weights=global_weights, deltas=values['delta'],
@@ -231,7 +217,7 @@ def build_finalizer(
   return learning.build_server_finalizer(init_tf, finalize_tf)
 
 
-def _round_metrics(result: fedd3a_tf.ServerRound, stack: feddf_tf.Stack,
+def _round_metrics(result: fedd3a_tf.ServerRound, stack: stacking_tf.Stack,
                    valid: tf.Tensor, num_clients: int, has_labeled: bool
                    ) -> collections.OrderedDict:
   """The finalizers' measurements (see `build_finalizer`)."""
@@ -380,7 +366,7 @@ def build_hetero_client_work(
   def client_update(global_weights, data, lr, tables):
     client = learning.client_input(data, dataset_fn)
     client_id = client.client_id
-    architecture = feddf_tff.prototype_of_id(client_id, num_archs)
+    architecture = learning.prototype_of_id(client_id, num_archs)
     own = [tf.equal(architecture, a) for a in range(num_archs)]
     # Only the own architecture's index is checked; others read row 0.
     indices = [tf.where(own[a], client_id // num_archs, 0)
@@ -487,9 +473,9 @@ def build_hetero_finalizer(
   def init_tf():
     return tf.constant(0, tf.int32)
 
-  @tff.tensorflow.computation(np.int32, weights_type, stack_type)
+  @learning.server_computation(np.int32, weights_type, stack_type)
   def finalize_tf(round_num, global_weights, stack):
-    stack = feddf_tf.Stack(*stack)
+    stack = stacking_tf.Stack(*stack)
     valid = tf.range(num_slots) < stack.count
     values = stack.values
     result = fedd3a_tf.hetero_server_round(

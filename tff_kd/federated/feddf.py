@@ -14,7 +14,7 @@ architecture prototypes (P = 1 is the homogeneous Algorithm 1):
    plus its prototype index, weighted by its number of examples;
 3. aggregator (`build_stacking_aggregator`): a `tff.federated_aggregate`
    whose accumulator is a fixed-size [M, ...] stack (M = clients per round):
-   each client's update lands in its own row (`tff_kd.core.feddf.Stack`),
+   each client's update lands in its own row (`tff_kd.core.stacking.Stack`),
    so the server receives every client model, not only their mean;
 4. finalizer (`build_fusion_finalizer`), a server TF computation: per
    prototype, the example-weighted mean delta of its clients is applied with
@@ -35,7 +35,6 @@ clear error; fewer leave zero rows that are masked out.
 """
 
 import collections
-import functools
 from typing import Optional, Sequence
 
 import numpy as np
@@ -45,11 +44,11 @@ import tensorflow_federated as tff
 from tff_kd.core import distillation
 from tff_kd.core import feddf as feddf_tf
 from tff_kd.core import local_training
+from tff_kd.core import stacking as stacking_tf
 from tff_kd.federated import learning
 from tff_kd.federated import server_data as server_data_lib
 
 ModelFn = learning.ModelFn
-ModelWeights = tff.learning.models.ModelWeights
 
 
 def prototypes_weights_type(model_fns: Sequence[ModelFn]) -> tff.Type:
@@ -67,12 +66,6 @@ def build_initial_weights_fn(model_fns: Sequence[ModelFn]) -> tff.Computation:
     return tuple(local_training.model_weights(fn()) for fn in model_fns)
 
   return initial_weights
-
-
-def prototype_of_id(client_id: tf.Tensor, num_prototypes: int) -> tf.Tensor:
-  """A client's prototype: its id modulo P."""
-  return tf.cast(tf.math.floormod(tf.cast(client_id, tf.int64),
-                                  num_prototypes), tf.int32)
 
 
 def build_prototype_client_work(
@@ -118,7 +111,7 @@ def build_prototype_client_work(
   def client_update(weights, data, lr):
     client = learning.client_input(data, dataset_fn)
     dataset = client.dataset
-    prototype = prototype_of_id(client.client_id, num_prototypes)
+    prototype = learning.prototype_of_id(client.client_id, num_prototypes)
     results = []
     for p, model_fn in enumerate(model_fns):
       # take(-1) is the whole dataset, take(0) none: a zero delta.
@@ -142,95 +135,6 @@ def build_prototype_client_work(
   return learning.build_scheduled_client_work(
       client_update, learning_rate=learning_rate,
       learning_rate_decay=learning_rate_decay)
-
-
-def _specs(type_spec: tff.Type):
-  """`tf.TensorSpec` structure (with Python containers) of a TFF type."""
-  return tf.nest.map_structure(
-      lambda t: tf.TensorSpec(t.shape, t.dtype),
-      tff.types.type_to_tf_tensor_specs(type_spec))
-
-
-def build_stacking_aggregator(
-    value_type: tff.Type, num_slots: int) -> tff.templates.AggregationProcess:
-  """Collects every client's value (and weight) into a [M, ...] stack.
-
-  A `tff.federated_aggregate` with `tff_kd.core.feddf.stack_accumulate` /
-  `stack_merge`; the result at the server is a `tff_kd.core.feddf.Stack`.
-
-  Args:
-    value_type: Unplaced type of one client's value.
-    num_slots: M, the most clients one round may have.
-
-  Returns:
-    A weighted `tff.templates.AggregationProcess` (stateless); its
-    measurement is the number of clients stacked.
-  """
-  specs = _specs(value_type)
-  feddf_tf.empty_stack(specs, num_slots)  # Validates num_slots.
-
-  @tff.tensorflow.computation
-  def zeros():
-    return feddf_tf.empty_stack(specs, num_slots)
-
-  stack_type = zeros.type_signature.result
-
-  @tff.tensorflow.computation(
-      stack_type, tff.types.StructWithPythonType(
-          [value_type, tff.TensorType(np.float32)], tuple))
-  def accumulate(stack, value_and_weight):
-    value, weight = value_and_weight
-    return feddf_tf.stack_accumulate(feddf_tf.Stack(*stack), value, weight)
-
-  @tff.tensorflow.computation(stack_type, stack_type)
-  def merge(first, second):
-    return feddf_tf.stack_merge(feddf_tf.Stack(*first),
-                                feddf_tf.Stack(*second))
-
-  @tff.tensorflow.computation(stack_type)
-  def report(stack):
-    return stack
-
-  @tff.tensorflow.computation(stack_type)
-  def count_of(stack):
-    return stack[2]
-
-  @tff.federated_computation
-  def init_fn():
-    return tff.federated_value((), tff.SERVER)
-
-  @tff.federated_computation(
-      init_fn.type_signature.result,
-      tff.FederatedType(value_type, tff.CLIENTS),
-      tff.FederatedType(np.float32, tff.CLIENTS))
-  def next_fn(state, value, weight):
-    stack = tff.federated_aggregate(
-        tff.federated_zip((value, weight)), zeros(), accumulate, merge,
-        report)
-    return tff.templates.MeasuredProcessOutput(
-        state=state, result=stack,
-        measurements=tff.federated_map(count_of, stack))
-
-  return tff.templates.AggregationProcess(init_fn, next_fn)
-
-
-
-def build_client_stack(
-    client_work: tff.templates.MeasuredProcess, num_slots: int
-) -> tuple[tff.templates.AggregationProcess, tff.Type]:
-  """`build_stacking_aggregator` for a client work's updates.
-
-  Returns:
-    The aggregator and the unplaced type of the `Stack` it reports (what
-    the finalizer receives).
-  """
-  update_type = client_work.next.type_signature.result.result.member.update
-  aggregator = build_stacking_aggregator(update_type, num_slots)
-  return aggregator, aggregator.next.type_signature.result.result.member
-
-
-def _select(condition: tf.Tensor, new: tf.Tensor, old: tf.Tensor) -> tf.Tensor:
-  return tf.where(condition, new, old)
 
 
 def _prototype_suffix(p: int, num_prototypes: int) -> str:
@@ -276,7 +180,7 @@ def build_fusion_finalizer(
   num_prototypes = len(model_fns)
   weights_type = prototypes_weights_type(model_fns)
   num_slots = int(stack_type[1].shape[0])
-  trainable_specs = [tuple(_specs(t.trainable)) for t in weights_type]
+  trainable_specs = [tuple(learning.tensor_specs(t.trainable)) for t in weights_type]
   n_train = server_data.pool_size
   if config.val_fraction > 0:
     n_train -= max(1, int(np.floor(config.val_fraction *
@@ -289,9 +193,9 @@ def build_fusion_finalizer(
 
   opt_state_type = init_tf.type_signature.result
 
-  @tff.tensorflow.computation(opt_state_type, weights_type, stack_type)
+  @learning.server_computation(opt_state_type, weights_type, stack_type)
   def fuse_tf(opt_states, global_weights, stack):
-    stack = feddf_tf.Stack(*stack)
+    stack = stacking_tf.Stack(*stack)
     filled = tf.range(num_slots) < stack.count
     prototypes, new_states, num_clients = [], [], []
     for p, model_fn in enumerate(model_fns):
@@ -299,18 +203,11 @@ def build_fusion_finalizer(
       deltas = stack.values['deltas'][p]
       valid = tf.logical_and(filled,
                              tf.equal(stack.values['prototype'], p))
-      alpha = feddf_tf.prototype_alpha(stack.weights, valid)
-      mean = feddf_tf.average_update(deltas, alpha, g.non_trainable)
-      state, trainable = server_optimizer.next(
-          opt_states[p], tuple(g.trainable),
-          tuple(-u for u in mean.trainable))
-      # No client of this prototype: keep its model and optimiser state.
-      any_client = tf.reduce_any(valid)
-      keep = functools.partial(_select, any_client)
-      new_states.append(tf.nest.map_structure(keep, state, opt_states[p]))
-      start = ModelWeights(
-          [keep(t, o) for t, o in zip(trainable, g.trainable)],
-          list(mean.non_trainable))
+      # No client of this prototype: it keeps its model and optimiser state.
+      state, start = stacking_tf.server_update(
+          server_optimizer, opt_states[p], g, deltas,
+          stacking_tf.example_weights(stack.weights, valid))
+      new_states.append(state)
       prototypes.append(feddf_tf.Prototype(
           student=model_fn(), teacher=model_fn(), global_weights=g,
           deltas=deltas, valid=valid, start_weights=start))

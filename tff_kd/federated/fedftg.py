@@ -6,8 +6,8 @@ Data-Free Knowledge Distillation for Non-IID Federated Learning", CVPR
 
 1. distributor: broadcast the classifier's `ModelWeights`;
 2. client work: plain local training plus label counts
-   (`tff_kd.federated.fedgen.build_client_work` without a regulariser);
-3. aggregator: `tff_kd.federated.feddf.build_stacking_aggregator`, so every
+   (`tff_kd.federated.label_counts.build_client_work`);
+3. aggregator: `tff_kd.federated.stacking.build_stacking_aggregator`, so every
    client's model and label counts reach the server;
 4. finalizer (`build_fine_tune_finalizer`): the example-weighted mean delta
    is applied with the server optimiser (FedAvg); then
@@ -30,12 +30,10 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_kd.core import distillation
-from tff_kd.core import feddf as feddf_tf
 from tff_kd.core import fedftg as fedftg_tf
 from tff_kd.core import local_training
+from tff_kd.core import stacking as stacking_tf
 from tff_kd.federated import learning
-
-ModelWeights = tff.learning.models.ModelWeights
 
 
 class FineTuning(NamedTuple):
@@ -120,18 +118,14 @@ def build_fine_tune_finalizer(
 
   state_type = init_tf.type_signature.result
 
-  @tff.tensorflow.computation(state_type, weights_type, stack_type)
+  @learning.server_computation(state_type, weights_type, stack_type)
   def finalize_tf(state, g, stack):
-    stack = feddf_tf.Stack(*stack)
+    stack = stacking_tf.Stack(*stack)
     filled = tf.range(num_slots) < stack.count
     deltas = stack.values['delta']
-    mean = feddf_tf.average_update(
-        deltas, feddf_tf.prototype_alpha(stack.weights, filled),
-        g.non_trainable)
-    server_state, trainable = server_optimizer.next(
-        state['server'], tuple(g.trainable),
-        tuple(-u for u in mean.trainable))
-    start = ModelWeights(list(trainable), list(mean.non_trainable))
+    server_state, start = stacking_tf.server_update(
+        server_optimizer, state['server'], g, deltas,
+        stacking_tf.example_weights(stack.weights, filled))
     result, student, generator = _server_round(
         model_fn(), [model_fn() for _ in range(num_slots)],
         tuning.generator_fn(), start, g, deltas, filled,

@@ -6,7 +6,8 @@ Heterogeneous Federated Learning", ICML 2021; supplement Sec. 9, Algorithm
 (classifier `ModelWeights`, feature-generator `ModelWeights`). One round:
 
 1. distributor: broadcast both (a client needs G for its regulariser);
-2. client work (`build_client_work`): the client builds this round's
+2. client work (`build_client_work`, on `label_counts.build_client_work`):
+   the client builds this round's
    dataset from its key `"<id>|<seed>|<round>"`, caches it and counts its
    labels n_{k,y} over the batches it will train on (the reference counts
    the same batches), then trains with `local_training.train_locally`
@@ -17,7 +18,7 @@ Heterogeneous Federated Learning", ICML 2021; supplement Sec. 9, Algorithm
    Generated labels are drawn uniformly over the labels the client holds
    (reference `available_labels`). It uploads its classifier delta and its
    label counts, weighted by its number of examples;
-3. aggregator: `tff_kd.federated.feddf.build_stacking_aggregator`, so the
+3. aggregator: `tff_kd.federated.stacking.build_stacking_aggregator`, so the
    server receives every client's update as an [M, ...] stack;
 4. finalizer (`build_generator_finalizer`): the example-weighted mean delta
    of the classifiers is applied with the server optimiser (FedAvg), and the
@@ -28,24 +29,24 @@ Heterogeneous Federated Learning", ICML 2021; supplement Sec. 9, Algorithm
    weights, lives in the server state across rounds (the reference keeps
    one Adam optimiser for the whole run).
 
-FedFTG (`tff_kd.federated.fedftg`) reuses `build_client_work` without a
-regulariser: its clients upload the same delta and label counts.
+The label counting and the upload are shared with FedFTG's clients
+(`tff_kd.federated.label_counts`).
 """
 
 import collections
+import functools
 from typing import Callable, NamedTuple, Optional
 
-import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_kd.core import feddf as feddf_tf
 from tff_kd.core import fedgen as fedgen_tf
 from tff_kd.core import local_training
+from tff_kd.core import stacking as stacking_tf
+from tff_kd.federated import label_counts
 from tff_kd.federated import learning
 from tff_kd.models import classifiers
 
-ModelWeights = tff.learning.models.ModelWeights
 ClassifierFn = Callable[[], classifiers.Classifier]
 GeneratorFn = Callable[[], tf.keras.Model]
 
@@ -98,15 +99,6 @@ def initial_weights_fn(classifier_fn: ClassifierFn,
   return initial_weights
 
 
-def count_labels(dataset: tf.data.Dataset, num_classes: int) -> tf.Tensor:
-  """[C] float32 counts of the labels of every batch of `dataset`."""
-  return dataset.reduce(
-      tf.zeros([num_classes]),
-      lambda acc, batch: acc + tf.math.bincount(
-          tf.cast(batch['y'], tf.int32), minlength=num_classes,
-          maxlength=num_classes, dtype=tf.float32))
-
-
 def build_client_work(
     classifier_fn: ClassifierFn,
     element_spec: collections.OrderedDict,
@@ -114,19 +106,18 @@ def build_client_work(
     *,
     num_classes: int,
     learning_rate: float,
+    regularizer: LocalRegularizer,
     learning_rate_decay: float = 1.0,
     dataset_fn: Optional[learning.DatasetFn] = None,
-    regularizer: Optional[LocalRegularizer] = None,
     seed: int = 0,
 ) -> tff.templates.MeasuredProcess:
-  """Local training that also uploads the client's label counts.
+  """FedGen's clients: label counts, and local training regularised by G.
 
-  With `regularizer`, clients receive (classifier weights, generator
-  weights) and train FedGen's regularised objective; without, they receive
-  the classifier's weights and train plain CE (FedFTG's clients). The
-  update is `{'delta': ModelWeights, 'label_counts': [C] float32}`,
-  weighted by the number of examples. State and measurements: those of
-  `learning.build_scheduled_client_work`.
+  `label_counts.build_client_work` with FedGen's objective: clients receive
+  (classifier weights, generator weights) and train the regularised loss
+  of `_train_regularized`. Without `dataset_fn`, clients take
+  `OrderedDict(client_id, data)`: each draws its own generator noise,
+  seeded by its id and the round (`learning.client_data_type`).
 
   Args:
     classifier_fn: Builds the `Classifier` (model, features, head).
@@ -134,12 +125,9 @@ def build_client_work(
     client_optimizer: A `tff.learning.optimizers` optimizer.
     num_classes: C.
     learning_rate: Client learning rate at round 0.
+    regularizer: FedGen's regulariser settings.
     learning_rate_decay: Multiplicative decay per round.
-    dataset_fn: Key -> dataset function (the fast path), or None: clients
-      then take `OrderedDict(client_id, data)` with a regulariser (each
-      client draws its own generator noise, seeded by its id and the
-      round), plain sequences without (`learning.client_data_type`).
-    regularizer: FedGen's regulariser settings, or None.
+    dataset_fn: Key -> dataset function (the fast path), or None.
     seed: The process seed, which seeds the dataset path's noise (the keys
       carry it on the keyed path).
 
@@ -147,48 +135,13 @@ def build_client_work(
     A `tff.templates.MeasuredProcess`. The round number (which decays the
     regulariser) comes from its state.
   """
-  with tf.Graph().as_default():
-    classifier_weights = local_training.model_weights(classifier_fn().model)
-    if regularizer is None:
-      weights_spec = classifier_weights
-    else:
-      weights_spec = (classifier_weights, local_training.model_weights(
-          regularizer.generator_fn()))
-  weights_type = learning.spec_to_type(weights_spec)
-  data_type = learning.client_data_type(
-      element_spec, dataset_fn, with_id=regularizer is not None)
-  bytes_down = float(learning.payload_bytes(weights_type))
-  # The classifier delta, the label counts and the weight go up.
-  bytes_up = float(learning.payload_bytes(learning.spec_to_type(
-      classifier_weights)) + (num_classes + 1) * np.dtype(np.float32).itemsize)
-
-  @tff.tensorflow.computation(weights_type, data_type, np.float32, np.int32)
-  def client_update(weights, data, lr, round_num):
-    client = learning.client_input(data, dataset_fn, seed=seed,
-                                   round_num=round_num)
-    # Cached: the counting pass and training see the very same batches.
-    dataset = client.dataset.cache()
-    counts = count_labels(dataset, num_classes)
-    classifier = classifier_fn()
-    if regularizer is None:
-      result = local_training.train_locally(
-          classifier.model, client_optimizer, weights, dataset, lr)
-    else:
-      generator = regularizer.generator_fn()
-      result = _train_regularized(
-          classifier, generator, client_optimizer, weights[0], weights[1],
-          dataset, lr, counts, round_num,
-          tf.strings.to_hash_bucket_fast(client.key, 2**62), regularizer)
-    update = collections.OrderedDict(delta=result.weights_delta,
-                                     label_counts=counts)
-    return learning.screen_client(
-        tff.learning.templates.ClientResult(
-            update=update, update_weight=result.num_examples),
-        learning.client_stats(result, bytes_down, bytes_up))[:2]
-
-  return learning.build_scheduled_client_work(
-      client_update, learning_rate=learning_rate,
-      learning_rate_decay=learning_rate_decay)
+  return label_counts.build_client_work(
+      classifier_fn, element_spec, client_optimizer, num_classes=num_classes,
+      learning_rate=learning_rate, learning_rate_decay=learning_rate_decay,
+      dataset_fn=dataset_fn, seed=seed,
+      objective=label_counts.LocalObjective(
+          regularizer.generator_fn,
+          functools.partial(_train_regularized, reg=regularizer)))
 
 
 @tf.function
@@ -313,20 +266,16 @@ def build_generator_finalizer(
 
   state_type = init_tf.type_signature.result
 
-  @tff.tensorflow.computation(state_type, weights_type, stack_type)
+  @learning.server_computation(state_type, weights_type, stack_type)
   def finalize_tf(state, weights, stack):
-    stack = feddf_tf.Stack(*stack)
+    stack = stacking_tf.Stack(*stack)
     g, gen = weights
     num_slots = int(stack.weights.shape[0])
     filled = tf.range(num_slots) < stack.count
     deltas = stack.values['delta']
-    mean = feddf_tf.average_update(
-        deltas, feddf_tf.prototype_alpha(stack.weights, filled),
-        g.non_trainable)
-    server_state, trainable = server_optimizer.next(
-        state['server'], tuple(g.trainable),
-        tuple(-u for u in mean.trainable))
-    new_classifier = ModelWeights(list(trainable), list(mean.non_trainable))
+    server_state, new_classifier = stacking_tf.server_update(
+        server_optimizer, state['server'], g, deltas,
+        stacking_tf.example_weights(stack.weights, filled))
     # Each received client's head: the broadcast head plus its delta.
     kernels = (g.trainable[kernel_idx][tf.newaxis] +
                deltas.trainable[kernel_idx])[:stack.count]

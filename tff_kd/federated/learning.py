@@ -234,7 +234,7 @@ def screen_client(
   Such a client (a diverged local run, corrupt local data) would make the
   round's aggregate NaN. Its update is replaced by zeros and its weight by
   0: weighted means ignore it, and the stacking aggregator
-  (`tff_kd.core.feddf.stack_accumulate`) leaves it out of the teachers. Its
+  (`tff_kd.core.stacking.stack_accumulate`) leaves it out of the teachers. Its
   loss, example and step counts are zeroed and `excluded` is 1, so the
   round reports `num_excluded`. Call it on the client, inside the client's
   TF computation.
@@ -418,23 +418,72 @@ def build_weights_finalizer(
   return tff.learning.templates.FinalizerProcess(init_fn, next_fn)
 
 
+def tensor_specs(type_spec: tff.Type):
+  """`tf.TensorSpec` structure (with Python containers) of a TFF type."""
+  return tf.nest.map_structure(
+      lambda t: tf.TensorSpec(t.shape, t.dtype),
+      tff.types.type_to_tf_tensor_specs(type_spec))
+
+
+def prototype_of_id(client_id: tf.Tensor, num_prototypes: int) -> tf.Tensor:
+  """A client's prototype: its id modulo P."""
+  return tf.cast(tf.math.floormod(tf.cast(client_id, tf.int64),
+                                  num_prototypes), tf.int32)
+
+
+class ServerComputation(NamedTuple):
+  """A server-stage TF computation together with the Python function it traces.
+
+  Attributes:
+    computation: The `tff.tensorflow.computation` the TFF runtime runs.
+    python_fn: The Python function it was traced from. The driver-side server
+      mode (`tff_kd.program.server_stage`) traces the same function again in
+      the driver's own TensorFlow, where device placement applies.
+  """
+  computation: tff.Computation
+  python_fn: Callable[..., object]
+
+
+def server_computation(*parameter_types) -> Callable[..., ServerComputation]:
+  """Decorator: `tff.tensorflow.computation` that keeps its Python function.
+
+  Args:
+    *parameter_types: The computation's parameter types, as for
+      `tff.tensorflow.computation`.
+
+  Returns:
+    A decorator returning a `ServerComputation`.
+  """
+
+  def wrap(fn):
+    return ServerComputation(
+        tff.tensorflow.computation(*parameter_types)(fn), fn)
+
+  return wrap
+
+
 def build_server_finalizer(
     init_tf: tff.Computation,
-    finalize_tf: tff.Computation) -> tff.templates.MeasuredProcess:
+    finalize: ServerComputation) -> tff.templates.MeasuredProcess:
   """A finalizer process that runs one TF computation at the server.
 
   Every KD method's server stage has this shape: its state comes from
-  `init_tf()`, and `finalize_tf(state, global_weights, aggregate)` returns
+  `init_tf()`, and `finalize(state, global_weights, aggregate)` returns
   `(new_state, new_global_weights, metrics)`, all placed at the server.
+
+  The returned process carries `finalize` as its attribute `server_step`,
+  so that `tff_kd.program.server_stage.DriverServerProcess` can run the
+  same step outside the TFF runtime.
 
   Args:
     init_tf: No-arg TF computation returning the initial finalizer state.
-    finalize_tf: TF computation `(state, weights, aggregate) -> (state,
-      weights, metrics)`.
+    finalize: `ServerComputation` `(state, weights, aggregate) -> (state,
+      weights, metrics)` (see `server_computation`).
 
   Returns:
     A `tff.templates.MeasuredProcess` with the finalizer signature.
   """
+  finalize_tf = finalize.computation
   state_type, weights_type, aggregate_type = (
       finalize_tf.type_signature.parameter)
 
@@ -452,7 +501,9 @@ def build_server_finalizer(
     return tff.templates.MeasuredProcessOutput(
         state=new_state, result=new_weights, measurements=metrics)
 
-  return tff.templates.MeasuredProcess(init_fn, next_fn)
+  process = tff.templates.MeasuredProcess(init_fn, next_fn)
+  process.server_step = finalize
+  return process
 
 
 def build_keras_learning_process(

@@ -32,21 +32,19 @@ import json
 import math
 import os
 import time
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple, Optional, Union
 
 from absl import logging
 import ml_collections
 import numpy as np
-import tensorflow as tf
 import tensorflow_federated as tff
 import tqdm
 
 from tff_kd import data as data_lib
 from tff_kd import errors
 from tff_kd import models
-from tff_kd.algorithms import registry
 from tff_kd.algorithms import feddf as feddf_lib
-from tff_kd.core import fedd3a as fedd3a_lib
+from tff_kd.algorithms import registry
 from tff_kd.federated import client_data as client_data_lib
 from tff_kd.federated import server_data as server_data_lib
 from tff_kd.program import context
@@ -54,15 +52,14 @@ from tff_kd.program import evaluation
 from tff_kd.program import export
 from tff_kd.program import runtime
 from tff_kd.program import sampling
+from tff_kd.program import server_stage
 
 PARTITIONS = ('dirichlet', 'iid', 'fedgen', 'domain')
-# Methods whose server distils with `config.distill`.
-_DISTILLING_METHODS = ('feddf', 'fedd3a', 'dafkd')
 _CONFIG_FILE = 'config.json'
 # Keys that may change between a run and its resumption.
 _RESUMABLE_KEYS = ('rounds', 'eval_every', 'checkpoint_every', 'export',
                    'keep_checkpoints', 'runtime.workers',
-                   'runtime.worker_timeout_s')
+                   'runtime.worker_timeout_s', 'runtime.server_device')
 
 
 class Experiment(NamedTuple):
@@ -73,7 +70,9 @@ class Experiment(NamedTuple):
     dataset: The loaded `tff_kd.data.Dataset`.
     client_data: The clients' on-disk data.
     process: The method's `LearningProcess`, composed with the dataset
-      computation, so `next` takes `(state, keys)`.
+      computation, so `next` takes `(state, keys)`; with
+      `runtime.server_device` other than 'runtime', a
+      `server_stage.DriverServerProcess` with the same methods.
     model_fn: No-arg callable building the seeded Keras classifier.
     evaluator: Whole-test-set `Evaluator`.
     slice_evaluator: For the FedGen recipe only: evaluation on the union of
@@ -91,7 +90,8 @@ class Experiment(NamedTuple):
   config: ml_collections.ConfigDict
   dataset: data_lib.Dataset
   client_data: client_data_lib.FileClientData
-  process: tff.learning.templates.LearningProcess
+  process: Union[tff.learning.templates.LearningProcess,
+                 server_stage.DriverServerProcess]
   model_fn: registry.learning.ModelFn
   evaluator: evaluation.Evaluator
   slice_evaluator: Optional[evaluation.Evaluator]
@@ -172,11 +172,18 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   """
   from configs import base  # pylint: disable=g-import-not-at-top
   _check_keys(config, base.get_config())
-  registry.get_method(config.method)
+  method = registry.get_method(config.method)
   runtime.check_supported(needs_secure_sum(config), config.runtime.workers)
   if not config.runtime.worker_timeout_s > 0:
     raise errors.ConfigError('runtime.worker_timeout_s must be > 0, got '
                              f'{config.runtime.worker_timeout_s!r}')
+  server_stage.check_device(config.runtime.server_device)
+  if (config.runtime.server_device != server_stage.IN_RUNTIME and
+      not registry.get_method(config.method).server_step):
+    raise errors.ConfigError(
+        f'runtime.server_device={config.runtime.server_device!r}: '
+        f'{config.method} has no server step to move out of the runtime '
+        "(its server applies an optimizer step); use 'runtime'")
   if not config.dataset.domains and (
       config.dataset.name not in data_lib.DATASETS):
     raise errors.ConfigError(
@@ -208,12 +215,11 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     if config[key] < 1:
       raise errors.ConfigError(f'{key} must be >= 1, got {config[key]}')
   _validate_server_data(config)
-  if config.method == 'fedd3a':
-    fedd3a_lib.check_settings(**config.fedd3a)
-  prototypes(config)
-  distill = registry.distill_config(config)
-  distill.validate()
-  if config.method in _DISTILLING_METHODS:
+  # The method's own section (`tff_kd.algorithms.hparams`) and distill.
+  registry.method_hparams(config)
+  if method.uses_distill:
+    distill = registry.distill_config(config)
+    distill.validate()
     distill.check_labeled(config.server_data.val_size)
 
 
@@ -295,11 +301,6 @@ def _validate_server_data(config: ml_collections.ConfigDict) -> None:
     raise errors.ConfigError(
         f"{config.method} needs a proxy pool: set server_data.proxy ('split' "
         'or a dataset name) and server_data.proxy_size')
-  if (config.method == 'feddf' and config.feddf.drop_worst and
-      sd.val_size < 1):
-    raise errors.ConfigError(
-        'feddf.drop_worst needs server_data.val_size >= 1 (a labeled '
-        'validation set held out of the training set)')
 
 
 def prototypes(config: ml_collections.ConfigDict) -> list[tuple[str, str]]:
@@ -472,7 +473,8 @@ def prepare(config: ml_collections.ConfigDict, root_dir: str) -> Experiment:
       prototype_fns=model_fns if len(model_fns) > 1 else (),
       classifier_fn=classifier_fn,
       num_clients=config.partition.num_clients)
-  process = method.build(inputs, config)
+  process = server_stage.place_server(method.build(inputs, config),
+                                     config.runtime.server_device)
 
   evaluator = evaluation.Evaluator(model_fn(), dataset.x_test, dataset.y_test,
                                    batch_size=config.eval_batch_size)
@@ -507,6 +509,9 @@ def build_dataset_process(
   as TFF's own algorithms do, so `tff.learning.programs.train_model` can
   drive it with `tff_kd.program.tff_programs.ClientDataSource`. Its
   rounds equal those of `exp.process` given the same clients' datasets.
+  Its server step always runs in the TFF runtime, whatever
+  `runtime.server_device` says: `train_model` drives only a
+  `LearningProcess`.
 
   Raises:
     ConfigError: for methods that read per-client metadata from keyed client

@@ -1,0 +1,147 @@
+"""Every method's hyper-parameters: one frozen dataclass per config section.
+
+A bad value in any method's section is a `ConfigError` naming the key,
+raised by `experiment.validate_config`, and so by `experiment.run` before it
+loads data or writes anything under its root_dir.
+"""
+
+import dataclasses
+import os
+
+import numpy as np
+import pytest
+
+from configs import base
+from tests.program.test_experiment import _config
+from tff_kd import errors
+from tff_kd.algorithms import hparams
+from tff_kd.algorithms import registry
+from tff_kd.program import experiment
+
+_POOL = {'server_data.proxy': 'split', 'server_data.proxy_size': 50}
+
+BAD = [
+    ('fedprox', {'fedprox.mu': -1.0}, r'fedprox\.mu must be .* got -1\.0'),
+    ('fedprox', {'fedprox.mu': float('nan')}, r'fedprox\.mu must be .* nan'),
+    ('feddf', {'feddf.prototypes': 'cnn,vgg', **_POOL},
+     r"feddf\.prototypes entry 'vgg' is not"),
+    ('feddf', {'feddf.drop_worst': True, **_POOL},
+     r'feddf\.drop_worst needs server_data\.val_size >= 1'),
+    ('fedd3a', {'fedd3a.alpha': 0.0, **_POOL},
+     r'fedd3a\.alpha must be a finite number > 0, got 0\.0'),
+    ('fedd3a', {'fedd3a.weighting': 'max', **_POOL},
+     r"fedd3a\.weighting 'max' is unknown"),
+    ('fedd3a', {'fedd3a.client_models': 'cnn:layer', **_POOL},
+     r"fedd3a\.client_models entry 'cnn:layer'"),
+    ('fedgen', {'fedgen.noise': 'laplace'},
+     r"fedgen\.noise 'laplace' is unknown; choose one of gaussian, uniform"),
+    ('fedgen', {'fedgen.output_activation': 'nosuch'},
+     r"fedgen\.output_activation must be .* got 'nosuch'"),
+    ('fedgen', {'fedgen.coefficient_decay': 1.5},
+     r'fedgen\.coefficient_decay must be in \(0, 1\], got 1\.5'),
+    ('fedftg', {'fedftg.iterations': -1},
+     r'fedftg\.iterations must be an integer >= 1, got -1'),
+    ('fedftg', {'fedftg.kl_reduction': 'sum'},
+     r"fedftg\.kl_reduction 'sum' is unknown"),
+    ('dafkd', {'dafkd.pool_size': 0},
+     r'dafkd\.pool_size must be an integer >= 1, got 0'),
+    ('dafkd', {'dafkd.generator_hidden': '32,0'},
+     r"dafkd\.generator_hidden must be .* got '32,0'"),
+    ('dafkd', {'dafkd.generator_beta_1': 1.0},
+     r'dafkd\.generator_beta_1 must be in \[0, 1\), got 1\.0'),
+    ('dafkd', {'dafkd.weight_decay': 1e-3},
+     r'dafkd\.weight_decay needs client_optimizer\.name=adam .*=0\.001'),
+    ('dafkd', {'dafkd.pool': 'real'},
+     r"dafkd\.pool='real' .* needs the server's proxy pool"),
+]
+
+
+@pytest.mark.parametrize('method,overrides,match', BAD,
+                         ids=[next(iter(o)) for _, o, _ in BAD])
+def test_bad_setting_fails_before_data_is_touched(tmp_path, method, overrides,
+                                                  match):
+  config = _config(method=method, **overrides)
+  with pytest.raises(errors.ConfigError, match=match):
+    experiment.validate_config(config)
+  root_dir = tmp_path / 'run'
+  with pytest.raises(errors.ConfigError, match=match):
+    experiment.run(config, str(root_dir), progress=False)
+  # `run` writes client data under root_dir first thing after validation.
+  assert not os.path.exists(root_dir)
+
+
+@pytest.mark.parametrize('method', sorted(registry.METHODS))
+def test_every_method_declares_its_section(method):
+  m = registry.get_method(method)
+  if m.hparams is None:
+    assert method == 'fedavg'
+    assert registry.method_hparams(_config(method=method)) is None
+    return
+  assert m.hparams.SECTION == method
+  assert isinstance(registry.method_hparams(_config(method=method, **_POOL)),
+                    m.hparams)
+
+
+@pytest.mark.parametrize('cls', hparams.ALL, ids=lambda c: c.__name__)
+def test_from_config_round_trips_the_base_section(cls):
+  section = base.get_config()[cls.SECTION]
+  got = cls.from_config(section)
+  assert got == cls()
+  assert dataclasses.asdict(got) == section.to_dict()
+  # Missing keys take their defaults (e.g. a config from before a key).
+  assert cls.from_config({}) == cls()
+
+
+@pytest.mark.parametrize('cls', hparams.ALL, ids=lambda c: c.__name__)
+def test_from_config_refuses_unknown_keys(cls):
+  section = base.get_config()[cls.SECTION]
+  with section.unlocked():
+    section.nosuch = 1
+  with pytest.raises(errors.ConfigError,
+                     match=f"config key '{cls.SECTION}.nosuch' does not "
+                     'exist'):
+    cls.from_config(section)
+
+
+def test_hparams_are_frozen():
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    hparams.FedGenHparams().noise = 'uniform'  # pytype: disable=not-writable
+
+
+def test_every_field_has_a_checker_and_a_docstring_entry():
+  for cls in hparams.ALL:
+    for f in dataclasses.fields(cls):
+      assert callable(f.metadata.get('check')), (cls.__name__, f.name)
+      assert f'    {f.name}: ' in cls.__doc__, (cls.__name__, f.name)
+
+
+@pytest.mark.parametrize('check,good,bad', [
+    (hparams.positive_int, [1, np.int64(3)], [0, -1, 1.0, True, '2']),
+    (hparams.non_negative_int, [0, np.int32(2)], [-1, 0.5, False]),
+    (hparams.positive_number,
+     [1e-3, 2, np.float32(0.5)], [0, -1.0, float('nan'), float('inf'),
+                                  True, '1']),
+    (hparams.non_negative_number, [0, 0.0, np.float64(2.0)],
+     [-1e-9, float('-inf'), None]),
+    (hparams.unit_interval, [1.0, 0.5, np.float32(1)], [0.0, 1.01]),
+    (hparams.unit_fraction, [0.0, 0.99], [1.0, -0.1]),
+    (hparams.boolean, [True, False, np.bool_(True)], [0, 1, 'True']),
+    (hparams.one_of('a', 'b'), ['a', 'b'], ['c', '', None]),
+    (hparams.widths, ['8', '256,512'], ['', '8,x', '0', '-4']),
+])
+def test_checkers(check, good, bad):
+  for value in good:
+    check('s.k', value)
+  for value in bad:
+    with pytest.raises(errors.ConfigError, match=r's\.k '):
+      check('s.k', value)
+
+
+def test_dafkd_pool_generator_default_follows_private_mode():
+  assert hparams.DaFKDHparams().resolved_pool_generator == 'aggregated'
+  private = hparams.DaFKDHparams(private=True)
+  private.validate()
+  assert private.resolved_pool_generator == 'broadcast'
+  with pytest.raises(errors.ConfigError, match="must be 'broadcast'"):
+    hparams.DaFKDHparams(private=True, pool_generator='aggregated').validate()
+  assert hparams.DaFKDHparams(generator_hidden='16,8').hidden_widths == (16, 8)

@@ -1,0 +1,89 @@
+"""A KD method's server step run in the driver gives the in-runtime round.
+
+`runtime.server_device='driver'` (or a device string) runs the method's own
+server function in the driver's TensorFlow (`tff_kd.program.server_stage`).
+On CPU it must give the same student as the TFF runtime, from the same
+state and clients. FedDF's distillation agrees to float round-off; FedFTG's
+generator-driven fine-tuning, whose Adam steps on near-zero gradients
+amplify round-off, to 1e-4 on the classifier (both modes are exactly
+reproducible on their own; measured in BUILD_NOTES.md).
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.program.test_experiment import _config
+from tests.program.test_faults import METHOD_CASES
+from tests.program.test_resume import CASES
+from tff_kd import errors
+from tff_kd.program import experiment
+from tff_kd.program import sampling
+from tff_kd.program import server_stage
+
+
+def _leaves(structure) -> list[np.ndarray]:
+  return [np.asarray(v) for v in tf.nest.flatten(structure)]
+
+
+@pytest.mark.parametrize('method,atol', [
+    ('feddf', 1e-5),
+    pytest.param('fedftg', 1e-4, marks=pytest.mark.slow),
+])
+def test_driver_server_step_gives_the_runtime_student(tmp_path, method, atol):
+  config = _config(rounds=1, export=False,
+                   **{**CASES, **METHOD_CASES}[method])
+  exp = experiment.prepare(config, str(tmp_path))
+  driver = server_stage.DriverServerProcess(exp.process, '/CPU:0')
+  start = exp.process.set_model_weights(
+      exp.process.initialize(),
+      experiment._seeded_initial_weights(exp.model_fn))  # pylint: disable=protected-access
+  clients = sampling.sample_clients(config.partition.num_clients,
+                                    config.clients_per_round,
+                                    seed=config.seed, round_num=0)
+  keys = exp.client_data.keys(clients, seed=config.seed, round_num=0)
+  in_runtime = exp.process.next(start, keys)
+  in_driver = driver.next(start, keys)
+  driver.close()
+  students = [exp.process.get_model_weights(o.state)
+              for o in (in_runtime, in_driver)]
+  for a, b in zip(*map(_leaves, students)):
+    np.testing.assert_allclose(a, b, rtol=0, atol=atol)
+  # Same state type and containers: the driver's state feeds the runtime.
+  assert (tf.nest.map_structure(np.shape, in_runtime.state) ==
+          tf.nest.map_structure(np.shape, in_driver.state))
+  exp.process.next(in_driver.state, keys)
+  runtime_metrics = in_runtime.metrics['finalizer']
+  driver_metrics = in_driver.metrics['finalizer']
+  assert list(driver_metrics) == list(runtime_metrics)
+  assert float(driver_metrics['num_teachers']) == 3.0
+
+
+def test_run_resumes_a_runtime_run_with_the_server_in_the_driver(tmp_path):
+  """`runtime.server_device` may change on resume: the state type is the
+  same, so a runtime-mode checkpoint continues in driver mode."""
+  root = str(tmp_path)
+  first = _config(rounds=1, export=False, **METHOD_CASES['feddf'])
+  experiment.run(first, root)
+  second = _config(rounds=2, export=False, **METHOD_CASES['feddf'])
+  second.runtime.server_device = '/CPU:0'
+  result = experiment.run(second, root)
+  assert result.resumed_after == 1
+  (metrics,) = result.history
+  assert metrics['distill/num_teachers'] == 3.0
+  assert 0.0 <= result.final['test/accuracy'] <= 1.0
+
+
+@pytest.mark.parametrize('method,device,match', [
+    ('fedavg', 'driver', 'fedavg has no server step'),
+    ('fedprox', '/CPU:0', 'fedprox has no server step'),
+    ('feddf', 'GPU0', "must be 'runtime', 'driver' or a TensorFlow"),
+    ('feddf', '/job:a', "must be 'runtime', 'driver' or a TensorFlow"),
+])
+def test_bad_server_device_fails_before_any_compute(tmp_path, method, device,
+                                                    match):
+  config = _config(**METHOD_CASES[method])
+  config.runtime.server_device = device
+  with pytest.raises(errors.ConfigError, match=match):
+    experiment.run(config, str(tmp_path))
+  assert not list(tmp_path.iterdir())

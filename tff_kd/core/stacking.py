@@ -1,0 +1,205 @@
+"""Pure-TF stacking of a round's client values, and their weighted mean.
+
+Every KD method here (FedDF, Lin et al., NeurIPS 2020; FedD3A; FedGen, Zhu
+et al., ICML 2021; FedFTG, Zhang et al., CVPR 2022; DaFKD, Wang et al., CVPR
+2023) needs each client's model at the server, not only their mean: the
+clients are the teachers. Their values are stacked: each client's value is
+written into row `count` of a fixed-size [M, ...] accumulator (M = clients
+per round). `stack_accumulate` / `stack_merge` are the accumulate and merge
+functions of a `tff.federated_aggregate` (`tff_kd.federated.stacking`), and
+plain functions here, so the same maths runs eagerly in tests. Rows past
+`count` stay zero and are masked out.
+
+`example_weights` and `average_update` give the FedAvg mean of the stacked
+updates (McMahan et al., AISTATS 2017), from which the methods start their
+server step.
+"""
+
+from typing import NamedTuple, Sequence
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_kd import errors
+from tff_kd.core import distillation
+
+ModelWeights = tff.learning.models.ModelWeights
+
+# Weights at or below this are treated as "no client".
+_EPS = 1e-12
+
+
+class Stack(NamedTuple):
+  """This round's client values, one row each.
+
+  Attributes:
+    values: A structure whose leaves are [M, ...]: row k is the k-th client
+      received (in arrival order); rows >= `count` are zero.
+    weights: [M] float32 client weights (number of examples).
+    count: int32 number of rows filled.
+  """
+
+  values: object
+  weights: tf.Tensor
+  count: tf.Tensor
+
+
+def empty_stack(value_specs, num_slots: int) -> Stack:
+  """A zero `Stack` with `num_slots` rows for values shaped like the specs."""
+  if not isinstance(num_slots, (int, np.integer)) or num_slots < 1:
+    raise errors.ConfigError(
+        f'the teacher stack needs >= 1 slot, got {num_slots!r}')
+  values = tf.nest.map_structure(
+      lambda s: tf.zeros([num_slots, *s.shape], s.dtype), value_specs)
+  return Stack(values, tf.zeros([num_slots], tf.float32),
+               tf.constant(0, tf.int32))
+
+
+def _num_slots(stack: Stack) -> int:
+  return int(stack.weights.shape[0])
+
+
+def stack_accumulate(stack: Stack, value, weight) -> Stack:
+  """Writes one client's value and weight into row `stack.count`.
+
+  A client of weight <= 0 is left out: no examples, or excluded for a
+  non-finite update (`tff_kd.federated.learning.screen_client`), so it is
+  no teacher.
+
+  Raises `tf.errors.InvalidArgumentError` (at run time) if the stack is full,
+  i.e. more clients took part than the process was built for.
+  """
+  slots = _num_slots(stack)
+  weight = tf.cast(weight, tf.float32)
+  take = weight > 0
+  check = tf.debugging.Assert(
+      tf.logical_or(tf.logical_not(take), stack.count < slots),
+      [f'more clients than the {slots} teacher slots this stacking '
+       'process was built for (clients_per_round)'])
+  with tf.control_dependencies([check]):
+    row = tf.reshape(tf.minimum(stack.count, slots - 1), [1, 1])
+
+  def write(s, v):
+    written = tf.tensor_scatter_nd_update(s, row,
+                                          tf.cast(v, s.dtype)[tf.newaxis])
+    return tf.where(take, written, s)
+
+  values = tf.nest.map_structure(write, stack.values, value)
+  weights = write(stack.weights, tf.reshape(weight, []))
+  return Stack(values, weights, stack.count + tf.cast(take, stack.count.dtype))
+
+
+def stack_merge(first: Stack, second: Stack) -> Stack:
+  """Concatenates the filled rows of two partial stacks (first, then second).
+
+  Raises `tf.errors.InvalidArgumentError` if together they overflow.
+  """
+  slots = _num_slots(first)
+  check = tf.debugging.assert_less_equal(
+      first.count + second.count, slots,
+      message=f'more clients than the {slots} teacher slots this stacking '
+      'process was built for (clients_per_round)')
+  with tf.control_dependencies([check]):
+    keep_first = tf.range(slots) < first.count
+
+  def merge(a, b):
+    # Rolling `b` by first.count moves its filled rows behind a's; its zero
+    # tail wraps around onto rows that `a` keeps.
+    shifted = tf.roll(b, first.count, axis=0)
+    mask = tf.reshape(keep_first, [slots] + [1] * (a.shape.rank - 1))
+    return tf.where(mask, a, shifted)
+
+  return Stack(tf.nest.map_structure(merge, first.values, second.values),
+               merge(first.weights, second.weights),
+               first.count + second.count)
+
+
+def example_weights(weights: tf.Tensor, valid: tf.Tensor) -> tf.Tensor:
+  """Averaging coefficients of the valid rows: n_k / sum n_k.
+
+  Args:
+    weights: [M] client weights (example counts).
+    valid: [M] bool, rows that take part (e.g. the clients of one model
+      architecture).
+
+  Returns:
+    [M] coefficients summing to 1 over the valid rows (n_k / sum n_k; uniform
+    when all valid weights are 0), or all zeros when no row is valid.
+  """
+  valid_f = tf.cast(valid, tf.float32)
+  any_valid = tf.reduce_any(valid)
+  # normalize_weights' uniform fallback would divide 0 by 0 with no valid
+  # row; give it an all-ones mask then and zero the result instead.
+  mask = tf.where(any_valid, valid_f, tf.ones_like(valid_f))
+  alpha = distillation.normalize_weights(
+      tf.maximum(tf.cast(weights, tf.float32), 0.0)[:, tf.newaxis],
+      _EPS, mask=mask)[:, 0]
+  return alpha * tf.cast(any_valid, tf.float32)
+
+
+def average_update(deltas: ModelWeights, alpha: tf.Tensor,
+                   fallback_non_trainable: Sequence[tf.Tensor]
+                   ) -> ModelWeights:
+  """sum_k alpha_k delta_k of stacked deltas; zero delta when alpha is 0.
+
+  Args:
+    deltas: Stacked client results: trainable leaves [M, ...] are deltas,
+      non-trainable leaves [M, ...] the clients' final values.
+    alpha: [M] coefficients from `example_weights`.
+    fallback_non_trainable: Non-trainable values to keep when no client of
+      the group took part (alpha all zero).
+
+  Returns:
+    `ModelWeights` of the mean trainable delta and the mean non-trainable
+    values (as FedAvg's finalizer in `tff_kd.federated.learning`).
+  """
+  alpha = tf.convert_to_tensor(alpha, tf.float32)
+  any_client = tf.reduce_sum(alpha) > 0
+
+  def mean(stacked):
+    stacked = tf.convert_to_tensor(stacked)
+    a = tf.reshape(alpha, [-1] + [1] * (stacked.shape.rank - 1))
+    return tf.reduce_sum(a * stacked, axis=0)
+
+  trainable = [mean(d) for d in deltas.trainable]
+  non_trainable = [
+      tf.where(any_client, mean(d), f)
+      for d, f in zip(deltas.non_trainable, fallback_non_trainable)
+  ]
+  return ModelWeights(trainable, non_trainable)
+
+
+def server_update(optimizer: tff.learning.optimizers.Optimizer,
+                  optimizer_state, global_weights: ModelWeights,
+                  deltas: ModelWeights, alpha: tf.Tensor):
+  """FedAvg's server step on stacked updates.
+
+  The alpha-weighted mean delta (`average_update`) is applied to the
+  global trainable weights by the server optimizer (plain SGD with lr 1 is
+  FedAvg); the non-trainable values become the clients' mean. When no row
+  has weight (no client, or all excluded), the global weights and the
+  optimizer state are kept.
+
+  Args:
+    optimizer: The server `tff.learning.optimizers.Optimizer`.
+    optimizer_state: Its state.
+    global_weights: The broadcast global `ModelWeights`.
+    deltas: Stacked client results, as in `average_update`.
+    alpha: [M] coefficients from `example_weights`.
+
+  Returns:
+    `(new optimizer state, new global ModelWeights)`.
+  """
+  mean = average_update(deltas, alpha, global_weights.non_trainable)
+  state, trainable = optimizer.next(
+      optimizer_state, tuple(global_weights.trainable),
+      tuple(-u for u in mean.trainable))
+  any_client = tf.reduce_sum(tf.convert_to_tensor(alpha, tf.float32)) > 0
+
+  def keep(new, old):
+    return tf.where(any_client, new, old)
+
+  state = tf.nest.map_structure(keep, state, optimizer_state)
+  trainable = [keep(t, g) for t, g in zip(trainable, global_weights.trainable)]
+  return state, ModelWeights(trainable, list(mean.non_trainable))

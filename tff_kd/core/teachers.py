@@ -1,0 +1,77 @@
+"""Pure-TF teacher evaluation on a server pool, shared by the KD methods.
+
+The stacked client models (`tff_kd.core.stacking.Stack`) are the teachers of
+server-side distillation (FedDF, Lin et al., NeurIPS 2020, AVGLOGITS; FedD3A's
+weighted ensemble). `stacked_logits` evaluates every stacked model on the
+server's pool with one reused Keras model per architecture.
+"""
+
+from typing import Optional, Sequence
+
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_kd import errors
+from tff_kd.core import distillation
+from tff_kd.core import local_training
+
+ModelWeights = tff.learning.models.ModelWeights
+
+
+def stacked_logits(model: tf.keras.Model,
+                   global_weights: Optional[ModelWeights],
+                   deltas: ModelWeights, valid: tf.Tensor, x: tf.Tensor,
+                   batch_size: int = 256) -> tf.Tensor:
+  """Logits [M, N, C] of each stacked client model (zeros for invalid rows).
+
+  Row k's model is `global + delta_k` (trainable) with the client's own
+  non-trainable values; with `global_weights=None` the rows are whole
+  models (FedD3A's heterogeneous clients upload their weights). One Keras
+  model is reused for all rows, so the server builds one model per
+  prototype, not one per client. Call inside a `tf.function` (as `fuse`
+  does) so that the weight assignments are ordered.
+
+  Args:
+    model: A built Keras model of the rows' architecture (overwritten).
+    global_weights: This prototype's global `ModelWeights` (broadcast), or
+      None when `deltas` holds whole weights.
+    deltas: Stacked client results, as in `average_update`.
+    valid: [M] bool, rows to evaluate.
+    x: Inputs [N, ...].
+    batch_size: Examples per forward pass.
+  """
+  variables = local_training.model_weights(model)
+  num_slots = int(valid.shape[0])
+  num_classes = int(model.output_shape[-1])
+  outputs = tf.TensorArray(tf.float32, size=num_slots,
+                           element_shape=tf.TensorShape([None, num_classes]))
+  bases = (global_weights.trainable if global_weights is not None else
+           [None] * len(variables.trainable))
+  for k in tf.range(num_slots):
+    if valid[k]:
+      for v, g, d in zip(variables.trainable, bases, deltas.trainable):
+        v.assign(d[k] if g is None else g + d[k])
+      for v, d in zip(variables.non_trainable, deltas.non_trainable):
+        v.assign(d[k])
+      logits = distillation.teacher_logits([model], x, batch_size)[0]
+    else:
+      logits = tf.zeros([tf.shape(x)[0], num_classes])
+    outputs = outputs.write(k, logits)
+  return outputs.stack()
+
+
+def accuracy(logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
+  """Fraction of argmax predictions equal to the labels (0 if empty)."""
+  labels = tf.cast(tf.reshape(labels, [-1]), tf.int64)
+  correct = tf.reduce_sum(tf.cast(
+      tf.equal(tf.argmax(logits, axis=-1), labels), tf.float32))
+  return correct / tf.maximum(tf.cast(tf.shape(labels)[0], tf.float32), 1.0)
+
+
+def check_pool_shape(pool_shape: Sequence[int], input_shape: Sequence[int],
+                     what: str = 'proxy dataset') -> None:
+  """Raises `errors.DataError` unless per-example shapes match."""
+  if tuple(pool_shape) != tuple(input_shape):
+    raise errors.DataError(
+        f'{what} images have shape {tuple(pool_shape)} but the model expects '
+        f'{tuple(input_shape)}; resize it to the training image shape')

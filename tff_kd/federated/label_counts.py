@@ -1,0 +1,134 @@
+"""Client work that uploads the client's label counts with its update.
+
+The data-free KD methods FedGen (Zhu, Hong and Zhou, ICML 2021; its
+supplement Sec. 9 weights each client's teacher by its label counts) and
+FedFTG (Zhang et al., CVPR 2022; label-aware hard samples and the counts'
+class weights) need, besides each client's model delta, how many examples
+of each label it trained on. Each client caches this round's dataset,
+counts its labels n_{k,y} over the very batches it trains on, trains, and
+uploads `{'delta': ModelWeights, 'label_counts': [C] float32}`, weighted by
+its number of examples. Plain local cross-entropy training (FedFTG), or a
+method's own objective with an extra broadcast model (FedGen's generator
+regulariser, `LocalObjective`).
+"""
+
+import collections
+from typing import Callable, NamedTuple, Optional
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_kd.core import local_training
+from tff_kd.federated import learning
+from tff_kd.models import classifiers
+
+ClassifierFn = Callable[[], classifiers.Classifier]
+
+
+class LocalObjective(NamedTuple):
+  """A method's own local training, with one extra broadcast model.
+
+  Attributes:
+    model_fn: Builds the extra model the clients receive (FedGen: its
+      generator).
+    train: `train(classifier, extra_model, optimizer, classifier_weights,
+      extra_weights, dataset, lr, label_counts, round_num, key_hash)`
+      returning a `local_training.train_locally` result; `key_hash` is an
+      int64 hash of the client's key, to seed the client's own noise.
+  """
+
+  model_fn: Callable[[], tf.keras.Model]
+  train: Callable[..., local_training.LocalResult]
+
+
+def count_labels(dataset: tf.data.Dataset, num_classes: int) -> tf.Tensor:
+  """[C] float32 counts of the labels of every batch of `dataset`."""
+  return dataset.reduce(
+      tf.zeros([num_classes]),
+      lambda acc, batch: acc + tf.math.bincount(
+          tf.cast(batch['y'], tf.int32), minlength=num_classes,
+          maxlength=num_classes, dtype=tf.float32))
+
+
+def build_client_work(
+    classifier_fn: ClassifierFn,
+    element_spec: collections.OrderedDict,
+    client_optimizer: tff.learning.optimizers.Optimizer,
+    *,
+    num_classes: int,
+    learning_rate: float,
+    learning_rate_decay: float = 1.0,
+    dataset_fn: Optional[learning.DatasetFn] = None,
+    objective: Optional[LocalObjective] = None,
+    seed: int = 0,
+) -> tff.templates.MeasuredProcess:
+  """Local training that also uploads the client's label counts.
+
+  Without `objective`, clients receive the classifier's weights and train
+  plain cross-entropy (FedFTG's clients). With it, they receive
+  (classifier weights, extra model weights) and train with
+  `objective.train`. The update is `{'delta': ModelWeights, 'label_counts':
+  [C] float32}`, weighted by the number of examples. State and
+  measurements: those of `learning.build_scheduled_client_work`.
+
+  Args:
+    classifier_fn: Builds the `Classifier` (model, features, head).
+    element_spec: Batch structure of the client datasets.
+    client_optimizer: A `tff.learning.optimizers` optimizer.
+    num_classes: C.
+    learning_rate: Client learning rate at round 0.
+    learning_rate_decay: Multiplicative decay per round.
+    dataset_fn: Key -> dataset function (the fast path), or None: clients
+      then take `OrderedDict(client_id, data)` with an objective (each
+      client seeds its own noise by its id and the round), plain sequences
+      without (`learning.client_data_type`).
+    objective: A method's own local training, or None.
+    seed: The process seed, which seeds the dataset path's client keys (the
+      keys carry it on the keyed path).
+
+  Returns:
+    A `tff.templates.MeasuredProcess`; the round number comes from its
+    state.
+  """
+  with tf.Graph().as_default():
+    classifier_weights = local_training.model_weights(classifier_fn().model)
+    if objective is None:
+      weights_spec = classifier_weights
+    else:
+      weights_spec = (classifier_weights, local_training.model_weights(
+          objective.model_fn()))
+  weights_type = learning.spec_to_type(weights_spec)
+  data_type = learning.client_data_type(
+      element_spec, dataset_fn, with_id=objective is not None)
+  bytes_down = float(learning.payload_bytes(weights_type))
+  # The classifier delta, the label counts and the weight go up.
+  bytes_up = float(learning.payload_bytes(learning.spec_to_type(
+      classifier_weights)) + (num_classes + 1) * np.dtype(np.float32).itemsize)
+
+  @tff.tensorflow.computation(weights_type, data_type, np.float32, np.int32)
+  def client_update(weights, data, lr, round_num):
+    client = learning.client_input(data, dataset_fn, seed=seed,
+                                   round_num=round_num)
+    # Cached: the counting pass and training see the very same batches.
+    dataset = client.dataset.cache()
+    counts = count_labels(dataset, num_classes)
+    classifier = classifier_fn()
+    if objective is None:
+      result = local_training.train_locally(
+          classifier.model, client_optimizer, weights, dataset, lr)
+    else:
+      result = objective.train(
+          classifier, objective.model_fn(), client_optimizer, weights[0],
+          weights[1], dataset, lr, counts, round_num,
+          tf.strings.to_hash_bucket_fast(client.key, 2**62))
+    update = collections.OrderedDict(delta=result.weights_delta,
+                                     label_counts=counts)
+    return learning.screen_client(
+        tff.learning.templates.ClientResult(
+            update=update, update_weight=result.num_examples),
+        learning.client_stats(result, bytes_down, bytes_up))[:2]
+
+  return learning.build_scheduled_client_work(
+      client_update, learning_rate=learning_rate,
+      learning_rate_decay=learning_rate_decay)
