@@ -52,7 +52,7 @@ from configs import fedd3a_digits_device
 from configs import fedd3a_digits_silo
 from tff_kd import data as data_lib
 from tff_kd import models
-from tff_kd.core import projection
+from tff_kd.methods.fedd3a import projection_tf as projection
 from tff_kd.program import plots
 
 _MANUAL_DIR = flags.DEFINE_string('manual_dir', fedd3a_digits_silo.SHARED_DATA,

@@ -19,7 +19,15 @@ To split `tff` into compute and runtime overhead, the same run also times
 the identical local work (10 clients x 20 steps x batch 32, same model and
 `train_locally` tf.function) executed directly by TensorFlow in this process,
 with no TFF. Both numbers come from one run, so their ratio is meaningful on
-a noisy machine.
+a noisy machine. `--pure_tf_rounds=0` skips that baseline entirely (no extra
+`prepare`, no tracing of it), so the process does only what `train` does:
+`benchmarks/sidebyside.py` runs it that way.
+
+Each run also records, per round, the wall time from one round's start to
+the next (`round_times`: the loop's own work too: sampling, metric release,
+checkpoint), and the start-up parts of the process: imports, context
+creation, `experiment.prepare` inside `run`, and the time `run` spends
+before its first round.
 
 Usage:
   .venv/bin/python -m benchmarks.fedgen_workload \
@@ -36,6 +44,7 @@ import tempfile
 import time
 from typing import Optional
 
+_T_IMPORTS = time.perf_counter()  # Before TensorFlow / TFF / tff_kd imports.
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
 from tff_kd.program import context  # pylint: disable=g-import-not-at-top
@@ -49,6 +58,9 @@ import tensorflow_federated as tff
 
 from configs import fedgen_mnist
 from tff_kd.core import local_training
+from tff_kd.program import sampling
+
+_IMPORTS_S = time.perf_counter() - _T_IMPORTS
 
 _MANUAL_DIR = flags.DEFINE_string('manual_dir', '../shared/data/mnist',
                                   'Raw MNIST IDX files for the offline build.')
@@ -88,6 +100,8 @@ def _config(seed: int, rounds: int):
 
 def _pure_tf_round_seconds(exp: experiment.Experiment, rounds: int) -> list:
   """The same local work run by TensorFlow directly (no TFF)."""
+  if rounds <= 0:
+    return []
   model = exp.model_fn()
   optimizer = tff.learning.optimizers.build_sgdm(0.01)
   weights = tf.nest.map_structure(lambda v: v.numpy(),
@@ -119,9 +133,60 @@ def _summary(values: list) -> Optional[dict]:
               p90=float(np.percentile(values, 90)))
 
 
+class _RunTimer:
+  """Times `experiment.run` from outside, without editing it.
+
+  `experiment.run` calls `experiment.prepare` once and
+  `sampling.sample_clients` once at the start of every round (both looked
+  up as module attributes), so wrapping them gives the time spent in
+  `prepare` and a timestamp per round start. If a future `run` stops
+  calling them, the fields come out empty (None), nothing breaks.
+  """
+
+  def __init__(self):
+    self.prepare_s = None
+    self.round_starts = []
+
+  def __enter__(self):
+    self._prepare, self._sample = experiment.prepare, sampling.sample_clients
+
+    def prepare(*args, **kwargs):
+      t0 = time.perf_counter()
+      try:
+        return self._prepare(*args, **kwargs)
+      finally:
+        self.prepare_s = time.perf_counter() - t0
+
+    def sample_clients(*args, **kwargs):
+      self.round_starts.append(time.perf_counter())
+      return self._sample(*args, **kwargs)
+
+    experiment.prepare, sampling.sample_clients = prepare, sample_clients
+    return self
+
+  def __exit__(self, *exc):
+    experiment.prepare, sampling.sample_clients = self._prepare, self._sample
+
+
+def _round_times(hist: list, starts: list, run_end: float) -> list:
+  """Per round: process.next, evaluation, checkpoint and wall seconds (wall:
+  from this round's start to the next one's, or to the end of `run` for the
+  last round)."""
+  if len(starts) != len(hist):
+    starts = [None] * len(hist)
+  ends = starts[1:] + [run_end]
+  return [dict(round=h['round'], train_s=h['time/train_s'],
+               eval_s=h.get('time/eval_s'),
+               checkpoint_s=h.get('time/checkpoint_s'),
+               wall_s=(e - s if s is not None else None))
+          for h, s, e in zip(hist, starts, ends)]
+
+
 def main(argv):
   del argv
+  t0 = time.perf_counter()
   context.set_local_context()
+  context_s = time.perf_counter() - t0
   results = dict(
       command=' '.join(['python -m benchmarks.fedgen_workload'] +
                        sys.argv[1:]),
@@ -133,21 +198,31 @@ def main(argv):
   for seed in (int(s) for s in _SEEDS.value):
     with tempfile.TemporaryDirectory() as root:
       config = _config(seed, _ROUNDS.value)
-      t0 = time.perf_counter()
-      exp = experiment.prepare(config, root)
-      prepare_s = time.perf_counter() - t0
-      pure = _pure_tf_round_seconds(exp, _PURE_TF_ROUNDS.value)
-      t0 = time.perf_counter()
-      result = experiment.run(config, root, progress=False)
-      wall = time.perf_counter() - t0
+      prepare_s = None
+      pure = []
+      if _PURE_TF_ROUNDS.value > 0:
+        t0 = time.perf_counter()
+        exp = experiment.prepare(config, root)
+        prepare_s = time.perf_counter() - t0
+        pure = _pure_tf_round_seconds(exp, _PURE_TF_ROUNDS.value)
+      with _RunTimer() as timer:
+        t0 = time.perf_counter()
+        result = experiment.run(config, root, progress=False)
+        run_end = time.perf_counter()
+      wall = run_end - t0
     hist = result.history
     steady = hist[1:-1]  # Round 1 traces; the last one checkpoints.
     tff_s = [h['time/train_s'] for h in steady]
     eval_s = [h['time/eval_s'] for h in steady]
     acc = lambda r, key: hist[r - 1][key] if len(hist) >= r else None  # noqa: E731
+    round_times = _round_times(hist, timer.round_starts, run_end)
     run = dict(
         seed=seed, rounds=len(hist), prepare_s=prepare_s, run_wall_s=wall,
-        first_round_tff_s=hist[0]['time/train_s'],
+        imports_s=_IMPORTS_S, context_s=context_s,
+        run_prepare_s=timer.prepare_s,
+        run_before_first_round_s=(timer.round_starts[0] - t0
+                                  if timer.round_starts else None),
+        first_round_tff_s=hist[0]['time/train_s'] if hist else None,
         seconds_per_round=_summary([a + b for a, b in zip(tff_s, eval_s)]),
         tff_next_s=_summary(tff_s), eval_s=_summary(eval_s),
         pure_tf_local_work_s=_summary(pure),
@@ -157,9 +232,11 @@ def main(argv):
         slices_accuracy={r: acc(r, 'test_slices/accuracy')
                          for r in (20, 200)},
         curve=[(h['round'], round(h['test/accuracy'], 4),
-                round(h['test_slices/accuracy'], 4)) for h in hist])
+                round(h['test_slices/accuracy'], 4)) for h in hist],
+        round_times=round_times)
     results['runs'].append(run)
-    print(json.dumps({k: v for k, v in run.items() if k != 'curve'},
+    print(json.dumps({k: v for k, v in run.items()
+                      if k not in ('curve', 'round_times')},
                      indent=1), flush=True)
   out = _OUT.value or (
       'benchmarks/results/fedgen_workload.json' if _METHOD.value == 'fedavg'

@@ -7,7 +7,13 @@ Override any key on the command line, e.g. `--config.rounds=60`.
 
 import ml_collections
 
-from tff_kd.algorithms import hparams
+from tff_kd import hparams as hp
+from tff_kd.methods.dafkd import hparams as dafkd_hparams
+from tff_kd.methods.fedd3a import hparams as fedd3a_hparams
+from tff_kd.methods.feddf import hparams as feddf_hparams
+from tff_kd.methods.fedftg import hparams as fedftg_hparams
+from tff_kd.methods.fedgen import hparams as fedgen_hparams
+from tff_kd.methods.fedprox import hparams as fedprox_hparams
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -51,8 +57,8 @@ def get_config() -> ml_collections.ConfigDict:
   c.server_optimizer = ml_collections.ConfigDict(dict(
       name='sgd', learning_rate=1.0, momentum=0.0))
   # Each method's section holds the fields (and defaults) of its
-  # tff_kd.algorithms.hparams dataclass, which documents every key.
-  c.fedprox = hparams.config_section(hparams.FedProxHparams)
+  # tff_kd.hparams dataclass, which documents every key.
+  c.fedprox = hp.config_section(fedprox_hparams.FedProxHparams)
 
   # Data held by the server (KD methods). Held-out slices are removed from
   # the training set before it is partitioned, whatever the method, so that
@@ -92,19 +98,19 @@ def get_config() -> ml_collections.ConfigDict:
       # labeled validation set does not drop (needs server_data.val_size).
       accept='always',
   ))
-  c.feddf = hparams.config_section(hparams.FedDFHparams)
+  c.feddf = hp.config_section(feddf_hparams.FedDFHparams)
 
   # FedD3A (Su, Li, Xue, AAAI 2023). The distillation uses `distill`.
-  c.fedd3a = hparams.config_section(hparams.FedD3AHparams)
+  c.fedd3a = hp.config_section(fedd3a_hparams.FedD3AHparams)
 
   # FedGen (Zhu et al., ICML 2021); defaults: its reference code on MNIST.
-  c.fedgen = hparams.config_section(hparams.FedGenHparams)
+  c.fedgen = hp.config_section(fedgen_hparams.FedGenHparams)
   # FedFTG (Zhang et al., CVPR 2022); reference values where known.
-  c.fedftg = hparams.config_section(hparams.FedFTGHparams)
+  c.fedftg = hp.config_section(fedftg_hparams.FedFTGHparams)
 
   # DaFKD (Wang et al., CVPR 2023). Client optimiser: client_optimizer;
   # distillation: distill.*.
-  c.dafkd = hparams.config_section(hparams.DaFKDHparams)
+  c.dafkd = hp.config_section(dafkd_hparams.DaFKDHparams)
 
   # Where rounds run. workers='': TFF's local C++ runtime in this process
   # (one worker_binary child). 'host:port,...': TFF's remote runtime on

@@ -18,14 +18,15 @@ import tensorflow_federated as tff
 
 from tff_kd import errors
 from tff_kd import models
-from tff_kd.algorithms import dafkd
-from tff_kd.algorithms import hparams
-from tff_kd.algorithms import registry
-from tff_kd.core import dafkd as dafkd_tf
 from tff_kd.core import distillation
 from tff_kd.core import gan
 from tff_kd.federated import client_data
-from tff_kd.federated import dafkd as dafkd_tff
+from tff_kd.methods import common
+from tff_kd.methods import registry
+from tff_kd.methods.dafkd import dafkd_tf
+from tff_kd.methods.dafkd import dafkd_tff
+from tff_kd.methods.dafkd import dafkd_tff as dafkd
+from tff_kd.methods.dafkd import hparams as dafkd_hparams
 from tff_kd.models import generators
 from tff_kd.program import context
 
@@ -81,7 +82,7 @@ def data(tmp_path_factory):
 
 def _build(data, **kwargs):
   """The process; `kwargs` are builder arguments or `DaFKDHparams` fields."""
-  fields = {f.name for f in dataclasses.fields(hparams.DaFKDHparams)}
+  fields = {f.name for f in dataclasses.fields(dafkd_hparams.DaFKDHparams)}
   sgd = tff.learning.optimizers.build_sgdm(LR)
   args = dict(
       num_clients=3, clients_per_round=2, joint_optimizer=sgd,
@@ -92,7 +93,7 @@ def _build(data, **kwargs):
       distill_config=distillation.DistillConfig(steps=3, batch_size=8,
                                                 seed=SEED),
       learning_rate=LR, seed=SEED,
-      hparams=hparams.DaFKDHparams(**dict(
+      hparams=dafkd_hparams.DaFKDHparams(**dict(
           dict(pool_size=16, noise_dim=NOISE,
                generator_hidden=','.join(map(str, HIDDEN)),
                pool_generator='broadcast'),
@@ -294,7 +295,7 @@ def test_bad_settings_raise_config_error(data, kwargs, match):
 
 
 def test_missing_inputs_raise_config_error(data):
-  inputs = registry.ProcessInputs(lambda: None, data.element_spec, 3,
+  inputs = common.ProcessInputs(lambda: None, data.element_spec, 3,
                                   dataset_fn=data.dataset_fn(LOCAL))
   with pytest.raises(errors.ConfigError, match='classifier_fn'):
     registry.get_method('dafkd').build(inputs, _config())

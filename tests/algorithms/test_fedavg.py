@@ -11,10 +11,11 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_kd import errors
-from tff_kd.algorithms import fedavg
-from tff_kd.algorithms import hparams
-from tff_kd.algorithms import registry
 from tff_kd.federated import client_data
+from tff_kd.methods import registry
+from tff_kd.methods.fedavg import fedavg_tff as fedavg
+from tff_kd.methods.fedprox import fedprox_tff as fedprox
+from tff_kd.methods.fedprox import hparams as fedprox_hparams
 
 W0 = np.array([[0.2, -0.1], [0.0, 0.3]], np.float32)
 X = np.array([[1.0, 2.0], [0.5, -1.0], [2.0, 0.0], [-1.0, 1.0]], np.float32)
@@ -80,8 +81,9 @@ def test_fedavg_round_is_example_weighted_mean(data):
 
 
 def test_fedprox_matches_proximal_reference(data):
-  process = fedavg.build_fedprox_process(
-      _model_fn, data.element_spec, hparams=hparams.FedProxHparams(mu=0.5),
+  process = fedprox.build_fedprox_process(
+      _model_fn, data.element_spec,
+      hparams=fedprox_hparams.FedProxHparams(mu=0.5),
       learning_rate=0.1, **_optimizers())
   process, output = _run_round(process, data, steps=3)
   expected = W0 + (1 * _client_delta(PARTS[0], 0.1, 0.5, 3) +
@@ -122,8 +124,8 @@ def test_set_and_get_model_weights_round_trip(data):
 @pytest.mark.parametrize('mu', [0.0, -1.0])
 def test_fedprox_rejects_non_positive_mu(data, mu):
   with pytest.raises(errors.ConfigError, match=f'fedprox.mu .*{mu}'):
-    fedavg.build_fedprox_process(_model_fn, data.element_spec,
-                                 hparams=hparams.FedProxHparams(mu=mu),
+    fedprox.build_fedprox_process(_model_fn, data.element_spec,
+                                 hparams=fedprox_hparams.FedProxHparams(mu=mu),
                                  learning_rate=0.1, **_optimizers())
 
 

@@ -6,11 +6,11 @@ eq. 6 weights and the eq. 7 target exactly. Client 0 holds data near e1
 ("domain A"), client 1 near e2 ("domain B"); the server pool is mostly
 domain A. One real TFF round (client work, stacking aggregator, finalizer
 reading the pool from files) is run once per module and checked against
-numpy and against `tff_kd.core.fedd3a.server_round` run eagerly on the same
+numpy and against `tff_kd.methods.fedd3a.fedd3a_tf.server_round` run eagerly
+on the same
 client updates.
 """
 
-import collections
 import dataclasses
 
 import numpy as np
@@ -20,14 +20,15 @@ import tensorflow_federated as tff
 
 from tff_kd import errors
 from tff_kd import models
-from tff_kd.algorithms import fedd3a
-from tff_kd.algorithms import hparams
-from tff_kd.algorithms import registry
 from tff_kd.core import distillation
-from tff_kd.core import fedd3a as fedd3a_tf
 from tff_kd.federated import client_data
-from tff_kd.federated import fedd3a as fedd3a_tff
 from tff_kd.federated import server_data
+from tff_kd.methods import common
+from tff_kd.methods import registry
+from tff_kd.methods.fedd3a import fedd3a_tf
+from tff_kd.methods.fedd3a import fedd3a_tff
+from tff_kd.methods.fedd3a import fedd3a_tff as fedd3a
+from tff_kd.methods.fedd3a import hparams as fedd3a_hparams
 
 ModelWeights = tff.learning.models.ModelWeights
 
@@ -96,14 +97,14 @@ def pool(tmp_path_factory):
 
 
 def _build(data, pool, **overrides):
-  fields = {f.name for f in dataclasses.fields(hparams.FedD3AHparams)}
+  fields = {f.name for f in dataclasses.fields(fedd3a_hparams.FedD3AHparams)}
   kwargs = dict(
       server_data=pool, clients_per_round=3,
       client_optimizer=tff.learning.optimizers.build_sgdm(1.0),
       server_optimizer=tff.learning.optimizers.build_sgdm(1.0),
       distill_optimizer=tff.learning.optimizers.build_adam(DISTILL_LR),
       distill_config=CONFIG, learning_rate=LR,
-      hparams=hparams.FedD3AHparams(
+      hparams=fedd3a_hparams.FedD3AHparams(
           **dict(dict(alpha=ALPHA),
                  **{k: v for k, v in overrides.items() if k in fields})),
       num_clients=2, dataset_fn=data.dataset_fn(LOCAL))
@@ -337,7 +338,7 @@ def test_registry_builds_fedd3a_from_config(data, pool):
   assert method.needs_server_data
   c = base.get_config()
   c.fedd3a.alpha = -2.0
-  inputs = registry.ProcessInputs(
+  inputs = common.ProcessInputs(
       lambda: _classifier_fn().model, data.element_spec, 2,
       dataset_fn=data.dataset_fn(LOCAL), server_data=pool,
       classifier_fn=_classifier_fn, num_clients=2)

@@ -23,14 +23,15 @@ import tensorflow_federated as tff
 
 from tff_kd import errors
 from tff_kd import models
-from tff_kd.algorithms import fedd3a
-from tff_kd.algorithms import hparams
-from tff_kd.algorithms import registry
 from tff_kd.core import distillation
-from tff_kd.core import fedd3a as fedd3a_tf
 from tff_kd.federated import client_data
-from tff_kd.federated import fedd3a as fedd3a_tff
 from tff_kd.federated import server_data
+from tff_kd.methods import common
+from tff_kd.methods import registry
+from tff_kd.methods.fedd3a import fedd3a_tf
+from tff_kd.methods.fedd3a import fedd3a_tff
+from tff_kd.methods.fedd3a import fedd3a_tff as fedd3a
+from tff_kd.methods.fedd3a import hparams as fedd3a_hparams
 
 ModelWeights = tff.learning.models.ModelWeights
 
@@ -121,14 +122,14 @@ def pool(tmp_path_factory):
 
 
 def _build(data, pool, **overrides):
-  fields = {f.name for f in dataclasses.fields(hparams.FedD3AHparams)}
+  fields = {f.name for f in dataclasses.fields(fedd3a_hparams.FedD3AHparams)}
   kwargs = dict(
       server_data=pool, clients_per_round=3,
       client_optimizer=tff.learning.optimizers.build_sgdm(1.0),
       server_optimizer=tff.learning.optimizers.build_sgdm(1.0),
       distill_optimizer=tff.learning.optimizers.build_adam(DISTILL_LR),
       distill_config=CONFIG, learning_rate=LR, num_clients=3,
-      hparams=hparams.FedD3AHparams(
+      hparams=fedd3a_hparams.FedD3AHparams(
           **dict(dict(alpha=ALPHA, kd_weight=KD_WEIGHT, kd_temperature=KD_T),
                  **{k: v for k, v in overrides.items() if k in fields})),
       dataset_fn=data.dataset_fn(LOCAL), client_model_fns=MODEL_FNS)
@@ -342,11 +343,11 @@ def test_bad_settings_fail_before_building(data, pool, overrides, match):
 def test_unknown_client_architecture_is_a_config_error(data, pool):
   with pytest.raises(errors.ConfigError,
                      match="fedd3a.client_models entry 'vgg' is not"):
-    hparams.FedD3AHparams(client_models='cnn,vgg').validate()
+    fedd3a_hparams.FedD3AHparams(client_models='cnn,vgg').validate()
   from configs import base  # pylint: disable=g-import-not-at-top
   c = base.get_config()
   c.fedd3a.client_models = 'cnn:layer'
-  inputs = registry.ProcessInputs(
+  inputs = common.ProcessInputs(
       lambda: _classifier_fn().model, data.element_spec, 2,
       dataset_fn=data.dataset_fn(LOCAL), server_data=pool,
       classifier_fn=_classifier_fn, num_clients=3)

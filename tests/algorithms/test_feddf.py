@@ -2,7 +2,8 @@
 
 Two toy clients with the bias-free linear model of test_fedavg (one
 full-batch SGD step each, so numpy gives their models exactly). The
-process's server fusion is checked against `tff_kd.core.feddf.fuse` run
+process's server fusion is checked against `tff_kd.methods.feddf.feddf_tf.fuse`
+run
 eagerly on those numpy models, so the TFF wiring (broadcast, stacking
 aggregator, finalizer reading the pool from files) and the pure-TF maths are
 tested against each other.
@@ -22,16 +23,17 @@ from tests.algorithms.test_fedavg import W0
 from tests.algorithms.test_fedavg import X
 from tests.algorithms.test_fedavg import Y
 from tff_kd import errors
-from tff_kd.algorithms import fedavg
-from tff_kd.algorithms import feddf
-from tff_kd.algorithms import hparams
-from tff_kd.algorithms import registry
 from tff_kd.core import distillation
-from tff_kd.core import feddf as feddf_tf
 from tff_kd.federated import client_data
-from tff_kd.federated import feddf as feddf_tff
 from tff_kd.federated import server_data
 from tff_kd.federated import stacking
+from tff_kd.methods import common
+from tff_kd.methods import registry
+from tff_kd.methods.fedavg import fedavg_tff as fedavg
+from tff_kd.methods.feddf import feddf_tf
+from tff_kd.methods.feddf import feddf_tff
+from tff_kd.methods.feddf import feddf_tff as feddf
+from tff_kd.methods.feddf import hparams as feddf_hparams
 
 ModelWeights = tff.learning.models.ModelWeights
 LOCAL = client_data.LocalWork('epochs', 1, 32)
@@ -75,7 +77,8 @@ def _build(data, pool, *, distill_lr=0.0, steps=4, drop_worst=False,
       distill_optimizer=tff.learning.optimizers.build_adam(distill_lr),
       distill_config=kwargs.pop('config', distillation.DistillConfig(
           steps=steps, batch_size=2, seed=5)),
-      learning_rate=LR, hparams=hparams.FedDFHparams(drop_worst=drop_worst),
+      learning_rate=LR,
+      hparams=feddf_hparams.FedDFHparams(drop_worst=drop_worst),
       dataset_fn=data.dataset_fn(LOCAL) if dataset_fn is _KEYED
       else dataset_fn, **kwargs)
 
@@ -224,5 +227,5 @@ def test_bad_inputs_fail_with_one_clear_line(data, pool, tmp_path):
 def test_registry_has_feddf():
   method = registry.get_method('feddf')
   assert method.needs_server_data
-  assert isinstance(registry.ProcessInputs(_model_fn, collections.OrderedDict(),
+  assert isinstance(common.ProcessInputs(_model_fn, collections.OrderedDict(),
                                            2).prototype_fns, tuple)

@@ -2,7 +2,7 @@
 
 One toy process (tests/algorithms/toy_kd.py) with 3 teacher slots and 2
 clients is built once per module; its round is checked against
-`tff_kd.federated.fedftg.round_fine_tune` (i.e. `core.fedftg.fine_tune`,
+`tff_kd.methods.fedftg.fedftg_tff.round_fine_tune` (i.e. `fedftg_tf.fine_tune`,
 which distils through `distillation.distill`) run eagerly on the eagerly
 computed client models, with only the 2 real teachers: the empty slot must
 not matter.
@@ -15,12 +15,12 @@ import tensorflow_federated as tff
 
 from tests.algorithms import toy_kd
 from tff_kd import errors
-from tff_kd.algorithms import fedftg
-from tff_kd.algorithms import hparams
-from tff_kd.algorithms import registry
 from tff_kd.core import distillation
-from tff_kd.core import fedftg as fedftg_tf
-from tff_kd.federated import fedftg as fedftg_tff
+from tff_kd.methods import registry
+from tff_kd.methods.fedftg import fedftg_tf
+from tff_kd.methods.fedftg import fedftg_tff
+from tff_kd.methods.fedftg import fedftg_tff as fedftg
+from tff_kd.methods.fedftg import hparams as fedftg_hparams
 from tff_kd.models import generators
 from tff_kd.program import experiment
 
@@ -30,7 +30,7 @@ KW = dict(iterations=3, student_steps=2, batch_size=8, noise_dim=4,
 
 
 def _build(data, **overrides):
-  kwargs = dict(seed=7, hparams=hparams.FedFTGHparams(**dict(KW,
+  kwargs = dict(seed=7, hparams=fedftg_hparams.FedFTGHparams(**dict(KW,
                                                              **overrides)))
   return fedftg.build_fedftg_process(
       toy_kd.classifier_fn, data.element_spec,
@@ -150,7 +150,7 @@ def test_bad_settings_fail_before_compute(tmp_path, overrides, match):
   data = toy_kd.make_data(str(tmp_path))
   with pytest.raises(errors.ConfigError, match=match):
     if 'dataset_fn' in overrides:
-      kwargs = dict(seed=7, hparams=hparams.FedFTGHparams(**KW))
+      kwargs = dict(seed=7, hparams=fedftg_hparams.FedFTGHparams(**KW))
       fedftg.build_fedftg_process(
           toy_kd.classifier_fn, data.element_spec, num_classes=3,
           clients_per_round=2,

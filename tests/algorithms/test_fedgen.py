@@ -3,8 +3,8 @@
 One toy process (tests/algorithms/toy_kd.py) is built once per module. Its
 rounds are checked against the same pure-TF code run eagerly on the clients'
 eagerly computed updates: the FedAvg of the classifiers, the generator's
-50-step round (`tff_kd.federated.fedgen.generator_round`, i.e.
-`core.fedgen.train_generator`) on the received heads and label counts, and,
+50-step round (`tff_kd.methods.fedgen.fedgen_tff.generator_round`, i.e.
+`fedgen_tf.train_generator`) on the received heads and label counts, and,
 in round 1, the clients' regularised local training.
 """
 
@@ -16,10 +16,10 @@ import tensorflow_federated as tff
 from tests.algorithms import toy_kd
 from tff_kd import errors
 from tff_kd import models
-from tff_kd.algorithms import fedgen
-from tff_kd.algorithms import hparams
-from tff_kd.algorithms import registry
-from tff_kd.federated import fedgen as fedgen_tff
+from tff_kd.methods import registry
+from tff_kd.methods.fedgen import fedgen_tff
+from tff_kd.methods.fedgen import fedgen_tff as fedgen
+from tff_kd.methods.fedgen import hparams as fedgen_hparams
 from tff_kd.models import generators
 from tff_kd.program import experiment
 
@@ -29,7 +29,7 @@ KW = dict(generator_steps=4, generator_batch_size=8, noise_dim=4, hidden=8,
 
 
 def _build(data, **overrides):
-  kwargs = dict(seed=7, hparams=hparams.FedGenHparams(**dict(KW,
+  kwargs = dict(seed=7, hparams=fedgen_hparams.FedGenHparams(**dict(KW,
                                                              **overrides)))
   return fedgen.build_fedgen_process(
       toy_kd.classifier_fn, data.element_spec,

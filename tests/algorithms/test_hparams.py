@@ -14,8 +14,10 @@ import pytest
 from configs import base
 from tests.program.test_experiment import _config
 from tff_kd import errors
-from tff_kd.algorithms import hparams
-from tff_kd.algorithms import registry
+from tff_kd import hparams as hp
+from tff_kd.methods import registry
+from tff_kd.methods.dafkd import hparams as dafkd_hparams
+from tff_kd.methods.fedgen import hparams as fedgen_hparams
 from tff_kd.program import experiment
 
 _POOL = {'server_data.proxy': 'split', 'server_data.proxy_size': 50}
@@ -55,6 +57,9 @@ BAD = [
      r"dafkd\.pool='real' .* needs the server's proxy pool"),
 ]
 
+ALL_HPARAMS = tuple(m.hparams for m in registry.METHODS.values()
+                    if m.hparams is not None)
+
 
 @pytest.mark.parametrize('method,overrides,match', BAD,
                          ids=[next(iter(o)) for _, o, _ in BAD])
@@ -82,7 +87,7 @@ def test_every_method_declares_its_section(method):
                     m.hparams)
 
 
-@pytest.mark.parametrize('cls', hparams.ALL, ids=lambda c: c.__name__)
+@pytest.mark.parametrize('cls', ALL_HPARAMS, ids=lambda c: c.__name__)
 def test_from_config_round_trips_the_base_section(cls):
   section = base.get_config()[cls.SECTION]
   got = cls.from_config(section)
@@ -92,7 +97,7 @@ def test_from_config_round_trips_the_base_section(cls):
   assert cls.from_config({}) == cls()
 
 
-@pytest.mark.parametrize('cls', hparams.ALL, ids=lambda c: c.__name__)
+@pytest.mark.parametrize('cls', ALL_HPARAMS, ids=lambda c: c.__name__)
 def test_from_config_refuses_unknown_keys(cls):
   section = base.get_config()[cls.SECTION]
   with section.unlocked():
@@ -105,29 +110,29 @@ def test_from_config_refuses_unknown_keys(cls):
 
 def test_hparams_are_frozen():
   with pytest.raises(dataclasses.FrozenInstanceError):
-    hparams.FedGenHparams().noise = 'uniform'  # pytype: disable=not-writable
+    fedgen_hparams.FedGenHparams().noise = 'uniform'  # pytype: disable=not-writable
 
 
 def test_every_field_has_a_checker_and_a_docstring_entry():
-  for cls in hparams.ALL:
+  for cls in ALL_HPARAMS:
     for f in dataclasses.fields(cls):
       assert callable(f.metadata.get('check')), (cls.__name__, f.name)
       assert f'    {f.name}: ' in cls.__doc__, (cls.__name__, f.name)
 
 
 @pytest.mark.parametrize('check,good,bad', [
-    (hparams.positive_int, [1, np.int64(3)], [0, -1, 1.0, True, '2']),
-    (hparams.non_negative_int, [0, np.int32(2)], [-1, 0.5, False]),
-    (hparams.positive_number,
+    (hp.positive_int, [1, np.int64(3)], [0, -1, 1.0, True, '2']),
+    (hp.non_negative_int, [0, np.int32(2)], [-1, 0.5, False]),
+    (hp.positive_number,
      [1e-3, 2, np.float32(0.5)], [0, -1.0, float('nan'), float('inf'),
                                   True, '1']),
-    (hparams.non_negative_number, [0, 0.0, np.float64(2.0)],
+    (hp.non_negative_number, [0, 0.0, np.float64(2.0)],
      [-1e-9, float('-inf'), None]),
-    (hparams.unit_interval, [1.0, 0.5, np.float32(1)], [0.0, 1.01]),
-    (hparams.unit_fraction, [0.0, 0.99], [1.0, -0.1]),
-    (hparams.boolean, [True, False, np.bool_(True)], [0, 1, 'True']),
-    (hparams.one_of('a', 'b'), ['a', 'b'], ['c', '', None]),
-    (hparams.widths, ['8', '256,512'], ['', '8,x', '0', '-4']),
+    (hp.unit_interval, [1.0, 0.5, np.float32(1)], [0.0, 1.01]),
+    (hp.unit_fraction, [0.0, 0.99], [1.0, -0.1]),
+    (hp.boolean, [True, False, np.bool_(True)], [0, 1, 'True']),
+    (hp.one_of('a', 'b'), ['a', 'b'], ['c', '', None]),
+    (hp.widths, ['8', '256,512'], ['', '8,x', '0', '-4']),
 ])
 def test_checkers(check, good, bad):
   for value in good:
@@ -138,10 +143,12 @@ def test_checkers(check, good, bad):
 
 
 def test_dafkd_pool_generator_default_follows_private_mode():
-  assert hparams.DaFKDHparams().resolved_pool_generator == 'aggregated'
-  private = hparams.DaFKDHparams(private=True)
+  assert dafkd_hparams.DaFKDHparams().resolved_pool_generator == 'aggregated'
+  private = dafkd_hparams.DaFKDHparams(private=True)
   private.validate()
   assert private.resolved_pool_generator == 'broadcast'
   with pytest.raises(errors.ConfigError, match="must be 'broadcast'"):
-    hparams.DaFKDHparams(private=True, pool_generator='aggregated').validate()
-  assert hparams.DaFKDHparams(generator_hidden='16,8').hidden_widths == (16, 8)
+    dafkd_hparams.DaFKDHparams(private=True,
+                               pool_generator='aggregated').validate()
+  widths = dafkd_hparams.DaFKDHparams(generator_hidden='16,8').hidden_widths
+  assert widths == (16, 8)

@@ -1,7 +1,7 @@
 """DaFKD's domain awareness, measured in the mode the server uses.
 
 Two clients with disjoint classes of scikit-learn's digits (0-4 and 5-9)
-run the real client round (`core.dafkd.client_round`: BatchNorm CNN, DCGAN
+run the real client round (`dafkd_tf.client_round`: BatchNorm CNN, DCGAN
 generator, their discriminator rows carried from round to round); the server
 path (`teacher_outputs` in inference mode, `teacher_weights` of eq. 7) then
 scores held-out real digits, the clients' own training images and the
@@ -29,7 +29,7 @@ import tensorflow_federated as tff
 
 from tff_kd import data as data_lib
 from tff_kd import models
-from tff_kd.core import dafkd as dafkd_tf
+from tff_kd.methods.dafkd import dafkd_tf
 from tff_kd.core import local_training
 from tff_kd.federated import client_data
 from tff_kd.models import generators

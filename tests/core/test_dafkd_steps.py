@@ -1,6 +1,7 @@
 """DaFKD's `gan_steps`: GAN terms only in a window of a round's local steps.
 
-`tff_kd.core.dafkd.client_round` with `gan_steps=1` on three batches must
+`tff_kd.methods.dafkd.dafkd_tf.client_round` with `gan_steps=1` on three
+batches must
 equal, eagerly, one `gan.client_gan_step` (eq. 9 then eq. 3) as the first
 (`gan_window='first'`) or the last (`'last'`) step, and two plain
 cross-entropy steps of the classifier that leave the generator and the
@@ -12,7 +13,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_kd.core import dafkd
+from tff_kd.methods.dafkd import dafkd_tf as dafkd
 from tff_kd.core import gan
 from tff_kd.core import local_training
 from tff_kd.models import classifiers

@@ -11,7 +11,7 @@ import tensorflow_federated as tff
 
 from tff_kd import errors
 from tff_kd.core import distillation
-from tff_kd.core import feddf
+from tff_kd.methods.feddf import feddf_tf as feddf
 from tff_kd.core import teachers as teachers_tf
 
 ModelWeights = tff.learning.models.ModelWeights

@@ -7,8 +7,8 @@ import tensorflow_federated as tff
 
 from tff_kd.core import data_free
 from tff_kd.core import distillation
-from tff_kd.core import fedftg
-from tff_kd.core import fedgen
+from tff_kd.methods.fedftg import fedftg_tf as fedftg
+from tff_kd.methods.fedgen import fedgen_tf as fedgen
 from tff_kd.models import classifiers
 from tff_kd.models import generators
 

@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_kd.core import projection
+from tff_kd.methods.fedd3a import projection_tf as projection
 
 
 def _random_z(m: int, d: int, seed: int = 0) -> np.ndarray:

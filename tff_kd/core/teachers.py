@@ -6,7 +6,7 @@ weighted ensemble). `stacked_logits` evaluates every stacked model on the
 server's pool with one reused Keras model per architecture.
 """
 
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import tensorflow as tf
 import tensorflow_federated as tff
@@ -75,3 +75,29 @@ def check_pool_shape(pool_shape: Sequence[int], input_shape: Sequence[int],
     raise errors.DataError(
         f'{what} images have shape {tuple(pool_shape)} but the model expects '
         f'{tuple(input_shape)}; resize it to the training image shape')
+
+
+def check_models(model_fns: Sequence[Callable[[], tf.keras.Model]],
+                 pool_shape: Sequence[int], *,
+                 what: str = 'feddf prototypes') -> None:
+  """Raises unless the models share input shape and classes with the pool.
+
+  Heterogeneous teachers (FedDF's prototypes, FedD3A's client models) are
+  distilled on one server pool, so they must read the same images and
+  predict the same classes.
+
+  Raises:
+    ConfigError: models with different input shapes or class counts.
+    DataError: pool images whose shape is not the models' input.
+  """
+  shapes, classes = [], []
+  with tf.Graph().as_default():
+    for fn in model_fns:
+      model = fn()
+      shapes.append(tuple(model.input_shape[1:]))
+      classes.append(model.output_shape[-1])
+  if len(set(shapes)) > 1 or len(set(classes)) > 1:
+    raise errors.ConfigError(
+        f'{what} must share input shape and classes, got input '
+        f'shapes {shapes} and {classes} classes')
+  check_pool_shape(pool_shape, shapes[0])

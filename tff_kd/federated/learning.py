@@ -144,7 +144,7 @@ def payload_bytes(type_spec: tff.Type) -> int:
 
 
 def build_initial_weights_fn(model_fn: ModelFn) -> tff.Computation:
-  """A no-arg TFF computation returning a freshly initialised model's weights."""
+  """A no-arg TFF computation: a freshly initialised model's weights."""
 
   @tff.tensorflow.computation
   def initial_weights():

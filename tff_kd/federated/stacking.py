@@ -43,7 +43,8 @@ def build_stacking_aggregator(
           [value_type, tff.TensorType(np.float32)], tuple))
   def accumulate(stack, value_and_weight):
     value, weight = value_and_weight
-    return stacking_tf.stack_accumulate(stacking_tf.Stack(*stack), value, weight)
+    return stacking_tf.stack_accumulate(stacking_tf.Stack(*stack), value,
+                                        weight)
 
   @tff.tensorflow.computation(stack_type, stack_type)
   def merge(first, second):

@@ -25,7 +25,6 @@ exactly the rounds it lost.
 """
 
 import asyncio
-import concurrent.futures
 import functools
 import hashlib
 import json
@@ -35,6 +34,7 @@ import time
 from typing import Any, NamedTuple, Optional, Union
 
 from absl import logging
+import concurrent.futures
 import ml_collections
 import numpy as np
 import tensorflow_federated as tff
@@ -43,10 +43,12 @@ import tqdm
 from tff_kd import data as data_lib
 from tff_kd import errors
 from tff_kd import models
-from tff_kd.algorithms import feddf as feddf_lib
-from tff_kd.algorithms import registry
 from tff_kd.federated import client_data as client_data_lib
+from tff_kd.federated import learning
 from tff_kd.federated import server_data as server_data_lib
+from tff_kd.methods import common
+from tff_kd.methods import registry
+from tff_kd.methods.feddf import feddf_tff as feddf_lib
 from tff_kd.program import context
 from tff_kd.program import evaluation
 from tff_kd.program import export
@@ -92,13 +94,13 @@ class Experiment(NamedTuple):
   client_data: client_data_lib.FileClientData
   process: Union[tff.learning.templates.LearningProcess,
                  server_stage.DriverServerProcess]
-  model_fn: registry.learning.ModelFn
+  model_fn: learning.ModelFn
   evaluator: evaluation.Evaluator
   slice_evaluator: Optional[evaluation.Evaluator]
   server_data: Optional[server_data_lib.ServerData] = None
   prototype_evaluators: tuple[evaluation.Evaluator, ...] = ()
   domain_evaluators: tuple[tuple[str, evaluation.Evaluator], ...] = ()
-  inputs: Optional[registry.ProcessInputs] = None
+  inputs: Optional[common.ProcessInputs] = None
 
 
 class RunResult(NamedTuple):
@@ -215,10 +217,10 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     if config[key] < 1:
       raise errors.ConfigError(f'{key} must be >= 1, got {config[key]}')
   _validate_server_data(config)
-  # The method's own section (`tff_kd.algorithms.hparams`) and distill.
+  # The method's own section (`tff_kd.hparams`) and distill.
   registry.method_hparams(config)
   if method.uses_distill:
-    distill = registry.distill_config(config)
+    distill = common.distill_config(config)
     distill.validate()
     distill.check_labeled(config.server_data.val_size)
 
@@ -466,7 +468,7 @@ def prepare(config: ml_collections.ConfigDict, root_dir: str) -> Experiment:
       models.build_classifier, protos[0][0],
       input_shape=dataset.x_train.shape[1:], num_classes=dataset.num_classes,
       norm=protos[0][1], seed=config.seed)
-  inputs = registry.ProcessInputs(
+  inputs = common.ProcessInputs(
       model_fn, clients.element_spec, dataset.num_classes,
       dataset_fn=clients.dataset_fn(local_work(config)),
       server_data=server,
@@ -521,14 +523,14 @@ def build_dataset_process(
   return method.build(exp.inputs._replace(dataset_fn=None), exp.config)
 
 
-# Config sections that only some methods read: a run folder's config is
-# compared with a resumed run's on the shared sections and on its own
-# method's sections only.
-_METHOD_SECTIONS = {
-    'fedavg': (), 'fedprox': ('fedprox',), 'feddf': ('feddf', 'distill'),
-    'fedd3a': ('fedd3a', 'distill'), 'fedgen': ('fedgen',),
-    'fedftg': ('fedftg',), 'dafkd': ('dafkd', 'distill'),
-}
+def _method_sections(method: common.Method) -> tuple[str, ...]:
+  """The config sections only this method reads (as its registry entry says).
+
+  A run folder's config is compared with a resumed run's on the shared
+  sections and on its own method's sections only.
+  """
+  own = (method.hparams.SECTION,) if method.hparams is not None else ()
+  return own + (('distill',) if method.uses_distill else ())
 
 
 def _flat(tree: dict, prefix: str = '') -> dict[str, Any]:
@@ -543,8 +545,10 @@ def _flat(tree: dict, prefix: str = '') -> dict[str, Any]:
 
 def _resume_keys(config: dict) -> dict[str, Any]:
   """The dotted keys that must match for a run to resume (see below)."""
-  unused = ({s for sections in _METHOD_SECTIONS.values() for s in sections}
-            - set(_METHOD_SECTIONS.get(config.get('method'), ())))
+  sections = {name: _method_sections(m)
+              for name, m in registry.METHODS.items()}
+  unused = ({s for own in sections.values() for s in own}
+            - set(sections.get(config.get('method'), ())))
   return {k: v for k, v in _flat(config).items()
           if k.split('.')[0] not in unused and k not in _RESUMABLE_KEYS}
 
@@ -553,7 +557,7 @@ def _check_resumable(config: ml_collections.ConfigDict, root_dir: str) -> None:
   """Refuses to resume a root_dir written by a different experiment.
 
   Compared key by key: the shared settings and the sections the method
-  reads (`_METHOD_SECTIONS`); other methods' sections never block. A key
+  reads (`_method_sections`); other methods' sections never block. A key
   the saved run does not have (added to configs/base.py since) blocks only
   if it is set away from its default; a key it has that no longer exists
   is ignored.

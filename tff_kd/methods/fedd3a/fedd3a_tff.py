@@ -1,10 +1,35 @@
-"""TFF stages of FedD3A: projection client work and the weighted-KD finalizer.
+"""FedD3A as a TFF learning process: its stages and builder.
+
+Homogeneous or heterogeneous client models.
+
+Su, Li and Xue, "Domain Discrepancy Aware Distillation for Model Aggregation
+in Federated Learning", AAAI 2023: each client uploads, with its model, the
+subspace projection P of its data's batch-mean features under the global
+backbone (eq. 5); the server weights the client models per unlabeled server
+sample by how close the sample's feature lies to each client's subspace
+(eq. 6), and distils that weighted ensemble (eq. 7) into the averaged model
+(eq. 8).core.fedd3a` and `tff_kd.methods.fedd3a.projection_tf`).
+
+Heterogeneous variant (the paper's "Application to Heterogeneous Models",
+selected by `client_model_fns`): client k trains its own persistent model of
+architecture k % A with CE + KD from the received global model, still
+builds P with the received global backbone, and uploads its model and P;
+the server distils the domain-weighted ensemble of those models into the
+previous global model (there is nothing to average across architectures).
+
+State: `tff.learning.templates.LearningAlgorithmState` with one global
+`ModelWeights`, so `get_model_weights` / `set_model_weights` are TFF's and
+see the global model (`config.model`'s architecture). The heterogeneous
+clients' own models live in the client work's state
+(`local_model_rows`).
+
+The stages (projection client work and the weighted-KD finalizer):
 
 FedD3A (Su, Li and Xue, "Domain Discrepancy Aware Distillation for Model
 Aggregation in Federated Learning", AAAI 2023, Algorithm 1). One round:
 
 1. distributor: broadcast the global `ModelWeights`;
-2. client work (`build_client_work`): `tff_kd.core.fedd3a.client_round`
+2. client work (`build_client_work`): `fedd3a_tf.client_round`
    builds the projection P (eq. 5) from the received backbone's batch-mean
    features, then trains locally; the update is
    `{'delta': ModelWeights, 'projection': [d, d], 'client_id': int32}`,
@@ -16,7 +41,7 @@ Aggregation in Federated Learning", AAAI 2023, Algorithm 1). One round:
 4. finalizer (`build_finalizer`), a server TF computation: the
    example-weighted mean delta is applied with the server optimiser (SGD lr
    1: FedAvg's average, the student's start), then
-   `tff_kd.core.fedd3a.server_round` weights the client models per server
+   `fedd3a_tf.server_round` weights the client models per server
    sample (eq. 6), builds the eq. 7 target and distils it (eq. 8) through
    `tff_kd.core.distillation.distill`. The server's unlabeled pool is read
    from files (`ServerData`). Its state is the server-optimiser state and
@@ -40,18 +65,26 @@ import collections
 import functools
 from typing import Callable, Optional, Sequence
 
+import ml_collections
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_kd import errors
+from tff_kd import hparams as hp
 from tff_kd import models
 from tff_kd.core import distillation
-from tff_kd.core import fedd3a as fedd3a_tf
 from tff_kd.core import local_training
 from tff_kd.core import stacking as stacking_tf
+from tff_kd.core import teachers as teachers_tf
 from tff_kd.federated import client_store
+from tff_kd.federated import composer
 from tff_kd.federated import learning
 from tff_kd.federated import server_data as server_data_lib
+from tff_kd.federated import stacking
+from tff_kd.methods import common
+from tff_kd.methods.fedd3a import fedd3a_tf
+from tff_kd.methods.fedd3a import hparams as hparams_lib
 
 ClassifierFn = Callable[[], models.Classifier]
 ModelWeights = tff.learning.models.ModelWeights
@@ -173,7 +206,7 @@ def build_finalizer(
     weighting: 'soft', 'onehot', 'avg' or 'random'.
     ensemble: 'probs' (eq. 7) or 'logits'.
     num_clients: K of the federation, for the per-client vectors (0: none).
-    score_backbone: 'broadcast' or 'aggregated' (`core.fedd3a.server_round`).
+    score_backbone: 'broadcast' or 'aggregated' (`fedd3a_tf.server_round`).
 
   Returns:
     A `tff.templates.MeasuredProcess` with the finalizer signature.
@@ -313,7 +346,7 @@ def build_hetero_client_work(
   State: `(round_num, stores)`, one `ClientStore` table per architecture
   (`build_local_model_stores`). Client k (id from its key) has
   architecture a = k % A; it reads its previous local model from row k // A
-  of store a, runs `core.fedd3a.hetero_client_round` (P from the received
+  of store a, runs `fedd3a_tf.hetero_client_round` (P from the received
   global backbone; CE + KD from the received global model), and its new
   local model is scattered back into the store. Update: `{'models': one
   whole `ModelWeights` per architecture (zero but the client's own),
@@ -445,7 +478,7 @@ def build_hetero_finalizer(
 ) -> tff.templates.MeasuredProcess:
   """Domain-aware distillation of heterogeneous client models.
 
-  `core.fedd3a.hetero_server_round` from the previous global model (no
+  `fedd3a_tf.hetero_server_round` from the previous global model (no
   average). State: the round number (the 'random' weighting's seed).
   Measurements: those of `build_finalizer`, plus `num_teachers_a<i>`, the
   round's clients of architecture i.
@@ -497,3 +530,198 @@ def build_hetero_finalizer(
     return round_num + 1, result.weights, metrics
 
   return learning.build_server_finalizer(init_tf, finalize_tf)
+
+
+def build_fedd3a_process(
+    classifier_fn: ClassifierFn,
+    element_spec: collections.OrderedDict,
+    *,
+    server_data: server_data_lib.ServerData,
+    clients_per_round: int,
+    client_optimizer: tff.learning.optimizers.Optimizer,
+    server_optimizer: tff.learning.optimizers.Optimizer,
+    distill_optimizer: tff.learning.optimizers.Optimizer,
+    distill_config: distillation.DistillConfig,
+    learning_rate: float,
+    hparams: hparams_lib.FedD3AHparams = hparams_lib.FedD3AHparams(),
+    learning_rate_decay: float = 1.0,
+    num_clients: int = 0,
+    dataset_fn: Optional[learning.DatasetFn] = None,
+    client_model_fns: Sequence[learning.ModelFn] = (),
+) -> tff.learning.templates.LearningProcess:
+  """Builds FedD3A.
+
+  Args:
+    classifier_fn: No-arg builder of the global `tff_kd.models.Classifier`
+      (logits model plus its shared-variable backbone `features`).
+    element_spec: Batch structure of the client datasets.
+    server_data: The server's unlabeled pool (another domain).
+    clients_per_round: M, the most clients per round (stack rows).
+    client_optimizer: Client `tff.learning.optimizers` optimizer.
+    server_optimizer: Applies the mean delta before distillation
+      (`build_sgdm(1.0)`: the plain average, Algorithm 1 line 7). Unused
+      with heterogeneous clients.
+    distill_optimizer: Student optimiser.
+    distill_config: Distillation settings.
+    learning_rate: Client learning rate at round 0 (> 0).
+    hparams: `config.fedd3a` (`hparams_lib.FedD3AHparams`: alpha,
+      weighting, ensemble, projection_batches, score_backbone; kd_weight
+      and kd_temperature for heterogeneous clients, whose models
+      `client_models` names and `client_model_fns` builds).
+    learning_rate_decay: Client lr multiplier per round, in (0, 1].
+    num_clients: K of the federation, for the per-client weight report (0:
+      no report); with heterogeneous clients, the rows of the local-model
+      store (required, >= the number of architectures).
+    dataset_fn: Key -> dataset function (clients then receive keys, and the
+      per-client report knows their ids; required with heterogeneous
+      clients).
+    client_model_fns: Empty: homogeneous FedD3A. Otherwise one Keras model
+      builder (logits) per client architecture; client k uses entry
+      k % len(client_model_fns). Same input shape and classes as the
+      global model. With heterogeneous clients, both of
+      `hparams.score_backbone`'s backbones are the previous global model.
+
+  Returns:
+    A `tff.learning.templates.LearningProcess`.
+
+  Raises:
+    ConfigError: a bad hyper-parameter (alpha <= 0, unknown weighting, ...).
+    DataError: a server pool whose images do not match the model input.
+  """
+  hparams.validate()
+  distill_config.check_labeled(server_data.val_size)
+  if not 0 < learning_rate:
+    raise errors.ConfigError(
+        f'client learning rate must be > 0, got {learning_rate}')
+  if not 0 < learning_rate_decay <= 1:
+    raise errors.ConfigError('client learning-rate decay must be in (0, 1], '
+                             f'got {learning_rate_decay}')
+  if (isinstance(clients_per_round, bool) or
+      not isinstance(clients_per_round, int) or clients_per_round < 1):
+    raise errors.ConfigError(
+        f'clients_per_round must be >= 1, got {clients_per_round!r}')
+  if not isinstance(num_clients, int) or num_clients < 0:
+    raise errors.ConfigError(f'num_clients must be >= 0, got {num_clients!r}')
+  distill_config.validate()
+  model_fn = model_fn_of(classifier_fn)
+  client_model_fns = tuple(client_model_fns)
+  if client_model_fns:
+    return _build_hetero(
+        classifier_fn, client_model_fns, element_spec,
+        server_data=server_data, clients_per_round=clients_per_round,
+        client_optimizer=client_optimizer,
+        distill_optimizer=distill_optimizer, distill_config=distill_config,
+        learning_rate=learning_rate, alpha=float(hparams.alpha),
+        weighting=hparams.weighting, ensemble=hparams.ensemble,
+        projection_batches=hparams.projection_batches,
+        learning_rate_decay=learning_rate_decay, num_clients=num_clients,
+        dataset_fn=dataset_fn, kd_weight=float(hparams.kd_weight),
+        kd_temperature=float(hparams.kd_temperature))
+  _, _, input_shape = classifier_specs(classifier_fn)
+  fedd3a_tf.check_pool(server_data.image_shape, input_shape)
+
+  client_work = build_client_work(
+      classifier_fn, element_spec, client_optimizer,
+      learning_rate=learning_rate, learning_rate_decay=learning_rate_decay,
+      alpha=float(hparams.alpha),
+      projection_batches=hparams.projection_batches, dataset_fn=dataset_fn)
+  aggregator, stack_type = stacking.build_client_stack(
+      client_work, clients_per_round)
+  finalizer = build_finalizer(
+      classifier_fn, stack_type, server_optimizer, distill_optimizer,
+      server_data, distill_config, weighting=hparams.weighting,
+      ensemble=hparams.ensemble,
+      num_clients=num_clients if dataset_fn is not None else 0,
+      score_backbone=hparams.score_backbone)
+  weights_type = client_work.next.type_signature.parameter[1].member
+  return composer.compose_learning_process(
+      learning.build_initial_weights_fn(model_fn),
+      tff.learning.templates.build_broadcast_process(weights_type),
+      client_work, aggregator, finalizer)
+
+
+def _build_hetero(classifier_fn, client_model_fns, element_spec, *,
+                  server_data, clients_per_round, client_optimizer,
+                  distill_optimizer, distill_config, learning_rate, alpha,
+                  weighting, ensemble, projection_batches,
+                  learning_rate_decay, num_clients, dataset_fn, kd_weight,
+                  kd_temperature) -> tff.learning.templates.LearningProcess:
+  """Heterogeneous FedD3A (arguments as `build_fedd3a_process`'s)."""
+  if num_clients < len(client_model_fns):
+    raise errors.ConfigError(
+        f'heterogeneous fedd3a keeps one local model per client: '
+        f'num_clients must be >= the {len(client_model_fns)} client '
+        f'architectures, got {num_clients}')
+  model_fn = model_fn_of(classifier_fn)
+  teachers_tf.check_models((model_fn,) + client_model_fns,
+                          server_data.image_shape,
+                          what='fedd3a global and client models')
+  client_work = build_hetero_client_work(
+      classifier_fn, client_model_fns, element_spec, client_optimizer,
+      dataset_fn, num_clients=num_clients, learning_rate=learning_rate,
+      alpha=alpha, kd_weight=kd_weight, kd_temperature=kd_temperature,
+      learning_rate_decay=learning_rate_decay,
+      projection_batches=projection_batches)
+  aggregator, stack_type = stacking.build_client_stack(
+      client_work, clients_per_round)
+  finalizer = build_hetero_finalizer(
+      classifier_fn, client_model_fns, stack_type, distill_optimizer,
+      server_data, distill_config, weighting=weighting, ensemble=ensemble,
+      num_clients=num_clients)
+  weights_type = client_work.next.type_signature.parameter[1].member
+  return composer.compose_learning_process(
+      learning.build_initial_weights_fn(model_fn),
+      tff.learning.templates.build_broadcast_process(weights_type),
+      client_work, aggregator, finalizer)
+
+
+def local_model_rows(state, architecture: int) -> list[np.ndarray]:
+  """The heterogeneous clients' stored local models of one architecture.
+
+  Returns the store's leaves (trainable, then non-trainable variables of
+  the architecture's model), each [R, ...] with row r holding client
+  r * A + architecture.
+  """
+  return [np.asarray(v) for v in state.client_work[1][architecture]]
+
+
+def build_from_config(
+    inputs: common.ProcessInputs, config: ml_collections.ConfigDict
+) -> tff.learning.templates.LearningProcess:
+  """The registry's builder: fedd3a from an experiment config."""
+  if inputs.server_data is None:
+    raise errors.ConfigError(
+        'fedd3a needs an unlabeled server pool: set server_data.proxy (a '
+        'held-out domain) and server_data.proxy_size')
+  if inputs.classifier_fn is None:
+    raise errors.ConfigError(
+        'fedd3a needs a classifier_fn (the backbone whose features define '
+        'the client subspaces)')
+  f = hp.section_hparams(config, hparams_lib.FedD3AHparams)
+  # Heterogeneous clients (`fedd3a.client_models` non-empty): client k uses
+  # entry k % A; the global model stays `model`'s architecture.
+  input_shape = tuple(inputs.element_spec['x'].shape[1:])
+  client_model_fns = tuple(
+      functools.partial(
+          lambda **kw: models.build_classifier(**kw).model, name=name,
+          input_shape=input_shape, num_classes=inputs.num_classes,
+          norm=norm, seed=config.seed)
+      for name, norm in models.parse_model_list(
+          f.client_models, default_norm=config.model.norm,
+          key='fedd3a.client_models'))
+  return build_fedd3a_process(
+      inputs.classifier_fn, inputs.element_spec,
+      server_data=inputs.server_data,
+      clients_per_round=config.clients_per_round,
+      distill_optimizer=tff.learning.optimizers.build_adam(
+          learning_rate=config.distill.learning_rate),
+      distill_config=common.distill_config(config), hparams=f,
+      num_clients=inputs.num_clients, client_model_fns=client_model_fns,
+      **common.common_kwargs(inputs, config))
+
+
+METHOD = common.Method(
+    'fedd3a', build_from_config,
+    'FedD3A domain-aware distillation (Su et al., 2023)',
+    needs_server_data=True, hparams=hparams_lib.FedD3AHparams,
+    uses_distill=True)

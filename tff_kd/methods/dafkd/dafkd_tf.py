@@ -3,7 +3,7 @@
 DaFKD (Wang et al., "DaFKD: Domain-aware Federated Knowledge Distillation",
 CVPR 2023, Algorithm 1). The single-step maths (eqs. 2, 3, 7, 9, appendix B)
 is `tff_kd.core.gan`; this module loops it over a client's data and runs
-the server's distillation. `tff_kd.federated.dafkd` places both.
+the server's distillation. `tff_kd.methods.dafkd.dafkd_tff` places both.
 
 Client k, one round (Algorithm 1, lines 16-26; `client_round`): copy the
 broadcast classifier w_t and generator theta_t^g, and its own discriminator

@@ -2,7 +2,8 @@
 
 FedD3A: Su, Li and Xue, "Domain Discrepancy Aware Distillation for Model
 Aggregation in Federated Learning", AAAI 2023 (Sec. 3, Algorithm 1). The
-subspace maths (eq. 5 and 6) is in `tff_kd.core.projection`; this module
+subspace maths (eq. 5 and 6) is in `tff_kd.methods.fedd3a.projection_tf`;
+this module
 strings it together with local training and the shared server distillation.
 
 Client (`client_round`, Algorithm 1 lines 4-5):
@@ -61,8 +62,8 @@ from tff_kd import errors
 from tff_kd import models
 from tff_kd.core import distillation
 from tff_kd.core import local_training
-from tff_kd.core import projection
 from tff_kd.core import teachers as teachers_tf
+from tff_kd.methods.fedd3a import projection_tf as projection
 
 ModelWeights = tff.learning.models.ModelWeights
 WEIGHTINGS = projection.STRATEGIES

@@ -87,7 +87,8 @@ def linear_heads_logits(features: tf.Tensor, kernels: tf.Tensor,
 
 def _weights_per_sample(labels, label_counts) -> tf.Tensor:
   """alpha[k, i] = w[k, y_i], [K, B]."""
-  return tf.gather(data_free.label_weights(label_counts), tf.cast(labels, tf.int32),
+  return tf.gather(data_free.label_weights(label_counts),
+                   tf.cast(labels, tf.int32),
                    axis=1)
 
 

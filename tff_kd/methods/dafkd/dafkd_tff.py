@@ -1,34 +1,56 @@
-"""TFF stages of DaFKD: GAN client work with per-client discriminators,
-stacking (and secure-sum) aggregation, domain-aware distillation finalizer.
+"""DaFKD as a TFF learning process: its TFF stages and builder.
+
+Wang, Li, Xu, Wang, Wu, Guo, "DaFKD: Domain-aware Federated Knowledge
+Distillation", CVPR 2023: each client trains its classifier jointly with a
+domain discriminator (eq. 9; the discriminator shares the classifier's
+extractor, Sec. 3.4) against a global generator (eqs. 2-4); the server
+averages classifiers (eq. 6) and generators (eq. 4), generates a pseudo pool
+and distils the ensemble of client predictions weighted by the
+discriminators' correlation factors (eqs. 7-8). Appendix B keeps the
+discriminators on the clients (secure sums).
+
+State: `tff.learning.templates.LearningAlgorithmState` whose
+`global_model_weights` is `(classifier ModelWeights, generator
+ModelWeights)`; `get_model_weights` / `set_model_weights` see the classifier
+(`composer.first_model_view`). The client work's state holds the round
+number and every client's discriminator (`discriminator_store`).
+
+Hyper-parameters: `tff_kd.hparams.DaFKDHparams` (`config.dafkd`).
+Ablations (Table 3): `no_sharing=True` gives each client a separate
+discriminator network; `no_correlation=True` uniform teacher weights.
+
+The stages (GAN client work with per-client discriminators, stacking and
+secure-sum aggregation, domain-aware distillation finalizer):
 
 DaFKD (Wang et al., "DaFKD: Domain-aware Federated Knowledge Distillation",
-CVPR 2023, Algorithm 1; the maths is `tff_kd.core.dafkd` and
+CVPR 2023, Algorithm 1; the maths is `tff_kd.methods.dafkd.dafkd_tf` and
 `tff_kd.core.gan`). One round:
 
 1. distributor: broadcast the server model, a tuple (classifier
    `ModelWeights`, generator `ModelWeights`) (line 6);
 2. client work (`build_client_work`): its state is (round number, the
    discriminator store). The store is a [K, ...] structure holding every
-   client's discriminator (`core.dafkd.discriminator_variables`: the head
+   client's discriminator (`dafkd_tf.discriminator_variables`: the head
    when it shares the classifier's extractor, the whole network otherwise),
    indexed by client id, so that line 18 ("set theta_k^d as the same in
    previous round") holds for stateless simulated clients and the store is
    checkpointed and resumed with the rest of the state. The store is
    broadcast; client k reads row `id` (from its key `"<id>|<seed>|<round>"`),
-   runs `core.dafkd.client_round` (eq. 9 then eq. 3 per minibatch), and its
+   runs `dafkd_tf.client_round` (eq. 9 then eq. 3 per minibatch), and its
    new row comes back through a `tff.federated_aggregate` that scatters rows
    by id (`tff_kd.federated.client_store.ClientStore`); rows of clients
    not sampled this round are unchanged. There is no optimiser state to
    keep: local optimisers start fresh every round, as in `local_training`.
    With appendix B (`private`), the client also draws the round's pool from
    the broadcast generator and computes f_k s_k and f_k;
-3. aggregator: `tff_kd.federated.stacking.build_stacking_aggregator` stacks every client's
+3. aggregator: `tff_kd.federated.stacking.build_stacking_aggregator`
+   stacks every client's
    classifier and generator deltas (and, plain mode, discriminator) into
    [M, ...] rows. In private mode the discriminator is not in the stack and
    the f_k s_k, f_k terms go through `tff.aggregators.SecureSumFactory`
    (clipped to [0, 1], quantised to 32 bits, `federated_secure_sum_bitwidth`),
    so the server sees only sum_k f_k s_k and sum_k f_k;
-4. finalizer (`build_finalizer`): `core.dafkd.server_round`: plain means of
+4. finalizer (`build_finalizer`): `dafkd_tf.server_round`: plain means of
    classifiers (eq. 6) and generators (eq. 4), a pool of `pool_size`
    generated images seeded by (seed, round), alpha of eq. (7), the target of
    eq. (8) and `distillation.distill` into the mean classifier.
@@ -51,19 +73,28 @@ context rejects it.
 """
 
 import collections
+import functools
 from typing import Callable, NamedTuple, Optional
 
+import ml_collections
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_kd.core import dafkd as dafkd_tf
+from tff_kd import errors
+from tff_kd import hparams as hp
 from tff_kd.core import distillation
 from tff_kd.core import local_training
 from tff_kd.core import stacking as stacking_tf
+from tff_kd.core import teachers as teachers_tf
 from tff_kd.federated import client_store
+from tff_kd.federated import composer
 from tff_kd.federated import learning
+from tff_kd.federated import server_data as server_data_lib
 from tff_kd.federated import stacking
+from tff_kd.methods import common
+from tff_kd.methods.dafkd import dafkd_tf
+from tff_kd.methods.dafkd import hparams as hparams_lib
 from tff_kd.models import classifiers
 from tff_kd.models import generators
 
@@ -359,7 +390,7 @@ def build_finalizer(
     validation_fn: Optional[Callable[[], tuple[tf.Tensor, tf.Tensor]]] = None,
     holder_share: float = 0.05,
 ) -> tff.templates.MeasuredProcess:
-  """`core.dafkd.server_round` as a finalizer; its state is the round number.
+  """`dafkd_tf.server_round` as a finalizer; its state is the round number.
 
   Measurements: `num_teachers`, `alpha_entropy` (mean entropy of eq. 7's
   weights; -1 in private mode), `alpha_sum_error`, `mean_disc_score`,
@@ -450,3 +481,202 @@ def build_finalizer(
     return tf.constant(0, tf.int32)
 
   return learning.build_server_finalizer(init_tf, server_tf)
+
+
+def build_dafkd_process(
+    classifier_fn: Callable[[], classifiers.Classifier],
+    element_spec: collections.OrderedDict,
+    dataset_fn: Optional[learning.DatasetFn],
+    *,
+    num_clients: int,
+    clients_per_round: int,
+    joint_optimizer: tff.learning.optimizers.Optimizer,
+    generator_optimizer: tff.learning.optimizers.Optimizer,
+    distill_optimizer: tff.learning.optimizers.Optimizer,
+    distill_config: distillation.DistillConfig,
+    learning_rate: float,
+    learning_rate_decay: float = 1.0,
+    hparams: hparams_lib.DaFKDHparams = hparams_lib.DaFKDHparams(),
+    server_data: Optional[server_data_lib.ServerData] = None,
+    seed: int = 0,
+) -> tff.learning.templates.LearningProcess:
+  """Builds DaFKD (Algorithm 1) and its ablations.
+
+  Args:
+    classifier_fn: No-arg builder of the seeded `Classifier`.
+    element_spec: Batch structure of the client datasets.
+    dataset_fn: Key -> dataset (the fast path: keys carry the client id),
+      or None: clients take `OrderedDict(client_id=int32, data=<dataset>)`;
+      the id finds the client's discriminator.
+    num_clients: K; client ids are 0..K-1.
+    clients_per_round: M, the most clients per round.
+    joint_optimizer: Client optimiser of eq. (9) (paper: lr 1e-3, weight
+      decay 1e-3).
+    generator_optimizer: Client optimiser of eq. (3) (the registry builds
+      Adam from `hparams.generator_learning_rate` and its betas).
+    distill_optimizer: Server student optimiser (paper: lr 0.01).
+    distill_config: Distillation settings (reference: T = 20, 1,600 steps).
+    learning_rate: Joint learning rate at round 0 (> 0).
+    learning_rate_decay: Its multiplier per round, in (0, 1].
+    hparams: `config.dafkd` (`hparams_lib.DaFKDHparams`): the generator,
+      the GAN terms of eqs. (2), (3) and (9), the ablations, private mode,
+      the pool and the diagnostics' `holder_share`.
+    server_data: The server's data: the proxy pool (needed by
+      `hparams.pool='real'`) and the labeled validation set, which turns on the
+      per-round mechanism diagnostics (`dafkd_tff.diagnostic_metrics`)
+      and is what `distill_config.validation='labeled'` and
+      `accept='no_worse'` use.
+    holder_share: A client holds a label when at least this share of its
+      examples have it (diagnostics only).
+    seed: Seed of the discriminator initialisation and the pools.
+
+  Returns:
+    A `tff.learning.templates.LearningProcess` taking `(state, keys)`.
+
+  Raises:
+    ConfigError: Bad hyper-parameters (before any TFF computation is built).
+    DataError: A classifier that cannot take the generated images.
+  """
+  hparams.validate()
+  _validate(locals())
+  distill_config.validate()
+  h = hparams
+  noise_dim, pool_size, private = h.noise_dim, h.pool_size, h.private
+  with tf.Graph().as_default():
+    clf = classifier_fn()
+    input_shape = tuple(clf.model.input_shape[1:])
+    num_classes = int(clf.model.output_shape[-1])
+  if None in input_shape:
+    raise errors.DataError(
+        f'dafkd needs a classifier with a fixed input shape, got {input_shape}')
+
+  if h.generator == 'dcgan':
+    generator_fn = functools.partial(
+        generators.build_dcgan_generator, noise_dim=noise_dim,
+        num_classes=num_classes, image_shape=input_shape, seed=seed + 1)
+  else:
+    generator_fn = functools.partial(
+        generators.build_image_generator, noise_dim=noise_dim,
+        num_classes=num_classes, image_shape=input_shape,
+        hidden=h.hidden_widths, seed=seed + 1)
+  with tf.Graph().as_default():
+    generator_fn()  # Raises ConfigError for shapes it cannot generate.
+  settings = dafkd_tf.GanSettings(noise_dim, num_classes, h.adv_weight,
+                                  h.gp_weight, h.generator_form,
+                                  h.discriminator_mode, h.gan_steps,
+                                  h.gan_window)
+  real_pool_fn = server_data.read_pool if h.pool == 'real' else None
+  validation_fn = (server_data.read_validation
+                   if server_data is not None and server_data.val_size
+                   else None)
+  if real_pool_fn is not None:
+    teachers_tf.check_pool_shape(server_data.image_shape, input_shape)
+    pool_size = server_data.pool_size
+  spec = ModelSpec(classifier_fn, generator_fn, not h.no_sharing,
+                             seed + 2, settings)
+  private_settings = (PrivateSettings(
+      pool_size, seed, distill_config.temperature, not h.no_correlation)
+                      if private else None)
+  client_work = build_client_work(
+      spec, element_spec, dataset_fn, joint_optimizer=joint_optimizer,
+      generator_optimizer=generator_optimizer, num_clients=num_clients,
+      learning_rate=learning_rate, learning_rate_decay=learning_rate_decay,
+      private=private_settings, negatives_fn=real_pool_fn, seed=seed)
+  update_type = client_work.next.type_signature.result.result.member.update
+  if private:
+    aggregator = build_private_aggregator(update_type,
+                                                    clients_per_round)
+  else:
+    aggregator = stacking.build_stacking_aggregator(update_type,
+                                                     clients_per_round)
+  aggregate_type = aggregator.next.type_signature.result.result.member
+  finalizer = build_finalizer(
+      spec, aggregate_type, distill_optimizer, distill_config,
+      pool_size=pool_size, seed=seed,
+      pool_from_broadcast=h.resolved_pool_generator == 'broadcast',
+      ensemble=h.weights_on, correlation=not h.no_correlation,
+      private=private, example_weighted=h.aggregation == 'examples',
+      real_pool_fn=real_pool_fn, validation_fn=validation_fn,
+      holder_share=h.holder_share)
+  weights_type = models_type(spec)
+  process = composer.compose_learning_process(
+      build_initial_weights_fn(spec),
+      tff.learning.templates.build_broadcast_process(weights_type),
+      client_work, aggregator, finalizer)
+  return composer.first_model_view(process)
+
+
+def _validate(a: dict) -> None:
+  """Checks the arguments besides `hparams` (validated already); raises
+  `ConfigError` naming the first bad one."""
+
+  def fail(message):
+    raise errors.ConfigError(f'dafkd: {message}')
+
+  if a['classifier_fn'] is None:
+    fail('needs a classifier builder with a feature extractor '
+         '(ProcessInputs.classifier_fn)')
+  for name in ('num_clients', 'clients_per_round'):
+    hp.positive_int(name, a[name])
+  if a['clients_per_round'] > a['num_clients']:
+    fail(f"clients_per_round={a['clients_per_round']} is more than "
+         f"num_clients={a['num_clients']}")
+  if not a['learning_rate'] > 0:
+    fail(f"learning_rate must be > 0, got {a['learning_rate']!r}")
+  if not 0 < a['learning_rate_decay'] <= 1:
+    fail('learning_rate_decay must be in (0, 1], got '
+         f"{a['learning_rate_decay']!r}")
+  server = a['server_data']
+  if a['hparams'].pool == 'real' and server is None:
+    fail("pool='real' (the oracle pool) needs the server's proxy pool: "
+         "set server_data.proxy and server_data.proxy_size")
+  a['distill_config'].check_labeled(0 if server is None else server.val_size)
+
+
+def discriminator_store(state) -> list[np.ndarray]:
+  """Every client's discriminator values ([K, ...] arrays) from a state."""
+  return [np.asarray(v) for v in state.client_work[1]]
+
+
+def generator_weights(state) -> tff.learning.models.ModelWeights:
+  """The global generator's `ModelWeights` from a DaFKD process state."""
+  w = state.global_model_weights[1]
+  return tff.learning.models.ModelWeights(list(w.trainable),
+                                          list(w.non_trainable))
+
+
+def build_from_config(
+    inputs: common.ProcessInputs, config: ml_collections.ConfigDict
+) -> tff.learning.templates.LearningProcess:
+  """The registry's builder: dafkd from an experiment config."""
+  if inputs.classifier_fn is None:
+    raise errors.ConfigError(
+        'dafkd needs a classifier_fn (its discriminator shares the '
+        "classifier's feature extractor)")
+  f = hp.section_hparams(config, hparams_lib.DaFKDHparams)
+  opt = config.client_optimizer
+  if f.weight_decay:
+    # Decoupled weight decay (AdamW); `check_config` asked for Adam.
+    joint_optimizer = tff.learning.optimizers.build_adamw(
+        learning_rate=opt.learning_rate, weight_decay=f.weight_decay)
+  else:
+    joint_optimizer = common.build_optimizer(opt)
+  return build_dafkd_process(
+      inputs.classifier_fn, inputs.element_spec, inputs.dataset_fn,
+      num_clients=inputs.num_clients,
+      clients_per_round=config.clients_per_round,
+      joint_optimizer=joint_optimizer,
+      generator_optimizer=tff.learning.optimizers.build_adam(
+          learning_rate=f.generator_learning_rate, beta_1=f.generator_beta_1,
+          beta_2=f.generator_beta_2),
+      distill_optimizer=tff.learning.optimizers.build_adam(
+          learning_rate=config.distill.learning_rate),
+      distill_config=common.distill_config(config),
+      learning_rate=opt.learning_rate, learning_rate_decay=opt.lr_decay,
+      hparams=f, server_data=inputs.server_data, seed=config.seed)
+
+
+METHOD = common.Method(
+    'dafkd', build_from_config,
+    'DaFKD domain-aware data-free KD (Wang et al., 2023)',
+    hparams=hparams_lib.DaFKDHparams, uses_distill=True)

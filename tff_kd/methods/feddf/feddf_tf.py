@@ -128,7 +128,8 @@ class Prototype(NamedTuple):
     teacher: Built Keras model of the same architecture, reused for all
       teacher rows (overwritten).
     global_weights: The prototype's global `ModelWeights` of this round.
-    deltas: Stacked client results of this prototype (`tff_kd.core.stacking.average_update`).
+    deltas: Stacked client results of this prototype
+      (`tff_kd.core.stacking.average_update`).
     valid: [M] bool, rows holding a client of this prototype.
     start_weights: The student's starting point x_{t,0}^P: the average, or
       the previous global model when no client of P took part.

@@ -156,7 +156,8 @@ def hard_sample_generator_loss(student_logits: tf.Tensor,
     ValueError: Unknown `mask`, or only one of `noise` / `samples`.
   """
   if mask not in MASKS:
-    raise ValueError(f"mask {mask!r} is unknown; choose one of {', '.join(MASKS)}")
+    raise ValueError(
+        f"mask {mask!r} is unknown; choose one of {', '.join(MASKS)}")
   if (noise is None) != (samples is None):
     raise ValueError('the diversity term needs both noise and samples')
   student_logits = tf.cast(student_logits, tf.float32)

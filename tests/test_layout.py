@@ -1,0 +1,72 @@
+"""The package layout the redesign promised, checked on the source.
+
+* A method package (`tff_kd/methods/<m>/`) imports only shared modules,
+  never another method's package; a variant may import its base (FedProx
+  imports FedAvg).
+* The shared layers (`tff_kd.core`, `tff_kd.federated`, `tff_kd.models`,
+  `tff_kd.data`) import no method package.
+* Every method package has its `<m>_tff.py` with a registry entry, and the
+  registry lists each package once.
+"""
+
+import ast
+import pathlib
+
+from tff_kd.methods import registry
+
+ROOT = pathlib.Path(__file__).resolve().parents[1] / 'tff_kd'
+METHODS_DIR = ROOT / 'methods'
+VARIANT_BASES = {'fedprox': {'fedavg'}}
+
+
+def _imported_modules(path: pathlib.Path) -> set[str]:
+  tree = ast.parse(path.read_text())
+  names = set()
+  for node in ast.walk(tree):
+    if isinstance(node, ast.ImportFrom) and node.module:
+      names.add(node.module)
+      names.update(f'{node.module}.{a.name}' for a in node.names)
+    elif isinstance(node, ast.Import):
+      names.update(a.name for a in node.names)
+  return names
+
+
+def _packages() -> list[str]:
+  return sorted(p.name for p in METHODS_DIR.iterdir()
+                if p.is_dir() and (p / '__init__.py').exists())
+
+
+def _method_imports(path: pathlib.Path) -> set[str]:
+  """The method packages a module imports."""
+  found = set()
+  for name in _imported_modules(path):
+    parts = name.split('.')
+    if parts[:2] == ['tff_kd', 'methods'] and len(parts) > 2 and (
+        parts[2] in _packages()):
+      found.add(parts[2])
+  return found
+
+
+def test_method_packages_import_no_other_method():
+  wrong = []
+  for package in _packages():
+    allowed = {package} | VARIANT_BASES.get(package, set())
+    for module in (METHODS_DIR / package).glob('*.py'):
+      for other in _method_imports(module) - allowed:
+        wrong.append(f'{module.relative_to(ROOT)} imports {other}')
+  assert not wrong, wrong
+
+
+def test_shared_layers_import_no_method():
+  wrong = []
+  for layer in ('core', 'federated', 'models', 'data'):
+    for module in (ROOT / layer).glob('*.py'):
+      for other in _method_imports(module):
+        wrong.append(f'{module.relative_to(ROOT)} imports {other}')
+  assert not wrong, wrong
+
+
+def test_every_method_package_is_registered_once():
+  for package in _packages():
+    assert (METHODS_DIR / package / f'{package}_tff.py').exists()
+  assert sorted(registry.METHODS) == _packages()

@@ -1,0 +1,218 @@
+"""Hyper-parameters written once: the base class and the shared checkers.
+
+Every method declares its config section as a frozen dataclass of
+`Hparams` in its package (`tff_kd/methods/<m>/hparams.py`). Its fields are
+the section's keys, with the defaults in force: `configs/base.py` builds
+each section from them (`config_section`), the method's registry builder
+reads the section with `section_hparams`, and
+`tff_kd.program.experiment.validate_config` validates the active method's
+section through the same class before any data is touched.
+
+Each field carries its checker (`field(default, checker)`), one of the
+small shared set below (`positive_int`, `non_negative_number`, `one_of`,
+...); `validate()` runs them, then the class's checks of field
+combinations, and raises `tff_kd.errors.ConfigError` naming the key as
+`<section>.<field>` and the bad value. Checks that need other sections of
+the experiment config are `check_config`'s.
+"""
+
+import dataclasses
+import math
+from typing import Any, Callable, ClassVar, Mapping, Optional, TypeVar
+
+import ml_collections
+import numpy as np
+import tensorflow as tf
+
+from tff_kd import errors
+from tff_kd import models
+Checker = Callable[[str, Any], None]
+_H = TypeVar('_H', bound='Hparams')
+
+# ---------------------------------------------------------------------------
+# Checkers: `check(key, value)` raises `ConfigError` naming key and value.
+
+
+def _fail(key: str, requirement: str, value: Any) -> None:
+  raise errors.ConfigError(f'{key} must be {requirement}, got {value!r}')
+
+
+def _is_int(value: Any) -> bool:
+  return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+  return (isinstance(value, (int, float, np.integer, np.floating)) and
+          not isinstance(value, bool) and math.isfinite(value))
+
+
+def positive_int(key: str, value: Any) -> None:
+  """An integer >= 1 (numpy integers too; not a bool)."""
+  if not _is_int(value) or value < 1:
+    _fail(key, 'an integer >= 1', value)
+
+
+def non_negative_int(key: str, value: Any) -> None:
+  """An integer >= 0 (numpy integers too; not a bool)."""
+  if not _is_int(value) or value < 0:
+    _fail(key, 'an integer >= 0', value)
+
+
+def positive_number(key: str, value: Any) -> None:
+  """A finite number > 0 (Python or numpy; not a bool)."""
+  if not _is_number(value) or not value > 0:
+    _fail(key, 'a finite number > 0', value)
+
+
+def non_negative_number(key: str, value: Any) -> None:
+  """A finite number >= 0 (Python or numpy; not a bool)."""
+  if not _is_number(value) or value < 0:
+    _fail(key, 'a finite number >= 0', value)
+
+
+def unit_interval(key: str, value: Any) -> None:
+  """A number in (0, 1] (a decay factor or a share)."""
+  if not _is_number(value) or not 0 < value <= 1:
+    _fail(key, 'in (0, 1]', value)
+
+
+def unit_fraction(key: str, value: Any) -> None:
+  """A number in [0, 1) (e.g. Adam's betas)."""
+  if not _is_number(value) or not 0 <= value < 1:
+    _fail(key, 'in [0, 1)', value)
+
+
+def boolean(key: str, value: Any) -> None:
+  """True or False."""
+  if not isinstance(value, (bool, np.bool_)):
+    _fail(key, 'a bool', value)
+
+
+def one_of(*choices: str) -> Checker:
+  """A checker accepting exactly `choices`."""
+
+  def check(key: str, value: Any) -> None:
+    if value not in choices:
+      raise errors.ConfigError(
+          f'{key} {value!r} is unknown; choose one of '
+          f"{', '.join(repr(c) if not c else c for c in choices)}")
+
+  return check
+
+
+def model_list(key: str, value: Any) -> None:
+  """'' or a comma list `name[:norm]` of `tff_kd.models` architectures."""
+  if not isinstance(value, str):
+    _fail(key, "a comma list such as 'cnn,resnet11'", value)
+  models.parse_model_list(value, default_norm=models.NORMS[0], key=key)
+
+
+def widths(key: str, value: Any) -> None:
+  """A comma list of layer widths >= 1, e.g. '256,512'."""
+  if parse_widths(value) is None:
+    _fail(key, "comma-separated widths >= 1 such as '256,512'", value)
+
+
+def activation(key: str, value: Any) -> None:
+  """'' (linear) or the name of a Keras activation."""
+  if not isinstance(value, str):
+    _fail(key, "'' or a Keras activation name", value)
+  if value:
+    try:
+      tf.keras.activations.get(value)
+    except ValueError:
+      _fail(key, "'' or a Keras activation name such as 'relu'", value)
+
+
+def parse_widths(value: Any) -> Optional[tuple[int, ...]]:
+  """The widths of a comma list such as '256,512'; None if it is not one."""
+  try:
+    parsed = tuple(int(w) for w in str(value).split(','))
+  except ValueError:
+    return None
+  return parsed if all(w >= 1 for w in parsed) else None
+
+
+def field(default: Any, check: Checker) -> Any:
+  return dataclasses.field(default=default, metadata={'check': check})
+
+
+# ---------------------------------------------------------------------------
+# The base class.
+
+
+class Hparams:
+  """Base of the per-method frozen dataclasses.
+
+  Subclasses set `SECTION` (their config section) and declare every field
+  with `field(default, checker)`.
+  """
+
+  SECTION: ClassVar[str] = ''
+
+  def key(self, name: str) -> str:
+    """The dotted config key of field `name`, e.g. 'fedgen.noise'."""
+    return f'{self.SECTION}.{name}'
+
+  def validate(self) -> None:
+    """Raises `errors.ConfigError` naming the first bad key and its value."""
+    for f in dataclasses.fields(self):  # pytype: disable=wrong-arg-types
+      f.metadata['check'](self.key(f.name), getattr(self, f.name))
+    self._check_combinations()
+
+  def _check_combinations(self) -> None:
+    """Checks of several fields together (each field is valid already)."""
+
+  def check_config(self, config: ml_collections.ConfigDict) -> None:
+    """Raises `errors.ConfigError` for a field the rest of `config` forbids.
+
+    Args:
+      config: The experiment config (`configs/base.py`'s keys).
+    """
+    del config  # Most methods' settings depend on no other section.
+
+  @classmethod
+  def from_config(cls: type[_H], section: Mapping[str, Any]) -> _H:
+    """The validated hyper-parameters of a config section.
+
+    Args:
+      section: The method's `ml_collections.ConfigDict` section (or a
+        mapping); keys it lacks take their defaults.
+
+    Returns:
+      An instance of `cls`.
+
+    Raises:
+      ConfigError: an unknown key, or a bad value (`validate`).
+    """
+    if isinstance(section, ml_collections.ConfigDict):
+      section = section.to_dict()
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(section) - set(names))
+    if unknown:
+      raise errors.ConfigError(
+          f"config key '{cls.SECTION}.{unknown[0]}' does not exist; "
+          f"{cls.SECTION} has {', '.join(names)}")
+    hparams = cls(**section)
+    hparams.validate()
+    return hparams
+
+
+def config_section(cls: type) -> ml_collections.ConfigDict:
+  """The config section of an `Hparams` class, holding its defaults."""
+  return ml_collections.ConfigDict(dataclasses.asdict(cls()))
+
+
+def section_hparams(config: ml_collections.ConfigDict,
+                    cls: type[Hparams]) -> Hparams:
+  """The validated `cls` of `config[cls.SECTION]`.
+
+  Checks the section's keys and values (`Hparams.from_config`) and what the
+  rest of the config requires of them (`Hparams.check_config`).
+
+  Raises:
+    ConfigError: an unknown key or a bad value, named.
+  """
+  hparams = cls.from_config(config[cls.SECTION])
+  hparams.check_config(config)
+  return hparams

@@ -1,0 +1,112 @@
+"""What every method's builder receives, and helpers the builders share.
+
+Each method package (`tff_kd/methods/<m>/`) registers one `Method`: its
+builder turns the experiment's shared inputs (`ProcessInputs`) and its
+config into a `tff.learning.templates.LearningProcess`; its hparams class
+is its config section (`tff_kd.hparams`).
+"""
+
+import collections
+from typing import Callable, NamedTuple, Optional
+
+import ml_collections
+import tensorflow_federated as tff
+
+from tff_kd import errors
+from tff_kd import hparams as hp
+from tff_kd import models
+from tff_kd.core import distillation
+from tff_kd.federated import learning
+from tff_kd.federated import server_data as server_data_lib
+
+
+class ProcessInputs(NamedTuple):
+  """What every method builder receives besides its config.
+
+  Attributes:
+    model_fn: No-arg callable building the Keras classifier (logits).
+    element_spec: Batch structure of the client datasets.
+    num_classes: Number of labels.
+    dataset_fn: Optional key -> dataset function; when given, the process's
+      clients receive string keys and build their datasets themselves.
+    server_data: The server's proxy pool and validation set, for methods
+      with server-side distillation (`Method.needs_server_data`).
+    prototype_fns: For heterogeneous methods, one model builder per
+      architecture prototype (`model_fn` is the first); empty otherwise.
+    classifier_fn: No-arg callable building the same classifier as
+      `model_fn` as a `tff_kd.models.Classifier` (model plus its
+      shared-variable feature extractor and head), for methods that use the
+      feature space (DaFKD, FedD3A, FedGen).
+    num_clients: K, the number of clients of the federation (e.g. for
+      per-client state kept at the server); 0 if unknown.
+  """
+
+  model_fn: learning.ModelFn
+  element_spec: collections.OrderedDict
+  num_classes: int
+  dataset_fn: Optional[learning.DatasetFn] = None
+  server_data: Optional[server_data_lib.ServerData] = None
+  prototype_fns: tuple[learning.ModelFn, ...] = ()
+  classifier_fn: Optional[Callable[[], models.Classifier]] = None
+  num_clients: int = 0
+
+Builder = Callable[[ProcessInputs, ml_collections.ConfigDict],
+                   tff.learning.templates.LearningProcess]
+
+class Method(NamedTuple):
+  """A registered method.
+
+  Attributes:
+    name: The `--method` value.
+    build: The builder.
+    description: One line, with the paper.
+    needs_server_data: The builder needs `ProcessInputs.server_data`.
+    server_step: The server runs one TF step of its own (distillation,
+      generator training) that `runtime.server_device` can move out of the
+      TFF runtime (`tff_kd.program.server_stage`).
+    hparams: The `hp.Hparams` class of the method's config section
+      (`hparams.SECTION`); None for a method with no section of its own.
+    uses_distill: The server distils with `config.distill`.
+  """
+
+  name: str
+  build: Builder
+  description: str
+  needs_server_data: bool = False
+  server_step: bool = True
+  hparams: Optional[type[hp.Hparams]] = None
+  uses_distill: bool = False
+
+def build_optimizer(
+    config: ml_collections.ConfigDict) -> tff.learning.optimizers.Optimizer:
+  """A `tff.learning.optimizers` optimizer from `{name, learning_rate, ...}`."""
+  if config.name == 'sgd':
+    return tff.learning.optimizers.build_sgdm(
+        learning_rate=config.learning_rate,
+        momentum=config.get('momentum') or None)
+  if config.name == 'adam':
+    return tff.learning.optimizers.build_adam(
+        learning_rate=config.learning_rate)
+  raise errors.ConfigError(
+      f"optimizer {config.name!r} is unknown; choose one of sgd, adam")
+
+def common_kwargs(inputs: ProcessInputs,
+                  config: ml_collections.ConfigDict) -> dict:
+  """The keyword arguments every builder takes from the shared config."""
+  return dict(
+      dataset_fn=inputs.dataset_fn,
+      client_optimizer=build_optimizer(config.client_optimizer),
+      server_optimizer=build_optimizer(config.server_optimizer),
+      learning_rate=config.client_optimizer.learning_rate,
+      learning_rate_decay=config.client_optimizer.lr_decay)
+
+def distill_config(config: ml_collections.ConfigDict
+                   ) -> distillation.DistillConfig:
+  """The `DistillConfig` of `config.distill` (seeded by `config.seed`)."""
+  d = config.distill
+  return distillation.DistillConfig(
+      steps=d.steps, batch_size=d.batch_size, temperature=d.temperature,
+      clip_norm=d.clip_norm, val_fraction=d.val_fraction,
+      eval_every=d.eval_every, patience=d.patience, seed=config.seed,
+      cosine_decay=d.cosine_decay, student_training=d.student_training,
+      validation=d.validation, accept=d.accept)

@@ -1,0 +1,1 @@
+"""DaFKD domain-aware data-free KD (Wang et al., 2023)."""

@@ -1,0 +1,139 @@
+"""DaFKD's hyper-parameters: the `config.dafkd` section.
+
+Defaults, documentation and checks in one place (`tff_kd.hparams`).
+"""
+
+import dataclasses
+from typing import ClassVar
+
+import ml_collections
+
+from tff_kd import errors
+from tff_kd import hparams as hp
+from tff_kd.core import gan
+from tff_kd.methods.dafkd import dafkd_tf
+
+
+GENERATORS = ('mlp', 'dcgan')
+ENSEMBLES = ('probs', 'logits')
+POOL_GENERATORS = ('aggregated', 'broadcast')
+AGGREGATIONS = ('mean', 'examples')
+POOLS = ('generator', 'real')
+
+
+@dataclasses.dataclass(frozen=True)
+class DaFKDHparams(hp.Hparams):
+  """DaFKD (Wang et al., CVPR 2023), `config.dafkd`.
+
+  The client optimiser is `config.client_optimizer` (paper: lr 1e-3,
+  weight decay 1e-3 -> name=adam plus weight_decay, i.e. AdamW); the
+  distillation is `config.distill` (paper: lr 0.01; reference: T = 20).
+
+  Attributes:
+    pool_size: Generated distillation images per round (reference: 1,280).
+    noise_dim: The generator's noise size (paper: 100).
+    generator_hidden: The MLP generator's FC+BN+LeakyReLU hp.widths, a comma
+      list.
+    generator_learning_rate: The generator's Adam learning rate (paper
+      1e-3).
+    generator_beta_1: Its Adam beta_1 (reference code: 0.5).
+    generator_beta_2: Its Adam beta_2 (reference code: 0.99).
+    generator: 'mlp' (the paper's) | 'dcgan' (the reference code's).
+    generator_form: 'non_saturating' | 'minimax' (eq. 3 as printed).
+    discriminator_mode: BatchNorm mode of everything the discriminator
+      scores in training: 'inference' (as the server scores; default) |
+      'real_train' | 'batch' | 'batch_update' (the reference code). See
+      `core.gan.client_gan_step`.
+    gan_steps: GAN terms (eq. 2 in eq. 9, eq. 3) only in gan_steps local
+      steps of a round, plain CE steps in the others; 0 = every step
+      (Algorithm 1).
+    gan_window: Where those steps are: 'first' (reference code: first
+      epochs) | 'last' (the head ends the round in step with the extractor
+      it uploads).
+    adv_weight: Weight of eq. 2 in eq. 9.
+    gp_weight: Gradient-penalty weight (reference code 0.3, paper 0).
+    weight_decay: > 0 needs client_optimizer.name=adam (AdamW).
+    no_sharing: Ablation: a separate discriminator network instead of one
+      on the classifier's extractor (the builder's `shared` is its
+      negation).
+    no_correlation: Ablation: uniform teacher weights instead of eq. 7's.
+    weights_on: Teacher weights applied to 'probs' (eq. 8) | 'logits' (the
+      reference code).
+    private: Appendix B: discriminators stay on the clients; needs a
+      secure-sum (test) context.
+    pool_generator: '' auto ('broadcast' if private, else 'aggregated') |
+      'aggregated' (theta_{t+1}, Algorithm 1 line 11) | 'broadcast'
+      (theta_t).
+    aggregation: Averaging of classifiers and generators: 'mean' (the
+      paper's 1/K_t) | 'examples' (FedAvg's n_k / n).
+    pool: 'generator' (DaFKD) | 'real': the oracle-pool ablation
+      (negatives and distillation pool are the server's real proxy
+      images).
+    holder_share: Diagnostics (with server_data.val_size > 0): a client
+      holds a label when at least this share of its examples have it.
+  """
+
+  SECTION: ClassVar[str] = 'dafkd'
+
+  pool_size: int = hp.field(1280, hp.positive_int)
+  noise_dim: int = hp.field(100, hp.positive_int)
+  generator_hidden: str = hp.field('256,512', hp.widths)
+  generator_learning_rate: float = hp.field(1e-3, hp.positive_number)
+  generator_beta_1: float = hp.field(0.5, hp.unit_fraction)
+  generator_beta_2: float = hp.field(0.99, hp.unit_fraction)
+  generator: str = hp.field('mlp', hp.one_of(*GENERATORS))
+  generator_form: str = hp.field('non_saturating',
+                               hp.one_of(*gan.GENERATOR_FORMS))
+  discriminator_mode: str = hp.field('inference',
+                                   hp.one_of(*gan.DISCRIMINATOR_MODES))
+  gan_steps: int = hp.field(0, hp.non_negative_int)
+  gan_window: str = hp.field('last', hp.one_of(*dafkd_tf.GAN_WINDOWS))
+  adv_weight: float = hp.field(1.0, hp.non_negative_number)
+  gp_weight: float = hp.field(0.0, hp.non_negative_number)
+  weight_decay: float = hp.field(0.0, hp.non_negative_number)
+  no_sharing: bool = hp.field(False, hp.boolean)
+  no_correlation: bool = hp.field(False, hp.boolean)
+  weights_on: str = hp.field('probs', hp.one_of(*ENSEMBLES))
+  private: bool = hp.field(False, hp.boolean)
+  pool_generator: str = hp.field('', hp.one_of('', *POOL_GENERATORS))
+  aggregation: str = hp.field('mean', hp.one_of(*AGGREGATIONS))
+  pool: str = hp.field('generator', hp.one_of(*POOLS))
+  holder_share: float = hp.field(0.05, hp.unit_interval)
+
+  @property
+  def hidden_widths(self) -> tuple[int, ...]:
+    """`generator_hidden` as integers."""
+    return hp.parse_widths(self.generator_hidden)
+
+  @property
+  def resolved_pool_generator(self) -> str:
+    """`pool_generator`, with '' resolved ('broadcast' if private)."""
+    return self.pool_generator or ('broadcast' if self.private
+                                   else 'aggregated')
+
+  def _check_combinations(self) -> None:
+    if self.private and self.weights_on != 'probs':
+      raise errors.ConfigError(
+          f'dafkd.weights_on={self.weights_on!r}: private mode (appendix B) '
+          "sums soft predictions: it needs weights_on='probs'")
+    if self.private and self.resolved_pool_generator != 'broadcast':
+      raise errors.ConfigError(
+          f'dafkd.pool_generator={self.pool_generator!r}: private mode '
+          'draws the pool on the clients, which only have the broadcast '
+          "generator: pool_generator must be 'broadcast'")
+    if self.private and self.pool == 'real':
+      raise errors.ConfigError(
+          "dafkd.pool='real' is an ablation of the plain (non-private) "
+          'method: set dafkd.private=False')
+
+  def check_config(self, config: ml_collections.ConfigDict) -> None:
+    opt = config.client_optimizer.name
+    if self.weight_decay and opt != 'adam':
+      # Decoupled weight decay (AdamW): TFF's SGD has none.
+      raise errors.ConfigError(
+          'dafkd.weight_decay needs client_optimizer.name=adam (AdamW); '
+          f'got dafkd.weight_decay={self.weight_decay!r} with {opt!r}')
+    if self.pool == 'real' and not config.server_data.proxy:
+      raise errors.ConfigError(
+          "dafkd.pool='real' (the oracle pool) needs the server's proxy "
+          'pool: set server_data.proxy and server_data.proxy_size')

@@ -1,0 +1,1 @@
+"""FedAvg (McMahan et al., AISTATS 2017)."""

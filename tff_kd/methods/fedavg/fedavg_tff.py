@@ -1,0 +1,72 @@
+"""FedAvg as a TFF learning process.
+
+McMahan et al., "Communication-Efficient Learning of Deep Networks from
+Decentralized Data", AISTATS 2017 (Algorithm 1). It only wires the shared
+pieces of `tff_kd.federated.learning`; a server optimiser other than
+SGD(lr=1) gives the FedOpt family (Reddi et al., ICLR 2021).
+"""
+
+import collections
+from typing import Optional
+
+import ml_collections
+import tensorflow_federated as tff
+
+from tff_kd import errors
+from tff_kd.federated import learning
+from tff_kd.methods import common
+
+
+def build_fedavg_process(
+    model_fn: learning.ModelFn,
+    element_spec: collections.OrderedDict,
+    *,
+    client_optimizer: tff.learning.optimizers.Optimizer,
+    server_optimizer: tff.learning.optimizers.Optimizer,
+    learning_rate: float,
+    learning_rate_decay: float = 1.0,
+    dataset_fn: Optional[learning.DatasetFn] = None,
+) -> tff.learning.templates.LearningProcess:
+  """Builds FedAvg with example-weighted averaging.
+
+  Args:
+    model_fn: No-arg callable building the Keras classifier (logits).
+    element_spec: Batch structure of the client datasets.
+    client_optimizer: Client `tff.learning.optimizers` optimizer.
+    server_optimizer: Server optimizer (`build_sgdm(1.0)` is plain FedAvg).
+    learning_rate: Client learning rate at round 0 (> 0).
+    learning_rate_decay: Client lr multiplier per round, in (0, 1].
+    dataset_fn: Optional key -> dataset function; clients then receive keys
+      (see `tff_kd.federated.learning.client_data_type`).
+
+  Returns:
+    A `tff.learning.templates.LearningProcess`.
+  """
+  check_schedule(learning_rate, learning_rate_decay)
+  return learning.build_keras_learning_process(
+      model_fn, element_spec, client_optimizer=client_optimizer,
+      server_optimizer=server_optimizer, learning_rate=learning_rate,
+      learning_rate_decay=learning_rate_decay, dataset_fn=dataset_fn)
+
+
+def check_schedule(learning_rate: float, decay: float) -> None:
+  """Raises `ConfigError` unless lr > 0 and the decay is in (0, 1]."""
+  if not learning_rate > 0:
+    raise errors.ConfigError(
+        f'client learning rate must be > 0, got {learning_rate}')
+  if not 0 < decay <= 1:
+    raise errors.ConfigError(
+        f'client learning-rate decay must be in (0, 1], got {decay}')
+
+
+def build_from_config(
+    inputs: common.ProcessInputs, config: ml_collections.ConfigDict
+) -> tff.learning.templates.LearningProcess:
+  """The registry's builder: fedavg from an experiment config."""
+  return build_fedavg_process(inputs.model_fn, inputs.element_spec,
+                              **common.common_kwargs(inputs, config))
+
+
+METHOD = common.Method(
+    'fedavg', build_from_config, 'FedAvg (McMahan et al., 2017)',
+    server_step=False)

@@ -1,0 +1,1 @@
+"""FedD3A domain-aware distillation (Su et al., 2023)."""

@@ -1,0 +1,48 @@
+"""FedD3A's hyper-parameters: the `config.fedd3a` section.
+
+Defaults, documentation and checks in one place (`tff_kd.hparams`).
+"""
+
+import dataclasses
+from typing import ClassVar
+
+from tff_kd import hparams as hp
+from tff_kd.methods.fedd3a import fedd3a_tf
+
+
+@dataclasses.dataclass(frozen=True)
+class FedD3AHparams(hp.Hparams):
+  """FedD3A (Su, Li, Xue, AAAI 2023), `config.fedd3a`.
+
+  The distillation itself uses `config.distill`.
+
+  Attributes:
+    alpha: Ridge of eq. 5, > 0, in squared feature units.
+    weighting: 'soft' (eq. 6) | 'onehot' | 'avg' | 'random' (Table 1's
+      ablations).
+    ensemble: 'probs' (eq. 7: weighted mean of probabilities) | 'logits'.
+    projection_batches: Local batches P is built from; 0 = all of the
+      round's batches.
+    score_backbone: Backbone of the server samples' features in eq. 6:
+      'broadcast' (w_t, the space the clients' P_k were built in) |
+      'aggregated' (the averaged model after local training).
+    client_models: Heterogeneous clients: '' = every client trains
+      `model`. Otherwise a comma list `name[:norm]` (e.g. 'cnn,resnet11');
+      client i keeps its own model of entry i % A across rounds, trained
+      with CE + kd_weight * KD (temperature kd_temperature) from the
+      received global model.
+    kd_weight: Heterogeneous clients' weight of the KD term (>= 0).
+    kd_temperature: Its temperature (> 0).
+  """
+
+  SECTION: ClassVar[str] = 'fedd3a'
+
+  alpha: float = hp.field(1.0, hp.positive_number)
+  weighting: str = hp.field('soft', hp.one_of(*fedd3a_tf.WEIGHTINGS))
+  ensemble: str = hp.field('probs', hp.one_of(*fedd3a_tf.ENSEMBLES))
+  projection_batches: int = hp.field(0, hp.non_negative_int)
+  score_backbone: str = hp.field('broadcast',
+                               hp.one_of(*fedd3a_tf.SCORE_BACKBONES))
+  client_models: str = hp.field('', hp.model_list)
+  kd_weight: float = hp.field(1.0, hp.non_negative_number)
+  kd_temperature: float = hp.field(1.0, hp.positive_number)

@@ -1,0 +1,1 @@
+"""FedDF ensemble distillation (Lin et al., 2020)."""

@@ -1,0 +1,1 @@
+"""FedFTG data-free server fine-tuning (Zhang et al., 2022)."""

@@ -1,0 +1,1 @@
+"""FedGen data-free feature-generator KD (Zhu et al., 2021)."""

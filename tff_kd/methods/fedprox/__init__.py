@@ -1,0 +1,1 @@
+"""FedProx (Li et al., MLSys 2020)."""
