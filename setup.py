@@ -3,7 +3,7 @@
 Dependencies are deliberately not declared in `install_requires`: TFF 0.87
 pins jax/jaxlib 0.4.14, which the package registry no longer serves, so the
 environment is installed from the fully pinned `requirements.txt` with
-`pip install --no-deps` (see BUILD_NOTES.md and the Makefile).
+`pip install --no-deps` (see docs/DEVELOPING.md and the Makefile).
 """
 
 import setuptools

@@ -67,6 +67,13 @@ class Method(NamedTuple):
     hparams: The `hp.Hparams` class of the method's config section
       (`hparams.SECTION`); None for a method with no section of its own.
     uses_distill: The server distils with `config.distill`.
+    secure_sum: Whether a config makes the process use secure sums (DaFKD's
+      private mode), which only TFF's test context simulates
+      (`tff_kd.program.context.set_context_for`); None: never.
+    models_key: The `section.key` listing the architecture prototypes of a
+      method that trains several global models (FedDF's
+      `feddf.prototypes`); the program builds one model function and one
+      evaluator per entry. '' for one global model.
   """
 
   name: str
@@ -76,6 +83,8 @@ class Method(NamedTuple):
   server_step: bool = True
   hparams: Optional[type[hp.Hparams]] = None
   uses_distill: bool = False
+  secure_sum: Optional[Callable[[ml_collections.ConfigDict], bool]] = None
+  models_key: str = ''
 
 def build_optimizer(
     config: ml_collections.ConfigDict) -> tff.learning.optimizers.Optimizer:

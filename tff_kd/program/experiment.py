@@ -48,7 +48,6 @@ from tff_kd.federated import learning
 from tff_kd.federated import server_data as server_data_lib
 from tff_kd.methods import common
 from tff_kd.methods import registry
-from tff_kd.methods.feddf import feddf_tff as feddf_lib
 from tff_kd.program import context
 from tff_kd.program import evaluation
 from tff_kd.program import export
@@ -157,10 +156,11 @@ def set_context(config: ml_collections.ConfigDict) -> None:
 
 
 def needs_secure_sum(config: ml_collections.ConfigDict) -> bool:
-  """Whether the method's process uses secure aggregation (DaFKD private
-  mode), which only TFF's test context simulates
-  (`tff_kd.program.context.set_context_for`)."""
-  return config.method == 'dafkd' and bool(config.dafkd.private)
+  """Whether the method's process uses secure aggregation (as its registry
+  entry says: DaFKD's private mode), which only TFF's test context
+  simulates (`tff_kd.program.context.set_context_for`)."""
+  secure_sum = registry.get_method(config.method).secure_sum
+  return secure_sum is not None and secure_sum(config)
 
 
 def validate_config(config: ml_collections.ConfigDict) -> None:
@@ -306,10 +306,12 @@ def _validate_server_data(config: ml_collections.ConfigDict) -> None:
 
 
 def prototypes(config: ml_collections.ConfigDict) -> list[tuple[str, str]]:
-  """(model name, norm) of each FedDF prototype; [model] if homogeneous."""
-  spec = config.feddf.prototypes if config.method == 'feddf' else ''
+  """(model name, norm) of each global model prototype (the method's
+  `models_key`, e.g. `feddf.prototypes`); [model] if it has one model."""
+  key = registry.get_method(config.method).models_key
+  spec = config[key.split('.')[0]][key.split('.')[1]] if key else ''
   return models.parse_model_list(
-      spec, default_norm=config.model.norm, key='feddf.prototypes') or [
+      spec, default_norm=config.model.norm, key=key) or [
           (config.model.name, config.model.norm)]
 
 
@@ -756,7 +758,9 @@ def _evaluate(exp: Experiment, state) -> dict[str, float]:
     metrics['test/loss'], metrics['test/accuracy'] = exp.evaluator(
         exp.process.get_model_weights(state))
   if exp.prototype_evaluators:
-    others = feddf_lib.prototype_weights(state)[1:]
+    others = [tff.learning.models.ModelWeights(list(w.trainable),
+                                               list(w.non_trainable))
+              for w in state.global_model_weights[1:]]
     for p, (ev, w) in enumerate(zip(exp.prototype_evaluators, others), 1):
       metrics[f'test/accuracy_p{p}'] = ev(w).accuracy
   return metrics

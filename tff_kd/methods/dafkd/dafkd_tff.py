@@ -679,4 +679,5 @@ def build_from_config(
 METHOD = common.Method(
     'dafkd', build_from_config,
     'DaFKD domain-aware data-free KD (Wang et al., 2023)',
-    hparams=hparams_lib.DaFKDHparams, uses_distill=True)
+    hparams=hparams_lib.DaFKDHparams, uses_distill=True,
+    secure_sum=lambda config: bool(config.dafkd.private))

@@ -405,4 +405,5 @@ def build_from_config(
 METHOD = common.Method(
     'feddf', build_from_config,
     'FedDF ensemble distillation (Lin et al., 2020)', needs_server_data=True,
-    hparams=hparams_lib.FedDFHparams, uses_distill=True)
+    hparams=hparams_lib.FedDFHparams, uses_distill=True,
+    models_key='feddf.prototypes')
