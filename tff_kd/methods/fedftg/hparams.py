@@ -24,7 +24,8 @@ class FedFTGHparams(hp.Hparams):
       `distillation.distill`).
     batch_size: Generated samples per generator step and student batch.
     generator_learning_rate: The generator's Adam learning rate.
-    student_learning_rate: The student's SGD learning rate.
+    student_learning_rate: The student's SGD learning rate (0 leaves the
+      student unchanged: the switched-off twin of the mechanism test).
     lr_decay: Per-round factor of both learning rates, in (0, 1].
     temperature: Distillation temperature (also the transfer term's).
     student_training: False: the student's BatchNorm statistics are
@@ -47,7 +48,7 @@ class FedFTGHparams(hp.Hparams):
   student_steps: int = hp.field(5, hp.positive_int)
   batch_size: int = hp.field(64, hp.positive_int)
   generator_learning_rate: float = hp.field(0.01, hp.positive_number)
-  student_learning_rate: float = hp.field(0.1, hp.positive_number)
+  student_learning_rate: float = hp.field(0.1, hp.non_negative_number)
   lr_decay: float = hp.field(0.998, hp.unit_interval)
   temperature: float = hp.field(1.0, hp.positive_number)
   student_training: bool = hp.field(False, hp.boolean)
