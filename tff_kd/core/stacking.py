@@ -170,14 +170,37 @@ def average_update(deltas: ModelWeights, alpha: tf.Tensor,
   return ModelWeights(trainable, non_trainable)
 
 
+def apply_update(optimizer: tff.learning.optimizers.Optimizer,
+                 optimizer_state, global_weights: ModelWeights,
+                 mean: ModelWeights):
+  """The server optimizer's step on the clients' mean update.
+
+  The mean trainable delta points downhill, so its negation is the
+  optimizer's pseudo-gradient (plain SGD with lr 1 is FedAvg; Adam is
+  FedAdam); the non-trainable values become the mean's.
+
+  Args:
+    optimizer: The server `tff.learning.optimizers.Optimizer`.
+    optimizer_state: Its state.
+    global_weights: The broadcast global `ModelWeights`.
+    mean: The mean update: trainable deltas, non-trainable values.
+
+  Returns:
+    `(new optimizer state, new global ModelWeights)`.
+  """
+  state, trainable = optimizer.next(
+      optimizer_state, tuple(global_weights.trainable),
+      tuple(-u for u in mean.trainable))
+  return state, ModelWeights(list(trainable), list(mean.non_trainable))
+
+
 def server_update(optimizer: tff.learning.optimizers.Optimizer,
                   optimizer_state, global_weights: ModelWeights,
                   deltas: ModelWeights, alpha: tf.Tensor):
   """FedAvg's server step on stacked updates.
 
-  The alpha-weighted mean delta (`average_update`) is applied to the
-  global trainable weights by the server optimizer (plain SGD with lr 1 is
-  FedAvg); the non-trainable values become the clients' mean. When no row
+  The alpha-weighted mean delta (`average_update`) is applied by the
+  server optimizer (`apply_update`). When no row
   has weight (no client, or all excluded), the global weights and the
   optimizer state are kept.
 
@@ -191,15 +214,15 @@ def server_update(optimizer: tff.learning.optimizers.Optimizer,
   Returns:
     `(new optimizer state, new global ModelWeights)`.
   """
-  mean = average_update(deltas, alpha, global_weights.non_trainable)
-  state, trainable = optimizer.next(
-      optimizer_state, tuple(global_weights.trainable),
-      tuple(-u for u in mean.trainable))
+  state, new = apply_update(
+      optimizer, optimizer_state, global_weights,
+      average_update(deltas, alpha, global_weights.non_trainable))
   any_client = tf.reduce_sum(tf.convert_to_tensor(alpha, tf.float32)) > 0
 
   def keep(new, old):
     return tf.where(any_client, new, old)
 
   state = tf.nest.map_structure(keep, state, optimizer_state)
-  trainable = [keep(t, g) for t, g in zip(trainable, global_weights.trainable)]
-  return state, ModelWeights(trainable, list(mean.non_trainable))
+  trainable = [keep(t, g)
+               for t, g in zip(new.trainable, global_weights.trainable)]
+  return state, ModelWeights(trainable, new.non_trainable)

@@ -27,6 +27,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_kd.core import local_training
+from tff_kd.core import stacking as stacking_tf
 from tff_kd.federated import composer
 
 ModelFn = Callable[[], tf.keras.Model]
@@ -378,11 +379,7 @@ def build_weights_finalizer(
   Returns:
     A `tff.learning.templates.FinalizerProcess`.
   """
-  trainable_type = weights_type.trainable
-  specs = tf.nest.map_structure(
-      lambda t: tf.TensorSpec(t.shape, t.dtype),
-      tff.structure.to_odict_or_tuple(trainable_type))
-  specs = tuple(specs)
+  specs = tuple(tensor_specs(weights_type.trainable))
 
   @tff.tensorflow.computation
   def init_tf():
@@ -392,13 +389,8 @@ def build_weights_finalizer(
 
   @tff.tensorflow.computation(opt_state_type, weights_type, weights_type)
   def apply_tf(opt_state, weights, update):
-    # The mean delta points downhill; optimisers expect a gradient.
-    pseudo_gradient = tuple(-u for u in update.trainable)
-    opt_state, trainable = server_optimizer.next(
-        opt_state, tuple(weights.trainable), pseudo_gradient)
-    new_weights = tff.learning.models.ModelWeights(
-        trainable=list(trainable), non_trainable=list(update.non_trainable))
-    return opt_state, new_weights
+    return stacking_tf.apply_update(server_optimizer, opt_state, weights,
+                                    update)
 
   @tff.federated_computation
   def init_fn():
