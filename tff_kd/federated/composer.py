@@ -182,6 +182,19 @@ def recompose(
   return process.recompose(finalizer)
 
 
+def global_models(state) -> list[tff.learning.models.ModelWeights]:
+  """Every global model's `ModelWeights` of a `first_model_view` state.
+
+  For processes whose `global_model_weights` is a tuple of models (FedDF's
+  architecture prototypes); `get_model_weights` reads only the first.
+  """
+  return [
+      tff.learning.models.ModelWeights(
+          trainable=list(w.trainable), non_trainable=list(w.non_trainable))
+      for w in state.global_model_weights
+  ]
+
+
 def first_model_view(
     process: tff.learning.templates.LearningProcess
 ) -> tff.learning.templates.LearningProcess:

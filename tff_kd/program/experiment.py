@@ -44,6 +44,7 @@ from tff_kd import data as data_lib
 from tff_kd import errors
 from tff_kd import models
 from tff_kd.federated import client_data as client_data_lib
+from tff_kd.federated import composer
 from tff_kd.federated import learning
 from tff_kd.federated import server_data as server_data_lib
 from tff_kd.methods import common
@@ -758,9 +759,7 @@ def _evaluate(exp: Experiment, state) -> dict[str, float]:
     metrics['test/loss'], metrics['test/accuracy'] = exp.evaluator(
         exp.process.get_model_weights(state))
   if exp.prototype_evaluators:
-    others = [tff.learning.models.ModelWeights(list(w.trainable),
-                                               list(w.non_trainable))
-              for w in state.global_model_weights[1:]]
+    others = composer.global_models(state)[1:]
     for p, (ev, w) in enumerate(zip(exp.prototype_evaluators, others), 1):
       metrics[f'test/accuracy_p{p}'] = ev(w).accuracy
   return metrics

@@ -52,7 +52,6 @@ in program order also inside a TFF computation's graph; everything runs
 eagerly as well (tests compare the TFF process with these functions).
 """
 
-import math
 from typing import Callable, NamedTuple, Optional, Sequence, Union
 
 import tensorflow as tf
@@ -70,58 +69,6 @@ WEIGHTINGS = projection.STRATEGIES
 ENSEMBLES = ('probs', 'logits')
 # Whose backbone computes the server samples' features f of eq. 6.
 SCORE_BACKBONES = ('broadcast', 'aggregated')
-
-
-def _finite_number(value) -> bool:
-  return (not isinstance(value, bool) and isinstance(value, (int, float)) and
-          math.isfinite(value))
-
-
-def check_settings(*, alpha: float, weighting: str, ensemble: str = 'probs',
-                   projection_batches: int = 0, client_models: str = '',
-                   kd_weight: float = 1.0, kd_temperature: float = 1.0,
-                   score_backbone: str = 'broadcast') -> None:
-  """Raises `errors.ConfigError` for a bad FedD3A hyper-parameter.
-
-  Takes the keys of `config.fedd3a`; `client_models` ('' homogeneous, else
-  a comma list `name[:norm]`), `kd_weight` (>= 0) and `kd_temperature`
-  (> 0) are the heterogeneous variant's.
-  """
-  if score_backbone not in SCORE_BACKBONES:
-    raise errors.ConfigError(
-        f'fedd3a.score_backbone {score_backbone!r} is unknown; choose one of '
-        f"{', '.join(SCORE_BACKBONES)}")
-  if (isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or
-      not alpha > 0 or alpha == float('inf')):
-    raise errors.ConfigError(
-        f'fedd3a.alpha (the ridge of eq. 5) must be a finite number > 0, got '
-        f'{alpha!r}')
-  if weighting not in WEIGHTINGS:
-    raise errors.ConfigError(
-        f'fedd3a.weighting {weighting!r} is unknown; choose one of '
-        f"{', '.join(WEIGHTINGS)}")
-  if ensemble not in ENSEMBLES:
-    raise errors.ConfigError(
-        f'fedd3a.ensemble {ensemble!r} is unknown; choose one of '
-        f"{', '.join(ENSEMBLES)}")
-  if (isinstance(projection_batches, bool) or
-      not isinstance(projection_batches, int) or projection_batches < 0):
-    raise errors.ConfigError(
-        'fedd3a.projection_batches must be an integer >= 0 (0: all of the '
-        f"round's batches), got {projection_batches!r}")
-  if not isinstance(client_models, str):
-    raise errors.ConfigError(
-        "fedd3a.client_models must be a comma list such as 'cnn,resnet11', "
-        f'got {client_models!r}')
-  models.parse_model_list(client_models, default_norm='batch',
-                          key='fedd3a.client_models')
-  if not _finite_number(kd_weight) or kd_weight < 0:
-    raise errors.ConfigError(
-        f'fedd3a.kd_weight must be a finite number >= 0, got {kd_weight!r}')
-  if not _finite_number(kd_temperature) or not kd_temperature > 0:
-    raise errors.ConfigError(
-        'fedd3a.kd_temperature must be a finite number > 0, got '
-        f'{kd_temperature!r}')
 
 
 # ---------------------------------------------------------------------------

@@ -356,11 +356,7 @@ def build_feddf_process(
 
 def prototype_weights(state) -> list[tff.learning.models.ModelWeights]:
   """Every prototype's global `ModelWeights` from a FedDF process state."""
-  return [
-      tff.learning.models.ModelWeights(
-          trainable=list(w.trainable), non_trainable=list(w.non_trainable))
-      for w in state.global_model_weights
-  ]
+  return composer.global_models(state)
 
 
 def with_prototype_weights(
