@@ -15,9 +15,17 @@ import os
 from absl import app
 from absl import flags
 
+from tff_kd.program import context
 from tff_kd.program import runtime
 
 _PORT = flags.DEFINE_integer('port', 8000, 'gRPC port to serve on.')
+_CONCURRENT_CLIENTS = flags.DEFINE_integer(
+    'concurrent_clients', 0, 'Client computations served at a time (0: one '
+    'per usable core; -1: no limit, TFF\'s default).', lower_bound=-1)
+_INTRA_OP_THREADS = flags.DEFINE_integer(
+    'intra_op_threads', 1, 'Threads inside each TensorFlow op (0: '
+    'TensorFlow\'s default, every core); as `runtime.intra_op_threads` does '
+    'for the local worker.', lower_bound=0)
 
 
 def main(argv: list[str]) -> None:
@@ -25,10 +33,12 @@ def main(argv: list[str]) -> None:
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
   if not 0 < _PORT.value < 65536:
     raise app.UsageError(f'--port must be in [1, 65535], got {_PORT.value}')
-  command = runtime.worker_command(_PORT.value)
+  command = runtime.worker_command(
+      _PORT.value, concurrent_clients=_CONCURRENT_CLIENTS.value)
   print(f'tff_kd_worker: serving TFF worker on port {_PORT.value} '
         f'({command[0]})', flush=True)
-  os.execv(command[0], command)
+  os.execve(command[0], command,
+            {**os.environ, **context.threads_env(_INTRA_OP_THREADS.value)})
 
 
 def run() -> None:

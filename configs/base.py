@@ -124,10 +124,18 @@ def get_config() -> ml_collections.ConfigDict:
   # GPU first); or a device string ('/GPU:0', '/CPU:0') to pin it there. The
   # driver modes give the same rounds but cannot be driven by
   # tff.learning.programs.train_model (tff_kd.program.server_stage).
+  # concurrent_clients: client computations the local worker runs at a time
+  # (0: one per usable core; -1: no limit, TFF's default). intra_op_threads:
+  # threads inside each TensorFlow op in the local worker (0: TensorFlow's
+  # default, every core). The defaults are the fastest measured for this
+  # library's models (benchmarks/results/threads.md); remote workers take
+  # theirs from `tff_kd_worker`'s flags.
   c.runtime = ml_collections.ConfigDict(dict(
       workers='',
       worker_timeout_s=60.0,
       server_device='runtime',
+      concurrent_clients=0,
+      intra_op_threads=1,
   ))
 
   c.eval_every = 1

@@ -131,6 +131,61 @@ def test_mnist_train_limit_reuses_prepared_data(mnist, mnist_data_dir):
   assert len(ds.y_test) == 10000
 
 
+def test_mnist_second_load_reads_the_cache_without_tfds(mnist, mnist_data_dir,
+                                                        monkeypatch):
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  cache = os.path.join(mnist_data_dir, 'tff_kd_cache', 'tfds_mnist.npz')
+  assert os.path.exists(cache)
+
+  def no_tfds(*args, **kwargs):
+    raise AssertionError('tfds must not be asked again')
+
+  monkeypatch.setattr(tfds, 'builder', no_tfds)
+  again = datasets.load_dataset('mnist', data_dir=mnist_data_dir,
+                                manual_dir=MNIST_DIR)
+  np.testing.assert_array_equal(again.x_train, mnist.x_train)
+  np.testing.assert_array_equal(again.y_test, mnist.y_test)
+
+
+def test_mnist_cache_is_stale_once_the_prepared_files_change(
+    mnist, mnist_data_dir, monkeypatch):
+  info = [os.path.join(d, f)
+          for d, _, files in os.walk(os.path.join(mnist_data_dir, 'mnist'))
+          for f in files if f == 'dataset_info.json'][0]
+  stat = os.stat(info)
+  calls = []
+  real = datasets._prepare_tfds  # pylint: disable=protected-access
+
+  def counted(*args):
+    calls.append(args[0])
+    return real(*args)
+
+  monkeypatch.setattr(datasets, '_prepare_tfds', counted)
+  try:
+    os.utime(info, (stat.st_atime, stat.st_mtime + 10))
+    again = datasets.load_dataset('mnist', data_dir=mnist_data_dir,
+                                  manual_dir=MNIST_DIR, train_limit=10)
+  finally:
+    os.utime(info, (stat.st_atime, stat.st_mtime))
+  assert calls == ['mnist']
+  np.testing.assert_array_equal(again.x_train, mnist.x_train[:10])
+
+
+def test_normalise_in_place_equals_the_formula():
+  x = np.random.default_rng(0).random((5, 4, 4, 1), dtype=np.float32)
+  want = ((x - 0.5) / 0.5).astype(np.float32)
+  np.testing.assert_array_equal(datasets.normalise(x), want)
+  y = x.copy()
+  out = datasets.normalise(y, in_place=True)
+  assert out is y
+  np.testing.assert_array_equal(out, want)
+  readonly = x.copy()
+  readonly.flags.writeable = False
+  np.testing.assert_array_equal(
+      datasets.normalise(readonly, in_place=True), want)
+  np.testing.assert_array_equal(readonly, x)
+
+
 def test_fashion_mnist_in_the_same_data_dir_is_not_mnist(mnist,
                                                          mnist_data_dir):
   # Regression: tfds names extracted files after the archive alone, and

@@ -43,6 +43,10 @@ def _config(**overrides):
     ('partition.kind', 'pathological', "partition.kind 'pathological'"),
     ('local.unit', 'minutes', "unit 'minutes' is unknown"),
     ('rounds', 0, 'rounds must be >= 1, got 0'),
+    ('runtime.concurrent_clients', -2,
+     r'runtime.concurrent_clients must be an integer >= -1 .*got -2'),
+    ('runtime.intra_op_threads', -1,
+     r'runtime.intra_op_threads must be an integer >= 0 .*got -1'),
 ])
 def test_bad_settings_fail_before_any_compute(tmp_path, key, value, match):
   with pytest.raises(errors.ConfigError, match=match):
@@ -228,3 +232,16 @@ def test_no_readable_checkpoint_is_a_clear_error(tmp_path):
   assert not os.path.exists(os.path.join(root, 'checkpoints_unreadable'))
 
 
+
+
+def test_warm_up_leaves_no_compiling_for_the_first_round(tmp_path):
+  from tensorflow_federated.python.core.impl.execution_contexts import compiler_pipeline  # pylint: disable=g-import-not-at-top
+  exp = experiment.prepare(_config(), str(tmp_path))
+  assert experiment.warm_up(exp) > 0
+  info = compiler_pipeline.CompilerPipeline.compile.cache_info
+  misses = info().misses
+  state = exp.process.initialize()
+  keys = exp.client_data.keys([0, 1, 2], seed=0, round_num=0)
+  state = exp.process.next(state, keys).state
+  exp.evaluator(exp.process.get_model_weights(state))
+  assert info().misses == misses

@@ -8,8 +8,12 @@ Sources:
   others need the network or an already prepared `data_dir`.
 * raw files, for the digit-domain experiments of FedD3A (Su, Li, Xue, AAAI
   2023): `usps` from `usps.h5` (16x16 grey in [0, 1]) and `mnist_m` from
-  `mnist_m.tar.gz` (32x32 RGB PNGs, Ganin & Lempitsky's MNIST-M). Decoded
-  arrays are cached as `.npz` under `data_dir/tff_kd_cache`.
+  `mnist_m.tar.gz` (32x32 RGB PNGs, Ganin & Lempitsky's MNIST-M).
+
+Decoded arrays are cached as `.npz` under `data_dir/tff_kd_cache`, keyed by
+the sizes and modification times of their sources (the raw file, or the
+files of the prepared tfds dataset): MNIST then loads in ~0.1 s instead of
+~4 s through tfds.
 * `digits`: scikit-learn's bundled 8x8 digits (1,797 images), which need no
   download: the quick start uses it.
 
@@ -58,9 +62,23 @@ class Dataset(NamedTuple):
   domain_names: tuple[str, ...] = ()
 
 
-def normalise(pixels01: np.ndarray) -> np.ndarray:
-  """[0, 1] pixels -> float32 in [-1, 1] (mean 0.5, std 0.5 normalisation)."""
-  return ((np.asarray(pixels01, np.float32) - 0.5) / 0.5).astype(np.float32)
+def normalise(pixels01: np.ndarray, *, in_place: bool = False) -> np.ndarray:
+  """[0, 1] pixels -> float32 in [-1, 1] (mean 0.5, std 0.5 normalisation).
+
+  Args:
+    pixels01: Pixels in [0, 1].
+    in_place: Overwrite `pixels01` when it is float32 (no new array: on
+      MNIST's training set, allocating one costs ~0.5 s of page faults).
+  """
+  if in_place and isinstance(pixels01, np.ndarray) and (
+      pixels01.dtype == np.float32) and pixels01.flags.writeable:
+    out = pixels01
+    out -= np.float32(0.5)
+  else:
+    out = np.subtract(np.asarray(pixels01, np.float32), np.float32(0.5),
+                      dtype=np.float32)
+  out *= np.float32(2.0)  # Exactly / 0.5.
+  return out
 
 
 def _find_file(manual_dir: Optional[str], subdir: str, filename: str,
@@ -87,15 +105,19 @@ def _cache_path(data_dir: Optional[str], name: str) -> Optional[str]:
                       f'{name}.npz')
 
 
-def _cached(data_dir: Optional[str], name: str, source: str,
-            decode: Callable[[], dict]) -> dict:
-  """Decodes `source` once; later calls read `data_dir/tff_kd_cache`.
+def _files_key(paths: Sequence[str]) -> str:
+  """A key that changes when any of `paths` is replaced or changed."""
+  parts = []
+  for path in sorted(paths):
+    stat = os.stat(path)
+    parts.append(f'{os.path.basename(path)}:{stat.st_size}-'
+                 f'{int(stat.st_mtime)}')
+  return ';'.join(parts)
 
-  The cache is keyed by the source file's size and mtime, so a replaced
-  source file is decoded again.
-  """
-  stat = os.stat(source)
-  key = f'{stat.st_size}-{int(stat.st_mtime)}'
+
+def _read_cache(data_dir: Optional[str], name: str,
+                key: str) -> Optional[dict]:
+  """The arrays cached under `key`, or None (no, stale or broken cache)."""
   path = _cache_path(data_dir, name)
   if path and os.path.exists(path):
     try:
@@ -103,13 +125,32 @@ def _cached(data_dir: Optional[str], name: str, source: str,
         if str(cached['key']) == key:
           return {k: cached[k] for k in cached.files if k != 'key'}
     except (OSError, ValueError, KeyError):
-      pass  # A broken cache is rebuilt from the source below.
-  arrays = decode()
+      pass  # A broken cache is rebuilt from the source.
+  return None
+
+
+def _write_cache(data_dir: Optional[str], name: str, key: str,
+                 arrays: dict) -> None:
+  path = _cache_path(data_dir, name)
   if path:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = path + '.tmp.npz'
     np.savez(tmp, key=key, **arrays)
     os.replace(tmp, path)
+
+
+def _cached(data_dir: Optional[str], name: str, source: str,
+            decode: Callable[[], dict]) -> dict:
+  """Decodes `source` once; later calls read `data_dir/tff_kd_cache`.
+
+  The cache is keyed by the source file's size and mtime, so a replaced
+  source file is decoded again.
+  """
+  key = _files_key([source])
+  arrays = _read_cache(data_dir, name, key)
+  if arrays is None:
+    arrays = decode()
+    _write_cache(data_dir, name, key, arrays)
   return arrays
 
 
@@ -194,13 +235,50 @@ def _first_line(e: BaseException) -> str:
   return text.splitlines()[0] if text else type(e).__name__
 
 
+def _tfds_root(data_dir: Optional[str]) -> str:
+  return os.path.expanduser(
+      data_dir or os.environ.get('TFDS_DATA_DIR', '~/tensorflow_datasets'))
+
+
+def _tfds_key(name: str, data_dir: Optional[str]) -> Optional[str]:
+  """The cache key of a prepared tfds dataset: its files' names, sizes and
+  mtimes (None if it is not prepared)."""
+  folder = os.path.join(_tfds_root(data_dir), _TFDS[name])
+  paths = [os.path.join(d, f) for d, _, files in os.walk(folder)
+           for f in files if not f.endswith('.lock')]
+  return _files_key(paths) if paths else None
+
+
 def _load_tfds(name: str, data_dir: Optional[str],
                manual_dir: Optional[str]) -> dict:
+  if manual_dir and not os.path.isdir(os.path.expanduser(manual_dir)):
+    raise errors.DataError(f'dataset.manual_dir {manual_dir} does not exist')
+  cache_name = f'tfds_{name}'
+  key = _tfds_key(name, data_dir)
+  arrays = key and _read_cache(data_dir, cache_name, key)
+  if not arrays:
+    arrays = _prepare_tfds(name, data_dir, manual_dir)
+    key = _tfds_key(name, data_dir)
+    if key:
+      _write_cache(data_dir, cache_name, key, arrays)
+  arrays = dict(arrays)
+  for split in ('train', 'test'):
+    x = arrays[f'x_{split}'].astype(np.float32)
+    x /= np.float32(255.0)
+    if name == 'emnist':
+      # tfds stores EMNIST transposed relative to the usual orientation.
+      x = np.transpose(x, (0, 2, 1, 3))
+    arrays[f'x_{split}'] = x
+  return arrays
+
+
+def _prepare_tfds(name: str, data_dir: Optional[str],
+                  manual_dir: Optional[str]) -> dict:
+  """Builds (if needed) and reads a tfds dataset: uint8 images, int32
+  labels."""
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   builder = tfds.builder(_TFDS[name], data_dir=data_dir and
                          os.path.expanduser(data_dir))
-  if manual_dir and not os.path.isdir(os.path.expanduser(manual_dir)):
-    raise errors.DataError(f'dataset.manual_dir {manual_dir} does not exist')
   if manual_dir and os.path.isdir(os.path.join(
       os.path.expanduser(manual_dir), name)):
     # Like usps/ and mnist_m/: one manual_dir serves several datasets (as in
@@ -217,18 +295,17 @@ def _load_tfds(name: str, data_dir: Optional[str],
   # after the archive's file name alone, and MNIST and Fashion-MNIST ship
   # files of the same names, so with the shared default folder a
   # Fashion-MNIST build silently reused MNIST's extracted images.
-  root = os.path.expanduser(
-      data_dir or os.environ.get('TFDS_DATA_DIR', '~/tensorflow_datasets'))
   config = tfds.download.DownloadConfig(
       manual_dir=manual_dir and os.path.expanduser(manual_dir))
   try:
     builder.download_and_prepare(
-        download_dir=os.path.join(root, 'downloads', 'tff_kd', name),
+        download_dir=os.path.join(_tfds_root(data_dir), 'downloads',
+                                  'tff_kd', name),
         download_config=config)
     arrays = {}
     for split in ('train', 'test'):
       d = tfds.as_numpy(builder.as_dataset(split=split, batch_size=-1))
-      arrays[f'x_{split}'] = d['image'].astype(np.float32) / 255.0
+      arrays[f'x_{split}'] = np.asarray(d['image'], np.uint8)
       arrays[f'y_{split}'] = d['label'].astype(np.int32)
   except Exception as e:  # pylint: disable=broad-except
     # tfds raises download, checksum, IO and parse errors of many types.
@@ -236,10 +313,6 @@ def _load_tfds(name: str, data_dir: Optional[str],
         f'could not load {name!r} with tensorflow-datasets (data_dir='
         f'{data_dir}, manual_dir={manual_dir or "none"}): '
         f'{_first_line(e)}') from None
-  if name == 'emnist':
-    # tfds stores EMNIST transposed relative to the usual orientation.
-    for split in ('train', 'test'):
-      arrays[f'x_{split}'] = np.transpose(arrays[f'x_{split}'], (0, 2, 1, 3))
   return arrays
 
 
@@ -280,8 +353,12 @@ def load_dataset(name: str, *, data_dir: Optional[str] = None,
     x_train = resize_images(x_train, image_shape)
     x_test = resize_images(x_test, image_shape)
   num_classes = int(max(y_train.max(), arrays['y_test'].max())) + 1
-  return Dataset(name, normalise(x_train), y_train.astype(np.int32),
-                 normalise(x_test), arrays['y_test'].astype(np.int32),
+  # The loaders' arrays are fresh (decoded or read from the cache) and used
+  # only here, so they are normalised in place.
+  return Dataset(name, normalise(x_train, in_place=True),
+                 y_train.astype(np.int32),
+                 normalise(x_test, in_place=True),
+                 arrays['y_test'].astype(np.int32),
                  num_classes)
 
 

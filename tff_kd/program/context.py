@@ -14,6 +14,15 @@ child survives, keeps the parent's stdout/stderr open, and pipelines such as
 * the worker gets the default SIGINT handler back, which a process started
   in the background (`nohup cmd &`) would otherwise pass on as ignored.
 
+The local contexts also set how the worker uses the cores
+(`benchmarks/results/threads.md` measures it): at most `concurrent_clients`
+client computations at a time (default: one per usable core) and
+`intra_op_threads` threads inside each TensorFlow op (default 1). TF's own
+defaults, unlimited calls that each spread every op over all cores, cost
+this library's small models up to 1.6x per round on 2 cores. And they start
+the worker as soon as the context is installed, so its ~1 s start overlaps
+the data loading and tracing that come before the first call.
+
 The reaper is installed when `tff_kd` is imported, so binaries, tests and
 notebook kernels all get it. Builders in this library never set a context
 themselves; callers pick one (`set_local_context` for simulation), which keeps
@@ -30,12 +39,16 @@ import subprocess
 import sys
 import threading
 import types
-from typing import Any
+from typing import Any, Optional
 
 _PR_SET_PDEATHSIG = 1
 _children: list[subprocess.Popen] = []
 _lock = threading.Lock()
 _installed = False
+# Environment added to every worker's (e.g. TF_NUM_INTRAOP_THREADS).
+_worker_env: dict[str, str] = {}
+# A worker started ahead of TFF's request: (its exact command, process).
+_prestarted: Optional[tuple[list[str], subprocess.Popen]] = None
 
 
 def _die_with_parent() -> None:
@@ -56,6 +69,8 @@ class _ReapedPopen(subprocess.Popen):
   def __init__(self, *args: Any, **kwargs: Any):
     if sys.platform.startswith('linux'):
       kwargs.setdefault('preexec_fn', _die_with_parent)
+    if _worker_env and kwargs.get('env') is None:
+      kwargs['env'] = {**os.environ, **_worker_env}
     super().__init__(*args, **kwargs)
     with _lock:
       _children.append(self)
@@ -91,9 +106,11 @@ def shutdown() -> int:
   Returns:
     How many workers were still running.
   """
+  global _prestarted
   with _lock:
     children = list(_children)
     _children.clear()
+    _prestarted = None
   killed = sum(_kill_keeping_zombie(c) for c in children)
   if _installed:
     from tensorflow_federated.python.core.impl.context_stack import set_default_context  # pylint: disable=g-import-not-at-top
@@ -121,39 +138,178 @@ def install_worker_reaper() -> None:
   # Imported lazily: TFF import is slow and not every tff_kd user needs it.
   from tensorflow_federated.python.core.impl.executor_stacks import executor_factory  # pylint: disable=g-import-not-at-top
 
-  # Only the module's own reference is replaced; `subprocess` elsewhere is
-  # untouched.
-  executor_factory.subprocess = types.SimpleNamespace(Popen=_ReapedPopen)
+  # Only the module's own references are replaced; `subprocess` and
+  # `portpicker` elsewhere are untouched.
+  executor_factory.subprocess = types.SimpleNamespace(Popen=_TffPopen)
+  executor_factory.portpicker = types.SimpleNamespace(
+      pick_unused_port=_pick_port)
   atexit.register(shutdown)
   _installed = True
 
 
-def set_local_context() -> None:
-  """Installs TFF's synchronous local C++ context, with the reaper."""
+class _TffPopen(_ReapedPopen):
+  """The `Popen` of TFF's local executor factory (a class: TFF checks
+  `isinstance` on it). It hands out the prestarted worker when TFF asks
+  for exactly its command; any other prestarted worker is stopped."""
+
+  def __new__(cls, args: list[str], *unused_args: Any, **unused_kwargs: Any):
+    global _prestarted
+    with _lock:
+      prestarted, _prestarted = _prestarted, None
+    if prestarted is not None:
+      command, process = prestarted
+      if list(args) == command and process.poll() is None:
+        return process
+      _kill_keeping_zombie(process)
+      process.poll()
+    return super().__new__(cls)
+
+  def __init__(self, *args: Any, **kwargs: Any):
+    if getattr(self, '_started', False):  # The prestarted worker, handed out.
+      return
+    super().__init__(*args, **kwargs)
+    self._started = True
+
+
+def _pick_port() -> int:
+  """TFF's port picker: the prestarted worker's port while one waits."""
+  with _lock:
+    if _prestarted is not None:
+      return int(_prestarted[0][1].split('=')[1])
+  import portpicker  # pylint: disable=g-import-not-at-top
+  return portpicker.pick_unused_port()
+
+
+def _worker_command(port: int, max_calls: int) -> list[str]:
+  """The command TFF's local executor factory starts a worker with."""
+  from tensorflow_federated.python.core.impl.executor_stacks import executor_factory  # pylint: disable=g-import-not-at-top
+  binary = os.path.join(os.path.dirname(executor_factory.__file__), '..',
+                        '..', '..', '..', 'data', 'worker_binary')
+  return [binary, f'--port={port}',
+          f'--max_concurrent_computation_calls={max_calls}']
+
+
+def _prestart(max_calls: int) -> None:
+  """Starts the worker TFF's next local context will ask for."""
+  global _prestarted
+  import portpicker  # pylint: disable=g-import-not-at-top
+  command = _worker_command(portpicker.pick_unused_port(), max_calls)
+  process = _TffPopen(command)  # Stops a previous one never asked for.
+  with _lock:
+    _prestarted = (command, process)
+
+
+def usable_cores() -> int:
+  """The cores this process may run on (its CPU affinity)."""
+  try:
+    return len(os.sched_getaffinity(0))
+  except AttributeError:  # Not Linux.
+    return os.cpu_count() or 1
+
+
+def max_concurrent_calls(concurrent_clients: int) -> int:
+  """TFF's `max_concurrent_computation_calls` for `concurrent_clients`:
+  0 is one per usable core, -1 no limit (TFF's default)."""
+  if concurrent_clients < -1:
+    raise ValueError(f'concurrent_clients must be >= -1, got '
+                     f'{concurrent_clients}')
+  return usable_cores() if concurrent_clients == 0 else concurrent_clients
+
+
+def threads_env(intra_op_threads: int) -> dict[str, str]:
+  """The environment giving a worker `intra_op_threads` threads inside each
+  TensorFlow op (0: TensorFlow's default, every core)."""
+  if intra_op_threads < 0:
+    raise ValueError(f'intra_op_threads must be >= 0, got '
+                     f'{intra_op_threads}')
+  return ({'TF_NUM_INTRAOP_THREADS': str(intra_op_threads)}
+          if intra_op_threads else {})
+
+
+def setup_local_worker(*, concurrent_clients: int = 0,
+                       intra_op_threads: int = 1,
+                       prestart: bool = True) -> int:
+  """Readies the worker of the next local C++ context to be created.
+
+  Installs the reaper, sets the worker's threads and (`prestart`) starts
+  it now, so that it is up by the first call.
+
+  Args:
+    concurrent_clients: Client computations the worker runs at a time (0:
+      one per usable core; -1: no limit, TFF's default).
+    intra_op_threads: Threads inside each TensorFlow op in the worker (0:
+      TensorFlow's default, every core).
+    prestart: Start the worker now rather than at the first call.
+
+  Returns:
+    The `max_concurrent_computation_calls` to create the context with.
+  """
+  calls = max_concurrent_calls(concurrent_clients)
+  env = threads_env(intra_op_threads)
+  with _lock:
+    _worker_env.clear()
+    _worker_env.update(env)
+  install_worker_reaper()
+  if prestart:
+    _prestart(calls)
+  return calls
+
+
+def set_local_context(**kwargs: Any) -> None:
+  """Installs TFF's synchronous local C++ context, with the reaper;
+  `kwargs` as in `setup_local_worker`."""
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
 
-  install_worker_reaper()
-  tff.backends.native.set_sync_local_cpp_execution_context()
+  tff.backends.native.set_sync_local_cpp_execution_context(
+      max_concurrent_computation_calls=setup_local_worker(**kwargs))
 
 
-def set_test_context() -> None:
+def set_test_context(**kwargs: Any) -> None:
   """Installs TFF's synchronous *test* C++ context, with the reaper.
 
-  The same runtime as `set_local_context`, but it also implements the
-  secure-aggregation intrinsics (`tff.federated_secure_sum_bitwidth`, used
-  by `tff.aggregators.SecureSumFactory`) by rewriting them to plain sums, as
+  The same runtime as `set_local_context` (and the same arguments), but it
+  also implements the secure-aggregation intrinsics
+  (`tff.federated_secure_sum_bitwidth`, used by
+  `tff.aggregators.SecureSumFactory`) by rewriting them to plain sums, as
   simulation needs; the local context rejects them. DaFKD's private mode
   (appendix B) runs under it.
   """
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
 
-  install_worker_reaper()
-  tff.backends.test.set_sync_test_cpp_execution_context()
+  tff.backends.test.set_sync_test_cpp_execution_context(
+      max_concurrent_computation_calls=setup_local_worker(**kwargs))
 
 
-def set_context_for(needs_secure_sum: bool) -> None:
-  """The test context if the process uses secure sums, else the local one."""
+def precompile(*computations: Any) -> int:
+  """Compiles computations for the current context before their first call.
+
+  TFF compiles a computation for its runtime on its first call (0.5 s for
+  a FedAvg round's `next` here) and caches the result in the context; this
+  fills that cache ahead of time, so the first round costs what later ones
+  do. Anything that is not a `tff.Computation` is skipped.
+
+  Returns:
+    How many computations were compiled: 0 under a context without a
+    compiler cache.
+  """
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+
+  current = tff.framework.get_context_stack().current
+  # TFF 0.87's sync contexts wrap an async one that owns the cache.
+  owner = getattr(current, '_async_context', current)
+  pipeline = getattr(owner, '_compiler_pipeline', None)
+  if pipeline is None:
+    return 0
+  compiled = [c for c in computations if isinstance(c, tff.Computation)]
+  for computation in compiled:
+    pipeline.compile(computation)
+  return len(compiled)
+
+
+def set_context_for(needs_secure_sum: bool, **kwargs: Any) -> None:
+  """The test context if the process uses secure sums, else the local one;
+  `kwargs` go to either (`set_local_context`)."""
   if needs_secure_sum:
-    set_test_context()
+    set_test_context(**kwargs)
   else:
-    set_local_context()
+    set_local_context(**kwargs)

@@ -42,6 +42,11 @@ class Evaluator:
           tf.float32))
     return loss_sum, correct
 
+  def trace(self) -> None:
+    """Traces (and runs once, with the model's current weights) the
+    evaluation function, so that the first call costs what later ones do."""
+    self._eval(self._data)
+
   def __call__(self, weights: tff.learning.models.ModelWeights) -> EvalResult:
     weights.assign_weights_to(self._model)
     loss_sum, correct = self._eval(self._data)

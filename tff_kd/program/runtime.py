@@ -175,9 +175,13 @@ def worker_binary() -> str:
   return os.path.join(os.path.dirname(tff.__file__), 'data', 'worker_binary')
 
 
-def worker_command(port: int) -> list[str]:
-  """The command that serves one worker on `port` (all interfaces)."""
-  return [worker_binary(), f'--port={int(port)}']
+def worker_command(port: int, *, concurrent_clients: int = 0) -> list[str]:
+  """The command that serves one worker on `port` (all interfaces),
+  running `concurrent_clients` client computations at a time (as in
+  `tff_kd.program.context.max_concurrent_calls`)."""
+  calls = context.max_concurrent_calls(concurrent_clients)
+  return [worker_binary(), f'--port={int(port)}',
+          f'--max_concurrent_computation_calls={calls}']
 
 
 def start_local_workers(count: int, *,

@@ -185,6 +185,11 @@ class DriverServerProcess:
     self.get_model_weights = self._split.get_model_weights
     self.set_model_weights = self._split.set_model_weights
 
+  @property
+  def runtime_process(self) -> tff.learning.templates.LearningProcess:
+    """The part of the round that runs in TFF's runtime."""
+    return self._split
+
   def next(self, state: Any,
            client_data: Any) -> tff.learning.templates.LearningProcessOutput:
     """One round: clients and aggregation in TFF, the server step here."""

@@ -268,7 +268,7 @@ class _NativeContext(tff.program.NativeFederatedContext):
         references, comp.type_signature.result)
 
 
-def native_context() -> tff.program.NativeFederatedContext:
+def native_context(**kwargs: Any) -> tff.program.NativeFederatedContext:
   """An async local C++ context wrapped for TFF's program logic.
 
   `tff.learning.programs.train_model` awaits value references, so it needs
@@ -278,9 +278,10 @@ def native_context() -> tff.program.NativeFederatedContext:
   which TFF 0.87's own does not (see `_materialize`). Install it around
   `train_model`, e.g.
   `with tff.framework.get_context_stack().install(native_context()): ...`.
-  Its `worker_binary` is reaped like the synchronous context's
-  (`tff_kd.program.context`).
+  Its `worker_binary` is reaped and set up like the synchronous context's:
+  `kwargs` as in `tff_kd.program.context.setup_local_worker`.
   """
-  context.install_worker_reaper()
+  calls = context.setup_local_worker(**kwargs)
   return _NativeContext(
-      tff.backends.native.create_async_local_cpp_execution_context())
+      tff.backends.native.create_async_local_cpp_execution_context(
+          max_concurrent_computation_calls=calls))
