@@ -78,6 +78,10 @@ _WEIGHTING = flags.DEFINE_enum(
     "reference's `aggregate_parameters`). dataset_size replaces the "
     "process's new global weights by the replayed clients' average "
     'weighted that way.')
+_SUMMARISE = flags.DEFINE_list(
+    'summarise', [], 'Run nothing: write <out>.md, a table of the given '
+    "result JSONs of this benchmark (seed, weighting, init, accuracy after "
+    'rounds 10 and 20 in each semantics, mean of the last 5 rounds).')
 _REFERENCE = flags.DEFINE_string(
     'reference_json', 'benchmarks/results/sidebyside_fedavg.json',
     "A benchmarks/sidebyside.py result: its reference runs' accuracy curves "
@@ -145,8 +149,39 @@ def _flat_layers(model: tf.keras.Model) -> list:
   return out
 
 
+def _summarise(paths: list[str], out: str) -> None:
+  lines = ['# The early accuracy gap: every run of benchmarks/accuracy_gap.py',
+           '', 'Command:', '',
+           '    python -m benchmarks.accuracy_gap ' + ' '.join(sys.argv[1:]),
+           '', 'Accuracy on the union of the users\' test slices. "ours": '
+           'global model with averaged BatchNorm statistics; "reference '
+           'semantics": each user with its own statistics on its own slice.',
+           '', '| run | seed | init | weighting | ours, round 10 | ours, '
+           'round 20 | reference semantics, round 20 | ours, mean of the '
+           'last 5 rounds |', '|---|---|---|---|---|---|---|---|']
+  for path in paths:
+    with open(path) as f:
+      d = json.load(f)
+    rows, cmd = d['rows'], d['command']
+    flag = lambda name, default: next(  # noqa: E731
+        (a.split('=', 1)[1] for a in cmd.split() if a.startswith(f'--{name}=')),
+        default)
+    last = rows[-5:]
+    lines.append(
+        f'| {os.path.basename(path)} | {flag("seed", "0")} | '
+        f'{flag("init", "keras")} | {flag("weighting", "round_examples")} | '
+        f"{rows[9]['ours']:.4f} | {rows[-1]['ours']:.4f} | "
+        f"{rows[-1]['reference_semantics']:.4f} | "
+        f"{sum(r['ours'] for r in last) / len(last):.4f} |")
+  with open(out + '.md', 'w') as f:
+    f.write('\n'.join(lines) + '\n')
+
+
 def main(argv):
   del argv
+  if _SUMMARISE.value:
+    _summarise(_SUMMARISE.value, _OUT.value)
+    return
   config = fedgen_mnist.get_config()
   config.method = 'fedavg'
   config.seed = _SEED.value
@@ -202,7 +237,7 @@ def main(argv):
     if _WEIGHTING.value == 'dataset_size':
       sizes = [exp.client_data.num_examples[int(u)] for u in clients]
       mean = [np.average(np.stack(vs), axis=0, weights=sizes)
-              for vs in zip(*finals)]
+              .astype(np.float32) for vs in zip(*finals)]
       by_size = {id(v): m for v, m in zip(replay.weights, mean)}
       after = tff.learning.models.ModelWeights(
           trainable=[by_size[id(v)] for v in replay.trainable_weights],

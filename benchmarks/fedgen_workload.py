@@ -72,6 +72,12 @@ _PURE_TF_ROUNDS = flags.DEFINE_integer(
     'pure_tf_rounds', 20, 'Rounds of the no-TFF compute baseline.')
 _METHOD = flags.DEFINE_enum('method', 'fedavg', ['fedavg', 'fedgen'],
                             'Method run on the workload.')
+_CONCURRENT_CLIENTS = flags.DEFINE_integer(
+    'concurrent_clients', 0, 'runtime.concurrent_clients (0: one per core; '
+    "-1: no limit, TFF's default).")
+_INTRA_OP_THREADS = flags.DEFINE_integer(
+    'intra_op_threads', 1, "runtime.intra_op_threads (0: TensorFlow's "
+    'default, every core).')
 _OUT = flags.DEFINE_string(
     'out', '', 'Result file (default: results/fedgen_workload.json for '
     'fedavg, results/fedgen_workload_fedgen.json for fedgen).')
@@ -95,6 +101,8 @@ def _config(seed: int, rounds: int):
   c.dataset.data_dir = _DATA_DIR.value
   c.checkpoint_every = rounds
   c.export = False
+  c.runtime.concurrent_clients = _CONCURRENT_CLIENTS.value
+  c.runtime.intra_op_threads = _INTRA_OP_THREADS.value
   return c
 
 
@@ -185,7 +193,8 @@ def _round_times(hist: list, starts: list, run_end: float) -> list:
 def main(argv):
   del argv
   t0 = time.perf_counter()
-  context.set_local_context()
+  context.set_local_context(concurrent_clients=_CONCURRENT_CLIENTS.value,
+                            intra_op_threads=_INTRA_OP_THREADS.value)
   context_s = time.perf_counter() - t0
   results = dict(
       command=' '.join(['python -m benchmarks.fedgen_workload'] +

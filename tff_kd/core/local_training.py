@@ -91,15 +91,21 @@ def train_locally(model: tf.keras.Model,
   Returns:
     A `LocalResult`.
   """
+  # Only the loop over the dataset needs AutoGraph. TFF's optimizers are
+  # written to trace without it (TFF's computations do not convert), so
+  # they are called unconverted: converting them cost ~0.5 s of the
+  # process build, and the traced ops are the same.
+  plain = tf.autograph.experimental.do_not_convert
   tf.nest.map_structure(lambda v, t: v.assign(t),
-                        model_weights(model), initial_weights)
+                        plain(model_weights)(model), initial_weights)
   trainable = model.trainable_weights
   global_trainable = [tf.identity(v) for v in trainable]
   specs = tuple(tf.TensorSpec(v.shape, v.dtype) for v in trainable)
-  opt_state = optimizer.initialize(specs)
-  hparams = optimizer.get_hparams(opt_state)
+  opt_state = plain(optimizer.initialize)(specs)
+  hparams = plain(optimizer.get_hparams)(opt_state)
   hparams['learning_rate'] = tf.cast(learning_rate, tf.float32)
-  opt_state = optimizer.set_hparams(opt_state, hparams)
+  opt_state = plain(optimizer.set_hparams)(opt_state, hparams)
+  optimizer_next = plain(optimizer.next)
   loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(
       from_logits=True, reduction=tf.keras.losses.Reduction.SUM)
 
@@ -121,7 +127,7 @@ def train_locally(model: tf.keras.Model,
       if regularizer is not None:
         loss += regularizer(batch, logits, num_steps)
     grads = tape.gradient(loss, trainable)
-    opt_state, updated = optimizer.next(opt_state, tuple(trainable),
+    opt_state, updated = optimizer_next(opt_state, tuple(trainable),
                                         tuple(grads))
     for variable, value in zip(trainable, updated):
       variable.assign(value)

@@ -6,7 +6,9 @@ are overwritten each round: the test set is never split across clients
 serialised into a federated computation.
 """
 
-from typing import NamedTuple
+import functools
+from typing import Callable, NamedTuple
+import weakref
 
 import numpy as np
 import tensorflow as tf
@@ -18,8 +20,40 @@ class EvalResult(NamedTuple):
   accuracy: float
 
 
+# One evaluation `tf.function` per model, freed with the model: evaluators
+# that share a model (and batch structure) share its trace.
+_EVAL_FNS: 'weakref.WeakKeyDictionary[tf.keras.Model, Callable]' = (
+    weakref.WeakKeyDictionary())
+
+
+def _eval_fn(model: tf.keras.Model) -> Callable:
+  if model not in _EVAL_FNS:
+    _EVAL_FNS[model] = tf.function(functools.partial(_sums, model))
+  return _EVAL_FNS[model]
+
+
+def _sums(model: tf.keras.Model,
+          dataset: tf.data.Dataset) -> tuple[tf.Tensor, tf.Tensor]:
+  """Summed cross-entropy and correct predictions of `model` on `dataset`."""
+  loss_sum = tf.constant(0.0)
+  correct = tf.constant(0.0)
+  for x, y in iter(dataset):  # See local_training.train_locally.
+    logits = model(x, training=False)
+    loss_sum += tf.reduce_sum(
+        tf.keras.losses.sparse_categorical_crossentropy(
+            y, logits, from_logits=True))
+    correct += tf.reduce_sum(tf.cast(
+        tf.equal(tf.argmax(logits, -1, output_type=tf.int32), y),
+        tf.float32))
+  return loss_sum, correct
+
+
 class Evaluator:
-  """Accuracy and cross-entropy of given `ModelWeights` on fixed data."""
+  """Accuracy and cross-entropy of given `ModelWeights` on fixed data.
+
+  Evaluators may share one Keras model (the weights are assigned on every
+  call): they then share one trace of the evaluation function.
+  """
 
   def __init__(self, model: tf.keras.Model, x: np.ndarray, y: np.ndarray,
                *, batch_size: int = 1000):
@@ -27,28 +61,14 @@ class Evaluator:
     self._num = len(y)
     self._data = (tf.data.Dataset.from_tensor_slices((x, y.astype(np.int32)))
                   .batch(batch_size).cache())
-    self._eval = tf.function(self._sums)
-
-  def _sums(self, dataset: tf.data.Dataset) -> tuple[tf.Tensor, tf.Tensor]:
-    loss_sum = tf.constant(0.0)
-    correct = tf.constant(0.0)
-    for x, y in iter(dataset):  # See local_training.train_locally.
-      logits = self._model(x, training=False)
-      loss_sum += tf.reduce_sum(
-          tf.keras.losses.sparse_categorical_crossentropy(
-              y, logits, from_logits=True))
-      correct += tf.reduce_sum(tf.cast(
-          tf.equal(tf.argmax(logits, -1, output_type=tf.int32), y),
-          tf.float32))
-    return loss_sum, correct
 
   def trace(self) -> None:
     """Traces (and runs once, with the model's current weights) the
     evaluation function, so that the first call costs what later ones do."""
-    self._eval(self._data)
+    _eval_fn(self._model)(self._data)
 
   def __call__(self, weights: tff.learning.models.ModelWeights) -> EvalResult:
     weights.assign_weights_to(self._model)
-    loss_sum, correct = self._eval(self._data)
+    loss_sum, correct = _eval_fn(self._model)(self._data)
     return EvalResult(float(loss_sum) / self._num,
                       float(correct) / self._num)

@@ -495,13 +495,14 @@ def prepare(config: ml_collections.ConfigDict, root_dir: str) -> Experiment:
   process = server_stage.place_server(method.build(inputs, config),
                                      config.runtime.server_device)
 
-  evaluator = evaluation.Evaluator(model_fn(), dataset.x_test, dataset.y_test,
+  eval_model = model_fn()  # Shared: the evaluators share one trace.
+  evaluator = evaluation.Evaluator(eval_model, dataset.x_test, dataset.y_test,
                                    batch_size=config.eval_batch_size)
   slice_evaluator = None
   if test_slices is not None:
     idx = np.concatenate(test_slices)
     slice_evaluator = evaluation.Evaluator(
-        model_fn(), dataset.x_test[idx], dataset.y_test[idx],
+        eval_model, dataset.x_test[idx], dataset.y_test[idx],
         batch_size=config.eval_batch_size)
   prototype_evaluators = tuple(
       evaluation.Evaluator(fn(), dataset.x_test, dataset.y_test,
@@ -511,7 +512,7 @@ def prepare(config: ml_collections.ConfigDict, root_dir: str) -> Experiment:
   if dataset.test_domains is not None:
     domain_evaluators = tuple(
         (name, evaluation.Evaluator(
-            model_fn(), dataset.x_test[dataset.test_domains == i],
+            eval_model, dataset.x_test[dataset.test_domains == i],
             dataset.y_test[dataset.test_domains == i],
             batch_size=config.eval_batch_size))
         for i, name in enumerate(dataset.domain_names))
