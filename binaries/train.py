@@ -21,6 +21,7 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 # `main`: importing TFF inside `app.run` leaves Keras building graph-mode
 # SymbolicTensors instead of KerasTensors, which breaks functional models.
 from tff_kd import errors  # pylint: disable=g-import-not-at-top
+from tff_kd.program import context
 from tff_kd.program import experiment
 from tff_kd.program import plots
 
@@ -144,6 +145,7 @@ def _summary(root_dir: str, result, seconds: float,
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
+  context.freeze_imported_objects()  # TF and TFF are imported by now.
   try:
     config = _CONFIG.value
     config.keys()  # config_flags defers a failed load to the first use.

@@ -22,6 +22,7 @@ FEATURE_METRICS = ('l1', 'l2', 'cosine')
 _TINY = float(np.finfo(np.float32).tiny)
 
 
+@tf.autograph.experimental.do_not_convert
 def label_weights(label_counts: tf.Tensor) -> tf.Tensor:
   """w[k, y] = n_{k,y} / sum_j n_{j,y}; 1/K for a class nobody holds.
 
@@ -34,6 +35,7 @@ def label_weights(label_counts: tf.Tensor) -> tf.Tensor:
   return distillation.normalize_weights(tf.cast(label_counts, tf.float32))
 
 
+@tf.autograph.experimental.do_not_convert
 def qualified_labels(label_counts: tf.Tensor,
                      min_count: float = 1.0) -> tf.Tensor:
   """[C] bool: some client holds more than `min_count` samples of the label.
@@ -45,6 +47,7 @@ def qualified_labels(label_counts: tf.Tensor,
   return tf.reduce_max(counts, axis=0) > min_count
 
 
+@tf.autograph.experimental.do_not_convert
 def sample_labels(label_probs: tf.Tensor, batch_size, seed) -> tf.Tensor:
   """[batch_size] int32 labels drawn from an (unnormalised) distribution.
 
@@ -62,6 +65,7 @@ def sample_labels(label_probs: tf.Tensor, batch_size, seed) -> tf.Tensor:
       tf.int32)
 
 
+@tf.autograph.experimental.do_not_convert
 def _pairwise(x: tf.Tensor, metric: str) -> tf.Tensor:
   """[B, B] distances between the rows of x [B, D]."""
   x = tf.reshape(tf.cast(x, tf.float32), [tf.shape(x)[0], -1])
@@ -74,6 +78,7 @@ def _pairwise(x: tf.Tensor, metric: str) -> tf.Tensor:
   return tf.reduce_mean(tf.square(diff), axis=-1)
 
 
+@tf.autograph.experimental.do_not_convert
 def diversity_loss(noise: tf.Tensor,
                    features: tf.Tensor,
                    *,

@@ -66,6 +66,7 @@ KL_REDUCTIONS = ('batchmean', 'mean')
 ACCEPTS = ('always', 'no_worse')
 
 
+@tf.autograph.experimental.do_not_convert
 def normalize_weights(raw: tf.Tensor,
                       eps: float = 1e-12,
                       *,
@@ -106,6 +107,7 @@ def normalize_weights(raw: tf.Tensor,
   return tf.where(degenerate, uniform + tf.zeros_like(raw), raw / safe_total)
 
 
+@tf.autograph.experimental.do_not_convert
 def _check_teacher_shapes(logits: tf.Tensor, weights: tf.Tensor) -> None:
   if logits.shape.rank is not None and logits.shape.rank != 3:
     raise ValueError(
@@ -124,6 +126,7 @@ def _check_teacher_shapes(logits: tf.Tensor, weights: tf.Tensor) -> None:
         f'weights {weights.shape} ([K, N])')
 
 
+@tf.autograph.experimental.do_not_convert
 def weighted_ensemble(teacher_logits: tf.Tensor,
                       weights: tf.Tensor,
                       *,
@@ -162,11 +165,13 @@ def weighted_ensemble(teacher_logits: tf.Tensor,
   return tf.nn.softmax(mixed / temperature, axis=-1)
 
 
+@tf.autograph.experimental.do_not_convert
 def _check_temperature(temperature: float) -> None:
   if isinstance(temperature, (int, float)) and not temperature > 0:
     raise ValueError(f'temperature must be > 0, got {temperature}')
 
 
+@tf.autograph.experimental.do_not_convert
 def kl_per_example(student_logits: tf.Tensor, target_probs: tf.Tensor,
                     temperature: float) -> tf.Tensor:
   """KL(target || softmax(student / T)) per example (no T^2)."""
@@ -181,6 +186,7 @@ def kl_per_example(student_logits: tf.Tensor, target_probs: tf.Tensor,
   return tf.reduce_sum(target_probs * (log_p - log_q), axis=-1)
 
 
+@tf.autograph.experimental.do_not_convert
 def kd_loss(student_logits: tf.Tensor, target_probs: tf.Tensor,
             temperature: float, reduction: str = 'batchmean') -> tf.Tensor:
   """Hinton's distillation loss: T^2 * mean_i KL(p_i || softmax(s_i / T)).

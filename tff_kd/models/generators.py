@@ -62,6 +62,7 @@ COMBINES = ('concat', 'multiply')
 _LEAKY_SLOPE = 0.2  # DCGAN's slope (Radford et al., 2016).
 
 
+@tf.autograph.experimental.do_not_convert
 def sample_noise(shape: Sequence[int] | tf.Tensor,
                  kind: str = 'gaussian',
                  seed: int | Sequence[int] | tf.Tensor = 0) -> tf.Tensor:
@@ -88,6 +89,7 @@ def sample_noise(shape: Sequence[int] | tf.Tensor,
   return tf.random.stateless_uniform(shape, seed=seed)
 
 
+@tf.autograph.experimental.do_not_convert
 def _as_seed(seed) -> tf.Tensor:
   if isinstance(seed, int):
     return tf.constant([seed, 0], tf.int64)

@@ -39,6 +39,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import types
 from typing import Any, Optional
 
@@ -310,6 +311,25 @@ def precompile(*computations: Any) -> int:
   for computation in compiled:
     pipeline.compile(computation)
   return len(compiled)
+
+
+def freeze_imported_objects() -> float:
+  """Hides every object alive now from Python's garbage collector.
+
+  For programs (the `train` binary), right after TensorFlow and TFF are
+  imported: their ~10^6 long-lived objects are then never traversed again,
+  neither by later collections nor by the full one at interpreter exit
+  (0.9 s here, 0.15 s frozen). Objects that die later are still freed as
+  usual; only cycles among the frozen ones would never be collected, so a
+  library never calls this for its users.
+
+  Returns:
+    The seconds it took (one full collection first, ~0.15 s).
+  """
+  start = time.perf_counter()
+  gc.collect()
+  gc.freeze()
+  return time.perf_counter() - start
 
 
 def set_context_for(needs_secure_sum: bool, **kwargs: Any) -> None:

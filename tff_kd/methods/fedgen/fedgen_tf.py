@@ -69,6 +69,7 @@ HeadsFn = Callable[[tf.Tensor], tf.Tensor]
 TEACHER_ENSEMBLES = ('per_head', 'logits')
 
 
+@tf.autograph.experimental.do_not_convert
 def linear_heads_logits(features: tf.Tensor, kernels: tf.Tensor,
                         biases: tf.Tensor) -> tf.Tensor:
   """Logits of K linear heads on one batch of features.
@@ -85,6 +86,7 @@ def linear_heads_logits(features: tf.Tensor, kernels: tf.Tensor,
           biases[:, None, :])
 
 
+@tf.autograph.experimental.do_not_convert
 def _weights_per_sample(labels, label_counts) -> tf.Tensor:
   """alpha[k, i] = w[k, y_i], [K, B]."""
   return tf.gather(data_free.label_weights(label_counts),
@@ -92,6 +94,7 @@ def _weights_per_sample(labels, label_counts) -> tf.Tensor:
                    axis=1)
 
 
+@tf.autograph.experimental.do_not_convert
 def teacher_loss(teacher_logits: tf.Tensor,
                  labels: tf.Tensor,
                  label_counts: tf.Tensor,
@@ -147,6 +150,7 @@ class GeneratorStepResult(NamedTuple):
   teacher_accuracy: tf.Tensor
 
 
+@tf.autograph.experimental.do_not_convert
 def generator_step(generator: tf.keras.Model,
                    heads_fn: HeadsFn,
                    label_counts: tf.Tensor,
@@ -286,6 +290,7 @@ def _train_generator(generator, heads_fn, label_counts, optimizer,
   return GeneratorTrainingResult(state, *means)
 
 
+@tf.autograph.experimental.do_not_convert
 def decayed_coefficient(initial: float, round_num, *, decay: float = 0.98,
                         floor: float = 1e-4) -> tf.Tensor:
   """The reference's per-round decay max(floor, initial * decay^round)."""
@@ -302,6 +307,7 @@ class LocalLoss(NamedTuple):
   latent: tf.Tensor
 
 
+@tf.autograph.experimental.do_not_convert
 def regularized_local_loss(classifier: classifiers.Classifier,
                            generator: tf.keras.Model,
                            x: tf.Tensor,
