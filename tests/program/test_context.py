@@ -83,3 +83,16 @@ def test_precompile_fills_the_contexts_cache():
   misses = info().misses
   assert double(tf.constant(2.0)) == 4.0
   assert info().misses == misses, 'the first call compiled again'
+
+
+def test_freeze_imported_objects_hides_what_lives_now():
+  import gc  # pylint: disable=g-import-not-at-top
+  try:
+    assert context.freeze_imported_objects() >= 0
+    assert gc.get_freeze_count() > 0
+    later = [[]]
+    later.append(later)  # A cycle made after the freeze is still collected.
+    del later
+    assert gc.collect() > 0
+  finally:
+    gc.unfreeze()

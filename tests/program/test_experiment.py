@@ -237,7 +237,7 @@ def test_no_readable_checkpoint_is_a_clear_error(tmp_path):
 def test_warm_up_leaves_no_compiling_for_the_first_round(tmp_path):
   from tensorflow_federated.python.core.impl.execution_contexts import compiler_pipeline  # pylint: disable=g-import-not-at-top
   exp = experiment.prepare(_config(), str(tmp_path))
-  assert experiment.warm_up(exp) > 0
+  assert experiment.warm_up(exp).result() > 0
   info = compiler_pipeline.CompilerPipeline.compile.cache_info
   misses = info().misses
   state = exp.process.initialize()

@@ -287,13 +287,30 @@ def set_test_context(**kwargs: Any) -> None:
       max_concurrent_computation_calls=setup_local_worker(**kwargs))
 
 
-def precompile(*computations: Any) -> int:
-  """Compiles computations for the current context before their first call.
+def compiler_cache() -> Any:
+  """The current context's compiler cache (TFF's `CompilerPipeline`), or
+  None for a context without one. The context stack is per thread: look it
+  up on the thread that installed the context."""
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+
+  current = tff.framework.get_context_stack().current
+  # TFF 0.87's sync contexts wrap an async one that owns the cache.
+  owner = getattr(current, '_async_context', current)
+  return getattr(owner, '_compiler_pipeline', None)
+
+
+def precompile(*computations: Any, cache: Any = None) -> int:
+  """Compiles computations for a context before their first call.
 
   TFF compiles a computation for its runtime on its first call (0.5 s for
   a FedAvg round's `next` here) and caches the result in the context; this
   fills that cache ahead of time, so the first round costs what later ones
   do. Anything that is not a `tff.Computation` is skipped.
+
+  Args:
+    *computations: What to compile.
+    cache: A `compiler_cache()` (default: this thread's current context's),
+      so that another thread can compile for it.
 
   Returns:
     How many computations were compiled: 0 under a context without a
@@ -301,15 +318,12 @@ def precompile(*computations: Any) -> int:
   """
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
 
-  current = tff.framework.get_context_stack().current
-  # TFF 0.87's sync contexts wrap an async one that owns the cache.
-  owner = getattr(current, '_async_context', current)
-  pipeline = getattr(owner, '_compiler_pipeline', None)
-  if pipeline is None:
+  cache = cache if cache is not None else compiler_cache()
+  if cache is None:
     return 0
   compiled = [c for c in computations if isinstance(c, tff.Computation)]
   for computation in compiled:
-    pipeline.compile(computation)
+    cache.compile(computation)
   return len(compiled)
 
 
