@@ -465,7 +465,9 @@ def _weighted_distill(student: models.Classifier,
   """
   t0 = tf.timestamp()
   variables = local_training.model_weights(student.model)
-  tf.nest.map_structure(lambda v, w: v.assign(w), variables, feature_weights)
+  with tf.control_dependencies([t0]):  # Timestamps follow no data flow.
+    tf.nest.map_structure(lambda v, w: v.assign(w), variables,
+                          feature_weights)
 
   def weights_on(x):
     features = tf.ensure_shape(

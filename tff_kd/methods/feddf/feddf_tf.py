@@ -202,6 +202,8 @@ def fuse(prototypes: Sequence[Prototype],
   """
   t_start = tf.timestamp()
   has_val = val_x is not None
+  with tf.control_dependencies([t_start]):
+    pool = tf.identity(pool)
   num_pool = tf.shape(pool)[0]
   inputs = tf.concat([pool, val_x], 0) if has_val else pool
   logits = tf.concat([
@@ -216,7 +218,8 @@ def fuse(prototypes: Sequence[Prototype],
                               drop_worst=drop_worst)
   target = tf.stop_gradient(avg_logits_target(
       pool_logits, selection.kept, temperature=config.temperature))
-  t_teachers = tf.timestamp()
+  with tf.control_dependencies([target]):
+    t_teachers = tf.timestamp()
 
   if has_val:
     # argmax of the AVGLOGITS probabilities = argmax of the mean logits.
@@ -237,13 +240,18 @@ def fuse(prototypes: Sequence[Prototype],
   weights, results, before, after = [], [], [], []
   t_distill = tf.constant(0.0, tf.float64)
   for p in prototypes:
-    tf.nest.map_structure(lambda v, w: v.assign(w),
-                          local_training.model_weights(p.student),
-                          p.start_weights)
+    assigned = tf.nest.map_structure(
+        lambda v, w: v.assign(w), local_training.model_weights(p.student),
+        p.start_weights)
     before.append(student_accuracy(p.student))
-    t0 = tf.timestamp()
+    # A timestamp is not ordered by data flow: tie it after the set-up and
+    # before the loop, whose every step reads the pool.
+    with tf.control_dependencies(tf.nest.flatten(assigned) + [before[-1]]):
+      t0 = tf.timestamp()
+    with tf.control_dependencies([t0]):
+      timed_pool = tf.identity(pool)
     result = distillation.distill(
-        p.student, optimizer, pool, target, config,
+        p.student, optimizer, timed_pool, target, config,
         labeled=(val_x, val_y) if has_val else None)
     with tf.control_dependencies(tf.nest.flatten(result.weights)):
       t_distill += tf.timestamp() - t0
