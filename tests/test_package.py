@@ -1,4 +1,6 @@
-"""Importing tff_kd defers tensorflow_probability, and the module still works."""
+"""Importing tff_kd defers tensorflow_probability, and the module still works.
+
+Scanning `sys.modules` (AutoGraph, `inspect`) does not load it."""
 
 import os
 import subprocess
@@ -11,6 +13,17 @@ _SCRIPT = textwrap.dedent("""
     stand_in = sys.modules['tensorflow_probability']
     assert type(stand_in).__name__ == '_Deferred', type(stand_in)
     import tensorflow as tf
+
+    @tf.function  # AutoGraph scans every module's __file__ to convert it.
+    def converted(x):
+      if x > 0:  # A tensor condition: only AutoGraph can trace this.
+        return x + 1
+      return x - 1
+
+    assert int(converted(tf.constant(1))) == 2
+    import inspect
+    assert inspect.getmodule(converted.python_function).__name__ == '__main__'
+    assert sys.modules['tensorflow_probability'] is stand_in  # Still.
     from tensorflow_privacy.privacy.dp_query import discrete_gaussian_utils
     sample = discrete_gaussian_utils.sample_discrete_gaussian(1, [3], tf.int64)
     assert sample.shape == (3,)
@@ -23,8 +36,10 @@ _SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_tensorflow_probability_loads_at_first_use():
-  proc = subprocess.run([sys.executable, '-c', _SCRIPT], capture_output=True,
+def test_tensorflow_probability_loads_at_first_use(tmp_path):
+  script = tmp_path / 'script.py'  # AutoGraph reads the source file.
+  script.write_text(_SCRIPT)
+  proc = subprocess.run([sys.executable, str(script)], capture_output=True,
                         text=True, timeout=240,
                         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
   assert proc.returncode == 0, proc.stderr[-2000:]

@@ -46,6 +46,9 @@ def _defer(name: str) -> None:
   stand_in = _Deferred(name)
   stand_in.__spec__ = spec
   stand_in.__loader__ = spec.loader
+  # Code that scans `sys.modules` for a file (AutoGraph does, on every
+  # function it converts; so does `inspect.getmodule`) must not load it.
+  stand_in.__file__ = spec.origin
   sys.modules[name] = stand_in
 
 

@@ -18,6 +18,8 @@ from typing import Callable, NamedTuple, Optional
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_kd.core import loops
+
 
 # (batch, logits of the model on batch['x'], step index) -> scalar extra loss.
 Regularizer = Callable[[dict, tf.Tensor, tf.Tensor], tf.Tensor]
@@ -58,7 +60,7 @@ def squared_distance(current: list[tf.Variable],
   ])
 
 
-@tf.function
+@tf.function(autograph=False)
 def train_locally(model: tf.keras.Model,
                   optimizer: tff.learning.optimizers.Optimizer,
                   initial_weights: tff.learning.models.ModelWeights,
@@ -69,9 +71,8 @@ def train_locally(model: tf.keras.Model,
                   regularizer: Optional[Regularizer] = None) -> LocalResult:
   """Runs local (proximal) SGD-family training on one client.
 
-  A `tf.function`: the loop over `dataset` is converted by AutoGraph, which
-  TFF's TensorFlow computations do not do by themselves. Build `model` and
-  `optimizer` outside it.
+  A `tf.function`, traced without AutoGraph (`loops.fold_batches` builds
+  its loop over `dataset`). Build `model` and `optimizer` outside it.
 
   Args:
     model: Keras classifier producing logits; its variables are overwritten.
@@ -91,31 +92,20 @@ def train_locally(model: tf.keras.Model,
   Returns:
     A `LocalResult`.
   """
-  # Only the loop over the dataset needs AutoGraph. TFF's optimizers are
-  # written to trace without it (TFF's computations do not convert), so
-  # they are called unconverted: converting them cost ~0.5 s of the
-  # process build, and the traced ops are the same.
-  plain = tf.autograph.experimental.do_not_convert
-  tf.nest.map_structure(lambda v, t: v.assign(t),
-                        plain(model_weights)(model), initial_weights)
+  tf.nest.map_structure(lambda v, t: v.assign(t), model_weights(model),
+                        initial_weights)
   trainable = model.trainable_weights
   global_trainable = [tf.identity(v) for v in trainable]
   specs = tuple(tf.TensorSpec(v.shape, v.dtype) for v in trainable)
-  opt_state = plain(optimizer.initialize)(specs)
-  hparams = plain(optimizer.get_hparams)(opt_state)
+  opt_state = optimizer.initialize(specs)
+  hparams = optimizer.get_hparams(opt_state)
   hparams['learning_rate'] = tf.cast(learning_rate, tf.float32)
-  opt_state = plain(optimizer.set_hparams)(opt_state, hparams)
-  optimizer_next = plain(optimizer.next)
+  opt_state = optimizer.set_hparams(opt_state, hparams)
   loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(
       from_logits=True, reduction=tf.keras.losses.Reduction.SUM)
 
-  num_examples = tf.constant(0.0)
-  loss_sum = tf.constant(0.0)
-  num_steps = tf.constant(0)
-  # `iter(dataset)`, not `dataset`: AutoGraph turns `for b in dataset` into a
-  # dataset reduce whose body (the whole training step) is re-instantiated on
-  # every call, ~50 ms per client round here; the iterator form costs ~1 ms.
-  for batch in iter(dataset):
+  def step(state, batch):
+    opt_state, num_examples, loss_sum, num_steps = state
     batch_size = tf.cast(tf.shape(batch['y'])[0], tf.float32)
     with tf.GradientTape() as tape:
       logits = model(batch['x'], training=True)
@@ -127,14 +117,16 @@ def train_locally(model: tf.keras.Model,
       if regularizer is not None:
         loss += regularizer(batch, logits, num_steps)
     grads = tape.gradient(loss, trainable)
-    opt_state, updated = optimizer_next(opt_state, tuple(trainable),
+    opt_state, updated = optimizer.next(opt_state, tuple(trainable),
                                         tuple(grads))
     for variable, value in zip(trainable, updated):
       variable.assign(value)
-    num_examples += batch_size
-    loss_sum += task_loss
-    num_steps += 1
+    return (opt_state, num_examples + batch_size, loss_sum + task_loss,
+            num_steps + 1)
 
+  _, num_examples, loss_sum, num_steps = loops.fold_batches(
+      dataset, step,
+      (opt_state, tf.constant(0.0), tf.constant(0.0), tf.constant(0)))
   delta = tff.learning.models.ModelWeights(
       trainable=[v - g for v, g in zip(trainable, global_trainable)],
       non_trainable=[tf.identity(v) for v in model.non_trainable_weights])

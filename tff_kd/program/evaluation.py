@@ -14,6 +14,8 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_kd.core import loops
+
 
 class EvalResult(NamedTuple):
   loss: float
@@ -28,24 +30,27 @@ _EVAL_FNS: 'weakref.WeakKeyDictionary[tf.keras.Model, Callable]' = (
 
 def _eval_fn(model: tf.keras.Model) -> Callable:
   if model not in _EVAL_FNS:
-    _EVAL_FNS[model] = tf.function(functools.partial(_sums, model))
+    _EVAL_FNS[model] = tf.function(functools.partial(_sums, model),
+                                   autograph=False)
   return _EVAL_FNS[model]
 
 
 def _sums(model: tf.keras.Model,
           dataset: tf.data.Dataset) -> tuple[tf.Tensor, tf.Tensor]:
   """Summed cross-entropy and correct predictions of `model` on `dataset`."""
-  loss_sum = tf.constant(0.0)
-  correct = tf.constant(0.0)
-  for x, y in iter(dataset):  # See local_training.train_locally.
+
+  def step(sums, batch):
+    x, y = batch
     logits = model(x, training=False)
-    loss_sum += tf.reduce_sum(
-        tf.keras.losses.sparse_categorical_crossentropy(
-            y, logits, from_logits=True))
-    correct += tf.reduce_sum(tf.cast(
+    loss = tf.reduce_sum(tf.keras.losses.sparse_categorical_crossentropy(
+        y, logits, from_logits=True))
+    correct = tf.reduce_sum(tf.cast(
         tf.equal(tf.argmax(logits, -1, output_type=tf.int32), y),
         tf.float32))
-  return loss_sum, correct
+    return sums[0] + loss, sums[1] + correct
+
+  return loops.fold_batches(dataset, step,
+                            (tf.constant(0.0), tf.constant(0.0)))
 
 
 class Evaluator:

@@ -62,6 +62,7 @@ import tensorflow_federated as tff
 
 from tff_kd.core import data_free
 from tff_kd.core import distillation
+from tff_kd.core import loops
 from tff_kd.models import classifiers
 from tff_kd.models import generators
 
@@ -274,18 +275,22 @@ def train_generator(generator: tf.keras.Model,
                           step_kwargs)
 
 
-@tf.function
+@tf.function(autograph=False)
 def _train_generator(generator, heads_fn, label_counts, optimizer,
                      optimizer_state, steps, seed, step_kwargs):
-  state = tf.nest.map_structure(tf.convert_to_tensor, optimizer_state)
-  sums = tf.zeros([4])
-  for i in tf.range(steps):
+
+  def step(carry, i):
+    state, sums = carry
     r = generator_step(
         generator, heads_fn, label_counts, optimizer, state,
         seed=tf.random.experimental.stateless_fold_in(seed, i), **step_kwargs)
-    state = r.optimizer_state
-    sums += tf.stack([r.loss, r.teacher_loss, r.diversity,
-                      r.teacher_accuracy])
+    return r.optimizer_state, sums + tf.stack(
+        [r.loss, r.teacher_loss, r.diversity, r.teacher_accuracy])
+
+  state, sums = loops.fold_range(
+      steps, step,
+      (tf.nest.map_structure(tf.convert_to_tensor, optimizer_state),
+       tf.zeros([4])))
   means = tf.unstack(sums / float(steps))
   return GeneratorTrainingResult(state, *means)
 

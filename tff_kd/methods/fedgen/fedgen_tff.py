@@ -165,7 +165,7 @@ def build_client_work(
           functools.partial(_train_regularized, reg=regularizer)))
 
 
-@tf.function
+@tf.function(autograph=False)
 def _train_regularized(classifier, generator, optimizer, classifier_weights,
                        generator_weights, dataset, lr, counts, round_num,
                        key_hash, reg: LocalRegularizer):
@@ -343,7 +343,7 @@ def generator_round(generator: tf.keras.Model, kernels: tf.Tensor,
       ensemble=training.ensemble)
 
 
-@tf.function
+@tf.function(autograph=False)
 def _generator_round(generator, weights, kernels, biases, counts,
                      optimizer_state, round_num, training):
   """Sets the generator's weights, trains it; returns (result, weights)."""
