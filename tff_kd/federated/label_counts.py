@@ -91,13 +91,13 @@ def build_client_work(
     A `tff.templates.MeasuredProcess`; the round number comes from its
     state.
   """
-  with tf.Graph().as_default():
-    classifier_weights = local_training.model_weights(classifier_fn().model)
-    if objective is None:
-      weights_spec = classifier_weights
-    else:
-      weights_spec = (classifier_weights, local_training.model_weights(
-          objective.model_fn()))
+  classifier_weights = local_training.model_weights(
+      learning.structure_of(classifier_fn).model)
+  if objective is None:
+    weights_spec = classifier_weights
+  else:
+    weights_spec = (classifier_weights, local_training.model_weights(
+        learning.structure_of(objective.model_fn)))
   weights_type = learning.spec_to_type(weights_spec)
   data_type = learning.client_data_type(
       element_spec, dataset_fn, with_id=objective is not None)

@@ -542,10 +542,9 @@ def build_dafkd_process(
   distill_config.validate()
   h = hparams
   noise_dim, pool_size, private = h.noise_dim, h.pool_size, h.private
-  with tf.Graph().as_default():
-    clf = classifier_fn()
-    input_shape = tuple(clf.model.input_shape[1:])
-    num_classes = int(clf.model.output_shape[-1])
+  clf = learning.structure_of(classifier_fn)
+  input_shape = tuple(clf.model.input_shape[1:])
+  num_classes = int(clf.model.output_shape[-1])
   if None in input_shape:
     raise errors.DataError(
         f'dafkd needs a classifier with a fixed input shape, got {input_shape}')
@@ -559,8 +558,8 @@ def build_dafkd_process(
         generators.build_image_generator, noise_dim=noise_dim,
         num_classes=num_classes, image_shape=input_shape,
         hidden=h.hidden_widths, seed=seed + 1)
-  with tf.Graph().as_default():
-    generator_fn()  # Raises ConfigError for shapes it cannot generate.
+  # Raises ConfigError for shapes it cannot generate.
+  learning.structure_of(generator_fn)
   settings = dafkd_tf.GanSettings(noise_dim, num_classes, h.adv_weight,
                                   h.gp_weight, h.generator_form,
                                   h.discriminator_mode, h.gan_steps,

@@ -98,15 +98,14 @@ def model_fn_of(classifier_fn: ClassifierFn) -> learning.ModelFn:
 def classifier_specs(classifier_fn: ClassifierFn):
   """(`ModelWeights` of `tf.TensorSpec`s, feature dim, input shape).
 
-  Built once in a throwaway graph, so no variables leak into the caller.
+  Read off `learning.structure_of(classifier_fn)`.
   """
-  with tf.Graph().as_default():
-    classifier = classifier_fn()
-    specs = tf.nest.map_structure(
-        lambda v: tf.TensorSpec(v.shape, v.dtype),
-        local_training.model_weights(classifier.model))
-    return (specs, int(classifier.feature_dim),
-            tuple(classifier.model.input_shape[1:]))
+  classifier = learning.structure_of(classifier_fn)
+  specs = tf.nest.map_structure(
+      lambda v: tf.TensorSpec(v.shape, v.dtype),
+      local_training.model_weights(classifier.model))
+  return (specs, int(classifier.feature_dim),
+          tuple(classifier.model.input_shape[1:]))
 
 
 def build_client_work(
@@ -380,8 +379,8 @@ def build_hetero_client_work(
   """
   num_archs = len(client_model_fns)
   stores = build_local_model_stores(client_model_fns, num_clients)
-  with tf.Graph().as_default():
-    num_trainable = [len(fn().trainable_weights) for fn in client_model_fns]
+  num_trainable = [len(learning.structure_of(fn).trainable_weights)
+                   for fn in client_model_fns]
   weights_specs, d, _ = classifier_specs(classifier_fn)
   weights_type = learning.spec_to_type(weights_specs)
   data_type = learning.client_data_type(element_spec, dataset_fn,

@@ -78,9 +78,9 @@ ModelFn = learning.ModelFn
 
 def prototypes_weights_type(model_fns: Sequence[ModelFn]) -> tff.Type:
   """TFF type of the server model: one `ModelWeights` per prototype."""
-  with tf.Graph().as_default():
-    weights = tuple(local_training.model_weights(fn()) for fn in model_fns)
-  return learning.spec_to_type(weights)
+  return learning.spec_to_type(tuple(
+      local_training.model_weights(learning.structure_of(fn))
+      for fn in model_fns))
 
 
 def build_initial_weights_fn(model_fns: Sequence[ModelFn]) -> tff.Computation:

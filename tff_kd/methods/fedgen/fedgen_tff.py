@@ -269,11 +269,11 @@ def build_generator_finalizer(
   Returns:
     A `tff.templates.MeasuredProcess` with the finalizer signature.
   """
-  with tf.Graph().as_default():
-    classifier = classifier_fn()
-    kernel_idx, bias_idx = head_variables(classifier)
-    clf_weights = local_training.model_weights(classifier.model)
-    gen_weights = local_training.model_weights(training.generator_fn())
+  classifier = learning.structure_of(classifier_fn)
+  kernel_idx, bias_idx = head_variables(classifier)
+  clf_weights = local_training.model_weights(classifier.model)
+  gen_weights = local_training.model_weights(
+      learning.structure_of(training.generator_fn))
   weights_type = learning.spec_to_type((clf_weights, gen_weights))
   clf_specs = learning.trainable_specs(clf_weights)
   gen_specs = learning.trainable_specs(gen_weights)
@@ -404,17 +404,16 @@ def build_fedgen_process(
          clients_per_round=clients_per_round,
          local_batch_size=local_batch_size)
   h = hparams
-  with tf.Graph().as_default():
-    classifier = classifier_fn()
-    try:
-      head_variables(classifier)
-    except ValueError as e:
-      raise errors.ConfigError(str(e)) from None
-    feature_dim = classifier.feature_dim
-    if classifier.model.output_shape[-1] != num_classes:
-      raise errors.ConfigError(
-          f'the classifier has {classifier.model.output_shape[-1]} outputs '
-          f'but num_classes is {num_classes}')
+  classifier = learning.structure_of(classifier_fn)
+  try:
+    head_variables(classifier)
+  except ValueError as e:
+    raise errors.ConfigError(str(e)) from None
+  feature_dim = classifier.feature_dim
+  if classifier.model.output_shape[-1] != num_classes:
+    raise errors.ConfigError(
+        f'the classifier has {classifier.model.output_shape[-1]} outputs '
+        f'but num_classes is {num_classes}')
 
   def generator_fn():
     return generators.build_feature_generator(
