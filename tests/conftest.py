@@ -30,6 +30,15 @@ def live_workers(parent: psutil.Process | None = None) -> list[psutil.Process]:
   return found
 
 
+@pytest.fixture(scope='session')
+def mnist_data_dir(tmp_path_factory) -> str:
+  """A tfds data_dir for MNIST built from the shared raw files (~25 s, the
+  first test that loads it pays; later ones read the npz cache)."""
+  if not os.path.isdir(os.path.join(SHARED_DATA, 'mnist')):
+    pytest.skip(f'shared data {SHARED_DATA}/mnist is missing')
+  return str(tmp_path_factory.mktemp('tfds_mnist'))
+
+
 def pytest_configure(config):
   config.addinivalue_line(
       'markers', 'slow: end-to-end runs of a minute or more; '

@@ -101,12 +101,6 @@ def test_train_limit_keeps_the_first_examples():
 
 
 @pytest.fixture(scope='module')
-def mnist_data_dir(tmp_path_factory):
-  _require(MNIST_DIR)
-  return str(tmp_path_factory.mktemp('tfds_mnist'))
-
-
-@pytest.fixture(scope='module')
 def mnist(mnist_data_dir):
   return datasets.load_dataset('mnist', data_dir=mnist_data_dir,
                                manual_dir=MNIST_DIR)

@@ -1,0 +1,46 @@
+"""The FedGen-workload benchmark runs with or without its pure-TF baseline.
+
+`--pure_tf_rounds=0` is how `benchmarks/sidebyside.py` runs it (the process
+then does only what `train` does); it used to crash on its empty summary.
+Real MNIST from the shared raw files, real TFF runtime, 2-3 rounds.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import SHARED_DATA
+from tests.conftest import live_workers
+
+pytestmark = pytest.mark.slow
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.parametrize('pure_tf_rounds,rounds', [(0, 2), (1, 3)])
+def test_fedgen_workload_runs_with_any_pure_tf_rounds(
+    pure_tf_rounds, rounds, mnist_data_dir, tmp_path):
+  before = {p.pid for p in live_workers()}
+  out = tmp_path / 'workload.json'
+  proc = subprocess.run(
+      [sys.executable, '-m', 'benchmarks.fedgen_workload',
+       f'--manual_dir={SHARED_DATA}/mnist', f'--data_dir={mnist_data_dir}',
+       f'--rounds={rounds}', f'--pure_tf_rounds={pure_tf_rounds}',
+       f'--out={out}'],
+      cwd=ROOT, capture_output=True, text=True, timeout=600,
+      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  run = json.loads(out.read_text())['runs'][0]
+  assert run['rounds'] == rounds and len(run['round_times']) == rounds
+  assert all(r['wall_s'] > 0 for r in run['round_times'])
+  assert run['run_before_first_round_s'] > 0
+  if pure_tf_rounds:
+    assert run['pure_tf_local_work_s']['median'] > 0
+    assert run['tff_overhead_ratio'] > 0
+  else:  # No baseline: nothing of it is prepared, traced or reported.
+    assert run['prepare_s'] is None
+    assert run['pure_tf_local_work_s'] is None
+    assert run['tff_overhead_ratio'] is None
+  assert {p.pid for p in live_workers()} <= before  # Its worker is gone.
