@@ -85,3 +85,19 @@ def test_batchnorm_statistics_are_returned_as_values():
   # lr 0: trainable delta is exactly zero.
   for d in result.weights_delta.trainable:
     np.testing.assert_array_equal(d, np.zeros_like(d))
+
+
+def test_structure_of_builds_once_per_function_in_its_own_graph():
+  calls = []
+
+  def build():
+    calls.append(1)
+    return _linear_model()
+
+  model = local_training.structure_of(build)
+  assert local_training.structure_of(build) is model and len(calls) == 1
+  assert model.trainable_weights[0].graph is not tf.compat.v1.get_default_graph()
+  assert model.output_shape == (None, 2)
+  # Another function (even one building the same model) builds again.
+  assert local_training.structure_of(lambda: build()) is not model
+  assert len(calls) == 2

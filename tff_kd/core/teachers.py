@@ -91,11 +91,10 @@ def check_models(model_fns: Sequence[Callable[[], tf.keras.Model]],
     DataError: pool images whose shape is not the models' input.
   """
   shapes, classes = [], []
-  with tf.Graph().as_default():
-    for fn in model_fns:
-      model = fn()
-      shapes.append(tuple(model.input_shape[1:]))
-      classes.append(model.output_shape[-1])
+  for fn in model_fns:
+    model = local_training.structure_of(fn)
+    shapes.append(tuple(model.input_shape[1:]))
+    classes.append(model.output_shape[-1])
   if len(set(shapes)) > 1 or len(set(classes)) > 1:
     raise errors.ConfigError(
         f'{what} must share input shape and classes, got input '

@@ -92,12 +92,12 @@ def build_client_work(
     state.
   """
   classifier_weights = local_training.model_weights(
-      learning.structure_of(classifier_fn).model)
+      local_training.structure_of(classifier_fn).model)
   if objective is None:
     weights_spec = classifier_weights
   else:
     weights_spec = (classifier_weights, local_training.model_weights(
-        learning.structure_of(objective.model_fn)))
+        local_training.structure_of(objective.model_fn)))
   weights_type = learning.spec_to_type(weights_spec)
   data_type = learning.client_data_type(
       element_spec, dataset_fn, with_id=objective is not None)

@@ -20,8 +20,7 @@ down to and up from the clients.
 """
 
 import collections
-from typing import Callable, NamedTuple, Optional, TypeVar
-import weakref
+from typing import Callable, NamedTuple, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -32,7 +31,6 @@ from tff_kd.core import stacking as stacking_tf
 from tff_kd.federated import composer
 
 ModelFn = Callable[[], tf.keras.Model]
-_T = TypeVar('_T')
 DatasetFn = Callable[[tf.Tensor], tf.data.Dataset]
 
 
@@ -116,37 +114,9 @@ def client_input(data, dataset_fn: Optional[DatasetFn], *, seed: int = 0,
   return ClientInput(dataset, client_id, key)
 
 
-# What `structure_of` built, per build function (freed with the function).
-_STRUCTURES: 'weakref.WeakKeyDictionary[Callable, object]' = (
-    weakref.WeakKeyDictionary())
-
-
-def structure_of(build_fn: Callable[[], _T]) -> _T:
-  """`build_fn()`, built once per `build_fn` in a graph of its own.
-
-  For reading shapes, variable structure and layer layout, never for
-  running or training: a process builder asks for the same model's
-  structure several times (FedGen: its classifier three times, its
-  generator twice), and each Keras build costs 0.06-0.15 s of start-up on
-  this kind of machine. The graph keeps variables out of the caller's
-  context. Callables that cannot be weakly referenced (bound methods) are
-  built on every call.
-  """
-  try:
-    return _STRUCTURES[build_fn]
-  except (KeyError, TypeError):
-    pass
-  with tf.Graph().as_default():
-    built = build_fn()
-  try:
-    _STRUCTURES[build_fn] = built
-  except TypeError:
-    pass
-  return built
-
-
 def _unplaced_weights_type(model_fn: ModelFn) -> tff.Type:
-  return spec_to_type(local_training.model_weights(structure_of(model_fn)))
+  return spec_to_type(local_training.model_weights(
+      local_training.structure_of(model_fn)))
 
 
 def spec_to_type(structure) -> tff.Type:

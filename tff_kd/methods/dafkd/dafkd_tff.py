@@ -542,7 +542,7 @@ def build_dafkd_process(
   distill_config.validate()
   h = hparams
   noise_dim, pool_size, private = h.noise_dim, h.pool_size, h.private
-  clf = learning.structure_of(classifier_fn)
+  clf = local_training.structure_of(classifier_fn)
   input_shape = tuple(clf.model.input_shape[1:])
   num_classes = int(clf.model.output_shape[-1])
   if None in input_shape:
@@ -559,7 +559,7 @@ def build_dafkd_process(
         num_classes=num_classes, image_shape=input_shape,
         hidden=h.hidden_widths, seed=seed + 1)
   # Raises ConfigError for shapes it cannot generate.
-  learning.structure_of(generator_fn)
+  local_training.structure_of(generator_fn)
   settings = dafkd_tf.GanSettings(noise_dim, num_classes, h.adv_weight,
                                   h.gp_weight, h.generator_form,
                                   h.discriminator_mode, h.gan_steps,

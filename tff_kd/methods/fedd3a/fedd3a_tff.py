@@ -98,9 +98,9 @@ def model_fn_of(classifier_fn: ClassifierFn) -> learning.ModelFn:
 def classifier_specs(classifier_fn: ClassifierFn):
   """(`ModelWeights` of `tf.TensorSpec`s, feature dim, input shape).
 
-  Read off `learning.structure_of(classifier_fn)`.
+  Read off `local_training.structure_of(classifier_fn)`.
   """
-  classifier = learning.structure_of(classifier_fn)
+  classifier = local_training.structure_of(classifier_fn)
   specs = tf.nest.map_structure(
       lambda v: tf.TensorSpec(v.shape, v.dtype),
       local_training.model_weights(classifier.model))
@@ -379,7 +379,7 @@ def build_hetero_client_work(
   """
   num_archs = len(client_model_fns)
   stores = build_local_model_stores(client_model_fns, num_clients)
-  num_trainable = [len(learning.structure_of(fn).trainable_weights)
+  num_trainable = [len(local_training.structure_of(fn).trainable_weights)
                    for fn in client_model_fns]
   weights_specs, d, _ = classifier_specs(classifier_fn)
   weights_type = learning.spec_to_type(weights_specs)

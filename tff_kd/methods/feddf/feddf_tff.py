@@ -79,7 +79,7 @@ ModelFn = learning.ModelFn
 def prototypes_weights_type(model_fns: Sequence[ModelFn]) -> tff.Type:
   """TFF type of the server model: one `ModelWeights` per prototype."""
   return learning.spec_to_type(tuple(
-      local_training.model_weights(learning.structure_of(fn))
+      local_training.model_weights(local_training.structure_of(fn))
       for fn in model_fns))
 
 

@@ -123,9 +123,9 @@ def build_fine_tune_finalizer(
   Returns:
     A `tff.templates.MeasuredProcess` with the finalizer signature.
   """
-  clf_weights = local_training.model_weights(learning.structure_of(model_fn))
+  clf_weights = local_training.model_weights(local_training.structure_of(model_fn))
   gen_weights = local_training.model_weights(
-      learning.structure_of(tuning.generator_fn))
+      local_training.structure_of(tuning.generator_fn))
   weights_type = learning.spec_to_type(clf_weights)
   clf_specs = learning.trainable_specs(clf_weights)
   gen_specs = learning.trainable_specs(gen_weights)
@@ -305,7 +305,7 @@ def build_fedftg_process(
       temperature=h.temperature, eval_every=h.student_steps, seed=seed,
       student_training=h.student_training, kl_reduction=h.kl_reduction)
   config.validate()
-  model = learning.structure_of(classifier_fn).model
+  model = local_training.structure_of(classifier_fn).model
   image_shape = tuple(model.input_shape[1:])
   if model.output_shape[-1] != num_classes:
     fail(f'classifier has {model.output_shape[-1]} outputs but num_classes '

@@ -269,11 +269,11 @@ def build_generator_finalizer(
   Returns:
     A `tff.templates.MeasuredProcess` with the finalizer signature.
   """
-  classifier = learning.structure_of(classifier_fn)
+  classifier = local_training.structure_of(classifier_fn)
   kernel_idx, bias_idx = head_variables(classifier)
   clf_weights = local_training.model_weights(classifier.model)
   gen_weights = local_training.model_weights(
-      learning.structure_of(training.generator_fn))
+      local_training.structure_of(training.generator_fn))
   weights_type = learning.spec_to_type((clf_weights, gen_weights))
   clf_specs = learning.trainable_specs(clf_weights)
   gen_specs = learning.trainable_specs(gen_weights)
@@ -404,7 +404,7 @@ def build_fedgen_process(
          clients_per_round=clients_per_round,
          local_batch_size=local_batch_size)
   h = hparams
-  classifier = learning.structure_of(classifier_fn)
+  classifier = local_training.structure_of(classifier_fn)
   try:
     head_variables(classifier)
   except ValueError as e:
