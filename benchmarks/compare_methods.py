@@ -68,7 +68,7 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     'feddf': ('feddf', {}),
     'feddf_student_training': ('feddf', {'distill.student_training': True}),
     'dafkd': ('dafkd', _DAFKD),
-    'dafkd_no_sharing': ('dafkd', {**_DAFKD, 'dafkd.no_sharing': True}),
+    'dafkd_no_sharing': ('dafkd', {**_DAFKD, 'dafkd.shared_extractor': False}),
     'dafkd_no_correlation': ('dafkd', {**_DAFKD,
                                        'dafkd.no_correlation': True}),
     'dafkd_guard': ('dafkd', {**_DAFKD, 'distill.accept': 'no_worse'}),

@@ -21,7 +21,7 @@ test accuracy after rounds 1-3: lr 0.01 0.125 / 0.175 / 0.115; lr 1e-4
 0.137 / 0.333 / 0.586). The default is therefore the reference code's Adam
 lr 1e-4; the paper's value is `--config.distill.learning_rate=0.01`.
 
-Ablations (Table 3): `--config.dafkd.no_sharing=True` (separate
+Ablations (Table 3): `--config.dafkd.shared_extractor=False` (separate
 discriminator network), `--config.dafkd.no_correlation=True` (uniform
 teacher weights). Built offline from raw IDX files with
 `--config.dataset.manual_dir=../shared/data/mnist`.

@@ -14,5 +14,5 @@ from configs import feddf_mnist
 
 def get_config() -> ml_collections.ConfigDict:
   c = feddf_mnist.get_config()
-  c.feddf.prototypes = 'cnn,resnet11'
+  c.feddf.client_models = 'cnn,resnet11'
   return c

@@ -1,12 +1,20 @@
 """Hyper-parameters written once: the base class and the shared checkers.
 
-Every method declares its config section as a frozen dataclass of
-`Hparams` in its package (`tff_kd/methods/<m>/hparams.py`). Its fields are
-the section's keys, with the defaults in force: `configs/base.py` builds
-each section from them (`config_section`), the method's registry builder
-reads the section with `section_hparams`, and
-`tff_kd.program.experiment.validate_config` validates the active method's
-section through the same class before any data is touched.
+Every config section is a frozen dataclass of `Hparams`: each method's in
+its package (`tff_kd/methods/<m>/hparams.py`), the shared ones (dataset,
+partition, model, local work, optimisers, server data, runtime) in
+`tff_kd.program.settings` and the distillation's in
+`tff_kd.core.distillation`. Its fields are the section's keys, with the
+defaults in force: `tff_kd.program.settings.default_config` (and so
+`configs/base.py`) builds each section from them (`config_section`), and
+`tff_kd.program.settings.from_config` validates the whole tree once,
+before any data is touched.
+
+A field declared with `config=False` is set by the program, not by a
+config (e.g. the distillation's seed, which is the experiment's). A renamed
+key keeps working for one release through the class's `ALIASES`: the old
+key stays in the config (unset, None) and, when set, is translated to the
+new one with a warning (`canonical_section`).
 
 Each field carries its checker (`field(default, checker)`), one of the
 small shared set below (`positive_int`, `non_negative_number`, `one_of`,
@@ -18,8 +26,9 @@ the experiment config are `check_config`'s.
 
 import dataclasses
 import math
-from typing import Any, Callable, ClassVar, Mapping, Optional, TypeVar
+from typing import Any, Callable, ClassVar, Mapping, NamedTuple, Optional, TypeVar
 
+from absl import logging
 import ml_collections
 import numpy as np
 import tensorflow as tf
@@ -133,8 +142,36 @@ def parse_widths(value: Any) -> Optional[tuple[int, ...]]:
   return parsed if all(w >= 1 for w in parsed) else None
 
 
-def field(default: Any, check: Checker) -> Any:
-  return dataclasses.field(default=default, metadata={'check': check})
+def field(default: Any, check: Checker, *, config: bool = True) -> Any:
+  """A checked field of an `Hparams` class.
+
+  Args:
+    default: Its default value.
+    check: Its checker, `check(key, value)`.
+    config: Whether it is a config key; False for values the program sets
+      (e.g. a seed taken from the experiment's).
+  """
+  return dataclasses.field(default=default,
+                           metadata={'check': check, 'config': config})
+
+
+def config_fields(cls: type) -> list[dataclasses.Field]:
+  """The fields of an `Hparams` class that are config keys."""
+  return [f for f in dataclasses.fields(cls)
+          if f.metadata.get('config', True)]
+
+
+class Alias(NamedTuple):
+  """A renamed config key, kept for one release.
+
+  Attributes:
+    new: The field that replaces it.
+    to_new: Its value -> the new field's value (e.g. `operator.not_` for a
+      negated flag).
+  """
+
+  new: str
+  to_new: Callable[[Any], Any] = lambda value: value
 
 
 # ---------------------------------------------------------------------------
@@ -149,16 +186,24 @@ class Hparams:
   """
 
   SECTION: ClassVar[str] = ''
+  # Old key -> its replacement, e.g. {'no_sharing': Alias('shared_extractor',
+  # operator.not_)}.
+  ALIASES: ClassVar[Mapping[str, Alias]] = {}
 
-  def key(self, name: str) -> str:
+  @classmethod
+  def key(cls, name: str) -> str:
     """The dotted config key of field `name`, e.g. 'fedgen.noise'."""
-    return f'{self.SECTION}.{name}'
+    return f'{cls.SECTION}.{name}' if cls.SECTION else name
 
   def validate(self) -> None:
     """Raises `errors.ConfigError` naming the first bad key and its value."""
     for f in dataclasses.fields(self):  # pytype: disable=wrong-arg-types
       f.metadata['check'](self.key(f.name), getattr(self, f.name))
     self._check_combinations()
+
+  def replace(self: _H, **changes: Any) -> _H:
+    """A copy with `changes` applied (not validated again)."""
+    return dataclasses.replace(self, **changes)
 
   def _check_combinations(self) -> None:
     """Checks of several fields together (each field is valid already)."""
@@ -185,22 +230,69 @@ class Hparams:
     Raises:
       ConfigError: an unknown key, or a bad value (`validate`).
     """
-    if isinstance(section, ml_collections.ConfigDict):
-      section = section.to_dict()
-    names = [f.name for f in dataclasses.fields(cls)]
-    unknown = sorted(set(section) - set(names))
-    if unknown:
-      raise errors.ConfigError(
-          f"config key '{cls.SECTION}.{unknown[0]}' does not exist; "
-          f"{cls.SECTION} has {', '.join(names)}")
-    hparams = cls(**section)
+    hparams = cls(**canonical_section(cls, section, warn=True))
     hparams.validate()
     return hparams
 
 
+def canonical_section(cls: type[Hparams], section: Mapping[str, Any], *,
+                      warn: bool = False) -> dict[str, Any]:
+  """A section's keys with old names translated (`Hparams.ALIASES`).
+
+  Args:
+    cls: The section's `Hparams` class.
+    section: The section as a mapping (or `ConfigDict`); an alias whose
+      value is None is unset and dropped.
+    warn: Log a deprecation warning for each alias that is set.
+
+  Returns:
+    The section with only `cls`'s config keys that `section` has.
+
+  Raises:
+    ConfigError: an unknown key, or an alias set against its new key.
+  """
+  if isinstance(section, ml_collections.ConfigDict):
+    section = section.to_dict()
+  names = [f.name for f in config_fields(cls)]
+  out = {k: v for k, v in section.items() if k not in cls.ALIASES}
+  unknown = sorted(set(out) - set(names))
+  if unknown:
+    raise errors.ConfigError(
+        f"config key '{cls.key(unknown[0])}' does not exist; "
+        f"{cls.SECTION or 'the config'} has {', '.join(names)}")
+  defaults = cls()
+  for old, alias in cls.ALIASES.items():
+    value = section.get(old)
+    if value is None:
+      continue
+    new_value = alias.to_new(value)
+    current = out.get(alias.new, getattr(defaults, alias.new))
+    if current != getattr(defaults, alias.new) and current != new_value:
+      raise errors.ConfigError(
+          f'{cls.key(old)}={value!r} (the old name of {cls.key(alias.new)}) '
+          f'contradicts {cls.key(alias.new)}={current!r}; set only '
+          f'{cls.key(alias.new)}')
+    if warn:
+      logging.warning('config key %s is renamed %s; %s=%r is read as %s=%r',
+                      cls.key(old), cls.key(alias.new), cls.key(old), value,
+                      cls.key(alias.new), new_value)
+    out[alias.new] = new_value
+  return out
+
+
 def config_section(cls: type) -> ml_collections.ConfigDict:
-  """The config section of an `Hparams` class, holding its defaults."""
-  return ml_collections.ConfigDict(dataclasses.asdict(cls()))
+  """The config section of an `Hparams` class, holding its defaults.
+
+  Its old key names (`Hparams.ALIASES`) are there too, unset (None), so
+  that configs and command lines that set them keep working.
+  """
+  defaults = cls()
+  section = ml_collections.ConfigDict(
+      {f.name: getattr(defaults, f.name) for f in config_fields(cls)})
+  for old, alias in cls.ALIASES.items():
+    section[old] = ml_collections.FieldReference(
+        None, field_type=type(getattr(defaults, alias.new)))
+  return section
 
 
 def section_hparams(config: ml_collections.ConfigDict,

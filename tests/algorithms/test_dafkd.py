@@ -90,7 +90,7 @@ def _build(data, **kwargs):
       # SGD: the secure sum quantises the targets (~1e-7), and Adam's
       # normalised steps would amplify that into the weights.
       distill_optimizer=tff.learning.optimizers.build_sgdm(0.5),
-      distill_config=distillation.DistillConfig(steps=3, batch_size=8,
+      distill_config=distillation.DistillConfig.plain(steps=3, batch_size=8,
                                                 seed=SEED),
       learning_rate=LR, seed=SEED,
       hparams=dafkd_hparams.DaFKDHparams(**dict(
@@ -287,8 +287,8 @@ def _bad(data, match, **kwargs):
     (dict(generator_hidden='8,0'), 'dafkd.generator_hidden must be'),
     (dict(holder_share=0.0), r'dafkd.holder_share must be in \(0, 1\]'),
     (dict(pool='real', private=True), "pool='real' is an ablation"),
-    (dict(distill_config=distillation.DistillConfig(steps=0)),
-     'distillation steps must be'),
+    (dict(distill_config=distillation.DistillConfig.plain(steps=0)),
+     'distill.steps must be'),
 ])
 def test_bad_settings_raise_config_error(data, kwargs, match):
   _bad(data, match, **kwargs)

@@ -48,7 +48,7 @@ POOL = np.array([[1.0, 0.1, 0.05], [0.95, -0.05, 0.1], [1.05, 0.0, 0.0],
 LOCAL = client_data.LocalWork('epochs', 1, 1)
 LR = 0.1
 ALPHA = 0.1
-CONFIG = distillation.DistillConfig(steps=4, batch_size=2, seed=5,
+CONFIG = distillation.DistillConfig.plain(steps=4, batch_size=2, seed=5,
                                     eval_every=2)
 DISTILL_LR = 0.05
 
@@ -315,7 +315,7 @@ def test_per_client_mean_places_rows_at_their_ids():
      'clients_per_round must be >= 1'),
     ({'learning_rate': 0.0}, errors.ConfigError, 'learning rate must be > 0'),
     ({'distill_config': CONFIG._replace(steps=0)}, errors.ConfigError,
-     'distillation steps must be an integer >= 1'),
+     'distill.steps must be an integer >= 1'),
 ])
 def test_bad_settings_fail_before_building(data, pool, overrides, error,
                                            match):

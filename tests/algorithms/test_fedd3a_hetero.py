@@ -55,7 +55,7 @@ LR = 0.5
 ALPHA = 0.1
 KD_WEIGHT = 0.7
 KD_T = 2.0
-CONFIG = distillation.DistillConfig(steps=4, batch_size=2, seed=5,
+CONFIG = distillation.DistillConfig.plain(steps=4, batch_size=2, seed=5,
                                     eval_every=2)
 DISTILL_LR = 0.05
 W0 = ModelWeights([WF, WH], [])

@@ -75,7 +75,7 @@ def _build(data, pool, *, distill_lr=0.0, steps=4, drop_worst=False,
       client_optimizer=tff.learning.optimizers.build_sgdm(1.0),
       server_optimizer=tff.learning.optimizers.build_sgdm(1.0),
       distill_optimizer=tff.learning.optimizers.build_adam(distill_lr),
-      distill_config=kwargs.pop('config', distillation.DistillConfig(
+      distill_config=kwargs.pop('config', distillation.DistillConfig.plain(
           steps=steps, batch_size=2, seed=5)),
       learning_rate=LR,
       hparams=feddf_hparams.FedDFHparams(drop_worst=drop_worst),
@@ -147,7 +147,7 @@ def test_server_receives_each_clients_trained_model(data, pool):
 
 @pytest.mark.parametrize('drop_worst', [False, True])
 def test_process_fusion_matches_eager_fuse(data, pool, drop_worst):
-  config = distillation.DistillConfig(steps=6, batch_size=2, seed=5,
+  config = distillation.DistillConfig.plain(steps=6, batch_size=2, seed=5,
                                       eval_every=2)
   output = _round(_build(data, pool, distill_lr=0.1, config=config,
                          drop_worst=drop_worst), data)
@@ -213,9 +213,9 @@ def test_bad_inputs_fail_with_one_clear_line(data, pool, tmp_path):
                      match=r'shape \(3,\) but the model expects \(2,\)'):
     _build(data, wrong)
   with pytest.raises(errors.ConfigError,
-                     match='distillation steps must be an integer >= 1, '
+                     match='distill.steps must be an integer >= 1, '
                      'got 0'):
-    _build(data, pool, config=distillation.DistillConfig(steps=0))
+    _build(data, pool, config=distillation.DistillConfig.plain(steps=0))
   no_val = server_data.ServerData.create(str(tmp_path / 'noval'), X)
   with pytest.raises(errors.ConfigError, match='drop_worst needs'):
     _build(data, no_val, drop_worst=True)

@@ -53,7 +53,7 @@ def _tuning():
       generator_fn=_generator_fn,
       generator_optimizer=tff.learning.optimizers.build_adam(1e-2),
       student_optimizer=tff.learning.optimizers.build_sgdm(0.5),
-      distill_config=distillation.DistillConfig(
+      distill_config=distillation.DistillConfig.plain(
           steps=2, batch_size=8, temperature=2.0, eval_every=2, seed=7,
           student_training=False, kl_reduction='mean'),
       iterations=3, noise_dim=4, noise='gaussian', transfer_weight=1.0,
@@ -206,7 +206,7 @@ def test_one_fine_tune_iteration_matches_an_independent_computation():
   start = toy_kd.values(student)
   gen_start = [v.numpy() for v in gen.trainable_weights]
   teacher_values = [toy_kd.values(t) for t in teachers]
-  config = distillation.DistillConfig(
+  config = distillation.DistillConfig.plain(
       steps=2, batch_size=8, temperature=temperature, eval_every=2, seed=7,
       kl_reduction='mean')
   adam = tff.learning.optimizers.build_adam(lr_g)

@@ -25,8 +25,8 @@ _POOL = {'server_data.proxy': 'split', 'server_data.proxy_size': 50}
 BAD = [
     ('fedprox', {'fedprox.mu': -1.0}, r'fedprox\.mu must be .* got -1\.0'),
     ('fedprox', {'fedprox.mu': float('nan')}, r'fedprox\.mu must be .* nan'),
-    ('feddf', {'feddf.prototypes': 'cnn,vgg', **_POOL},
-     r"feddf\.prototypes entry 'vgg' is not"),
+    ('feddf', {'feddf.client_models': 'cnn,vgg', **_POOL},
+     r"feddf\.client_models entry 'vgg' is not"),
     ('feddf', {'feddf.drop_worst': True, **_POOL},
      r'feddf\.drop_worst needs server_data\.val_size >= 1'),
     ('fedd3a', {'fedd3a.alpha': 0.0, **_POOL},
@@ -92,7 +92,8 @@ def test_from_config_round_trips_the_base_section(cls):
   section = base.get_config()[cls.SECTION]
   got = cls.from_config(section)
   assert got == cls()
-  assert dataclasses.asdict(got) == section.to_dict()
+  assert {**dataclasses.asdict(got), **dict.fromkeys(cls.ALIASES)} == (
+      section.to_dict())
   # Missing keys take their defaults (e.g. a config from before a key).
   assert cls.from_config({}) == cls()
 

@@ -86,7 +86,7 @@ def test_fuse_distills_the_avg_logits_of_valid_teachers():
       global_weights=ModelWeights([g], []),
       deltas=ModelWeights([d], []),
       valid=tf.constant([True, True, False]), start_weights=start)
-  config = distillation.DistillConfig(steps=20, batch_size=8, seed=3,
+  config = distillation.DistillConfig.plain(steps=20, batch_size=8, seed=3,
                                       eval_every=5)
   optimizer = tff.learning.optimizers.build_adam(0.05)
   result = feddf.fuse([proto], optimizer, pool, config)

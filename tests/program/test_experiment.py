@@ -36,17 +36,17 @@ def _config(**overrides):
 @pytest.mark.parametrize('key,value,match', [
     ('method', 'fedfoo', "method 'fedfoo' is unknown"),
     ('dataset.name', 'nodata', "dataset 'nodata' is unknown"),
-    ('model.name', 'vgg', "model 'vgg' is unknown"),
+    ('model.name', 'vgg', "model.name 'vgg' is unknown"),
     ('clients_per_round', 7, 'clients_per_round=7 is impossible with 6'),
     ('partition.alpha', 0.0, r'alpha must be > 0, got 0\.0'),
     ('partition.alpha', -1.0, r'alpha must be > 0, got -1\.0'),
     ('partition.kind', 'pathological', "partition.kind 'pathological'"),
     ('local.unit', 'minutes', "unit 'minutes' is unknown"),
-    ('rounds', 0, 'rounds must be >= 1, got 0'),
+    ('rounds', 0, 'rounds must be an integer >= 1, got 0'),
     ('runtime.concurrent_clients', -2,
      r'runtime.concurrent_clients must be an integer >= -1 .*got -2'),
     ('runtime.intra_op_threads', -1,
-     r'runtime.intra_op_threads must be an integer >= 0 .*got -1'),
+     r'runtime.intra_op_threads must be an integer >= 0, got -1'),
 ])
 def test_bad_settings_fail_before_any_compute(tmp_path, key, value, match):
   with pytest.raises(errors.ConfigError, match=match):

@@ -57,7 +57,7 @@ def _need_shared_data():
     ({'dataset.domains': ''}, "partition.kind='domain' needs dataset.domains"),
     ({'partition.num_clients': 3},
      'num_clients=3 but 2 domains with clients_per_domain=1 make 2'),
-    ({'partition.clients_per_domain': 0}, 'clients_per_domain must be >= 1'),
+    ({'partition.clients_per_domain': 0}, 'clients_per_domain must be an integer >= 1'),
     ({'fedd3a.alpha': 0.0}, r'fedd3a.alpha .* > 0, got 0.0'),
     ({'fedd3a.weighting': 'best'}, "fedd3a.weighting 'best' is unknown"),
     ({'server_data.proxy': ''}, 'fedd3a needs a proxy pool'),

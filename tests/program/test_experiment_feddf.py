@@ -35,10 +35,10 @@ def _feddf_config(**overrides):
     ({'server_data.proxy': 'nodata'}, "server_data.proxy 'nodata' is unknown"),
     ({'server_data.proxy_size': 0}, 'proxy_size must be >= 1, got 0'),
     ({'server_data.val_size': 0}, 'drop_worst needs server_data.val_size'),
-    ({'distill.steps': 0}, 'distillation steps must be an integer >= 1, '
+    ({'distill.steps': 0}, 'distill.steps must be an integer >= 1, '
                            'got 0'),
-    ({'feddf.prototypes': 'cnn,vgg'}, "prototypes entry 'vgg' is not"),
-    ({'feddf.prototypes': 'cnn:layer'}, "prototypes entry 'cnn:layer'"),
+    ({'feddf.client_models': 'cnn,vgg'}, "client_models entry 'vgg' is not"),
+    ({'feddf.client_models': 'cnn:layer'}, "client_models entry 'cnn:layer'"),
 ])
 def test_bad_feddf_settings_fail_before_compute(tmp_path, overrides, match):
   with pytest.raises(errors.ConfigError, match=match):
@@ -81,7 +81,7 @@ def test_other_dataset_as_proxy_is_resized_and_unlabeled(tmp_path):
 
 @pytest.mark.slow
 def test_heterogeneous_feddf_distils_into_both_prototypes(tmp_path):
-  c = _feddf_config(**{'feddf.prototypes': 'cnn:batch,cnn:group',
+  c = _feddf_config(**{'feddf.client_models': 'cnn:batch,cnn:group',
                        'rounds': 3})
   result = experiment.run(c, str(tmp_path), progress=False)
   digits = data_lib.load_dataset('digits')

@@ -95,7 +95,7 @@ def _saved_state(exp, process, root: str):
 # proximal term; it is left out for time).
 CASES = {**{k: v for k, v in METHOD_CASES.items() if k != 'fedprox'},
          'feddf_hetero': {**METHOD_CASES['feddf'],
-                          'feddf.prototypes': 'cnn,cnn:group'}}
+                          'feddf.client_models': 'cnn,cnn:group'}}
 
 
 @pytest.mark.parametrize('method', [

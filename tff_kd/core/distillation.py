@@ -38,14 +38,16 @@ Everything is pure TensorFlow with no TFF placement: `distill` runs eagerly
 is a `tf.function`, so AutoGraph converts it in both cases.
 """
 
+import dataclasses
 import math
-from typing import Callable, NamedTuple, Sequence, Union
+from typing import Callable, ClassVar, NamedTuple, Sequence, Union
 
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_kd import errors
+from tff_kd import hparams as hp
 from tff_kd.core import local_training
 
 TargetFn = Callable[[tf.Tensor], tf.Tensor]
@@ -279,12 +281,25 @@ def drop_worst(teacher_val_logits: tf.Tensor, val_labels: tf.Tensor,
       accuracies=accuracies, kept=kept)
 
 
-class DistillConfig(NamedTuple):
-  """Settings of one server distillation.
+def _integer(key: str, value) -> None:
+  """Any integer (a seed)."""
+  if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
+    raise errors.ConfigError(f'{key} must be an integer, got {value!r}')
+
+
+@dataclasses.dataclass(frozen=True)
+class DistillConfig(hp.Hparams):
+  """Settings of one server distillation: the `config.distill` section.
+
+  The defaults are the config's (CPU-sized: 200 steps per round). FedDF's
+  reference settings are Adam 1e-3, batch 128, up to 10,000 steps with
+  cosine decay, validation every 100 steps, patience 10 (1,000 steps) and
+  clipping at 5.
 
   Attributes:
     steps: Maximum optimiser steps (>= 1). FedDF: 10,000; DaFKD: 1,600.
     batch_size: Minibatch size (>= 1); capped at the training part's size.
+    learning_rate: The distillation optimiser's learning rate (Adam).
     temperature: T > 0 of the student's softmax and the T^2 scaling; build
       tensor targets with the same T.
     clip_norm: Global-norm gradient clipping threshold; 0 disables it. FedDF
@@ -296,7 +311,6 @@ class DistillConfig(NamedTuple):
     patience: Validations without improvement before stopping (>= 1). FedDF
       validates every 100 steps and stops after 1,000 steps without
       improvement, i.e. eval_every=100, patience=10.
-    seed: Seed of the validation split and of the batch order.
     cosine_decay: Whether to decay the learning rate to 0 over `steps` with a
       half cosine (FedDF's code); otherwise it is constant.
     student_training: Whether the student runs in training mode (BatchNorm
@@ -311,62 +325,48 @@ class DistillConfig(NamedTuple):
       `val_fraction` is 0) or 'labeled' (the cross-entropy on the server's
       labeled validation set, `distill(..., labeled=...)`; every
       `eval_every` steps, `patience` times without improvement).
-    kl_reduction: 'batchmean' (Hinton's loss, per example) or 'mean' (also
-      divided by the number of classes, as DaFKD's and FedFTG's code
-      reduce; with SGD the step is then C times smaller). See `kd_loss`.
     accept: 'always', or 'no_worse': keep the distilled student only if its
       accuracy on the labeled validation set is at least the initial
       student's; otherwise return the initial student (a guard that no paper
       has; it needs `labeled`).
+    seed: Seed of the validation split and of the batch order; set by the
+      program (the experiment's seed), not a config key.
+    kl_reduction: 'batchmean' (Hinton's loss, per example) or 'mean' (also
+      divided by the number of classes, as DaFKD's and FedFTG's code
+      reduce; with SGD the step is then C times smaller). See `kd_loss`.
+      Set by the method, not a config key.
   """
 
-  steps: int = 1000
-  batch_size: int = 128
-  temperature: float = 1.0
-  clip_norm: float = 0.0
-  val_fraction: float = 0.0
-  eval_every: int = 100
-  patience: int = 10
-  seed: int = 0
-  cosine_decay: bool = False
-  student_training: bool = False
-  validation: str = 'pool'
-  accept: str = 'always'
-  kl_reduction: str = 'batchmean'
+  SECTION: ClassVar[str] = 'distill'
 
-  def validate(self) -> None:
-    """Raises `errors.ConfigError` (a `ValueError`) naming a bad value."""
+  steps: int = hp.field(200, hp.positive_int)
+  batch_size: int = hp.field(128, hp.positive_int)
+  learning_rate: float = hp.field(1e-3, hp.positive_number)
+  temperature: float = hp.field(1.0, hp.positive_number)
+  clip_norm: float = hp.field(5.0, hp.non_negative_number)
+  val_fraction: float = hp.field(0.1, hp.unit_fraction)
+  eval_every: int = hp.field(50, hp.positive_int)
+  patience: int = hp.field(4, hp.positive_int)
+  cosine_decay: bool = hp.field(True, hp.boolean)
+  student_training: bool = hp.field(False, hp.boolean)
+  validation: str = hp.field('pool', hp.one_of(*VALIDATIONS))
+  accept: str = hp.field('always', hp.one_of(*ACCEPTS))
+  seed: int = hp.field(0, _integer, config=False)
+  kl_reduction: str = hp.field('batchmean', hp.one_of(*KL_REDUCTIONS),
+                               config=False)
 
-    def is_int(v):
-      return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+  @classmethod
+  def plain(cls, **changes) -> 'DistillConfig':
+    """Plain minimisation: no clipping, no held-out split, a constant rate.
 
-    def is_number(v):
-      return (isinstance(v, (int, float, np.integer, np.floating)) and
-              not isinstance(v, bool) and math.isfinite(v))
+    Also loss windows (`eval_every`) of 100 steps and patience 10, so that
+    `changes` of those two alone turn on nothing else.
 
-    def fail(message):
-      raise errors.ConfigError(f'distillation {message}')
-
-    for name in ('steps', 'batch_size', 'eval_every', 'patience'):
-      value = getattr(self, name)
-      if not is_int(value) or value < 1:
-        fail(f'{name} must be an integer >= 1, got {value!r}')
-    if not is_int(self.seed):
-      fail(f'seed must be an integer, got {self.seed!r}')
-    if not is_number(self.temperature) or self.temperature <= 0:
-      fail(f'temperature must be > 0, got {self.temperature!r}')
-    if not is_number(self.clip_norm) or self.clip_norm < 0:
-      fail(f'clip_norm must be >= 0 (0 = off), got {self.clip_norm!r}')
-    if not is_number(self.val_fraction) or not 0 <= self.val_fraction < 1:
-      fail(f'val_fraction must be in [0, 1), got {self.val_fraction!r}')
-    for name in ('cosine_decay', 'student_training'):
-      if not isinstance(getattr(self, name), bool):
-        fail(f'{name} must be a bool, got {getattr(self, name)!r}')
-    for name, choices in (('validation', VALIDATIONS), ('accept', ACCEPTS),
-                          ('kl_reduction', KL_REDUCTIONS)):
-      if getattr(self, name) not in choices:
-        fail(f'{name} {getattr(self, name)!r} is unknown; choose one of '
-             f"{', '.join(choices)}")
+    Args:
+      **changes: Fields to set otherwise.
+    """
+    return cls(clip_norm=0.0, val_fraction=0.0, cosine_decay=False,
+               eval_every=100, patience=10).replace(**changes)
 
   @property
   def needs_labeled(self) -> bool:
@@ -377,9 +377,12 @@ class DistillConfig(NamedTuple):
     """`errors.ConfigError` if the config needs a labeled set of size 0."""
     if self.needs_labeled and val_size < 1:
       raise errors.ConfigError(
-          f'distillation with validation={self.validation!r} and '
-          f'accept={self.accept!r} needs a labeled server validation set '
-          '(server_data.val_size > 0)')
+          f'distill.validation={self.validation!r} with '
+          f'distill.accept={self.accept!r} needs a labeled server validation '
+          'set (server_data.val_size > 0)')
+
+  def check_config(self, config) -> None:
+    self.check_labeled(config.server_data.val_size)
 
 
 class DistillResult(NamedTuple):

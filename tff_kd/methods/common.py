@@ -70,10 +70,11 @@ class Method(NamedTuple):
     secure_sum: Whether a config makes the process use secure sums (DaFKD's
       private mode), which only TFF's test context simulates
       (`tff_kd.program.context.set_context_for`); None: never.
-    models_key: The `section.key` listing the architecture prototypes of a
-      method that trains several global models (FedDF's
-      `feddf.prototypes`); the program builds one model function and one
-      evaluator per entry. '' for one global model.
+    global_model_per_architecture: The method keeps one global model per
+      entry of its section's `client_models` (FedDF's heterogeneous
+      prototypes); the program builds one model function and one evaluator
+      per entry. False: one global model (FedD3A's `client_models` are
+      per-client local models).
   """
 
   name: str
@@ -84,7 +85,7 @@ class Method(NamedTuple):
   hparams: Optional[type[hp.Hparams]] = None
   uses_distill: bool = False
   secure_sum: Optional[Callable[[ml_collections.ConfigDict], bool]] = None
-  models_key: str = ''
+  global_model_per_architecture: bool = False
 
 def build_optimizer(
     config: ml_collections.ConfigDict) -> tff.learning.optimizers.Optimizer:
@@ -111,11 +112,6 @@ def common_kwargs(inputs: ProcessInputs,
 
 def distill_config(config: ml_collections.ConfigDict
                    ) -> distillation.DistillConfig:
-  """The `DistillConfig` of `config.distill` (seeded by `config.seed`)."""
-  d = config.distill
-  return distillation.DistillConfig(
-      steps=d.steps, batch_size=d.batch_size, temperature=d.temperature,
-      clip_norm=d.clip_norm, val_fraction=d.val_fraction,
-      eval_every=d.eval_every, patience=d.patience, seed=config.seed,
-      cosine_decay=d.cosine_decay, student_training=d.student_training,
-      validation=d.validation, accept=d.accept)
+  """The validated `config.distill`, seeded by `config.seed`."""
+  return distillation.DistillConfig.from_config(config.distill).replace(
+      seed=config.seed)

@@ -16,7 +16,7 @@ ModelWeights)`; `get_model_weights` / `set_model_weights` see the classifier
 number and every client's discriminator (`discriminator_store`).
 
 Hyper-parameters: `tff_kd.hparams.DaFKDHparams` (`config.dafkd`).
-Ablations (Table 3): `no_sharing=True` gives each client a separate
+Ablations (Table 3): `shared_extractor=False` gives each client a separate
 discriminator network; `no_correlation=True` uniform teacher weights.
 
 The stages (GAN client work with per-client discriminators, stacking and
@@ -571,7 +571,7 @@ def build_dafkd_process(
   if real_pool_fn is not None:
     teachers_tf.check_pool_shape(server_data.image_shape, input_shape)
     pool_size = server_data.pool_size
-  spec = ModelSpec(classifier_fn, generator_fn, not h.no_sharing,
+  spec = ModelSpec(classifier_fn, generator_fn, h.shared_extractor,
                              seed + 2, settings)
   private_settings = (PrivateSettings(
       pool_size, seed, distill_config.temperature, not h.no_correlation)

@@ -4,7 +4,8 @@ Defaults, documentation and checks in one place (`tff_kd.hparams`).
 """
 
 import dataclasses
-from typing import ClassVar
+import operator
+from typing import ClassVar, Mapping
 
 import ml_collections
 
@@ -53,9 +54,10 @@ class DaFKDHparams(hp.Hparams):
     adv_weight: Weight of eq. 2 in eq. 9.
     gp_weight: Gradient-penalty weight (reference code 0.3, paper 0).
     weight_decay: > 0 needs client_optimizer.name=adam (AdamW).
-    no_sharing: Ablation: a separate discriminator network instead of one
-      on the classifier's extractor (the builder's `shared` is its
-      negation).
+    shared_extractor: The discriminator is a head on the classifier's
+      feature extractor (the paper); False is Table 3's ablation, a
+      separate discriminator network. Old name: `no_sharing` (its
+      negation), read until the next release.
     no_correlation: Ablation: uniform teacher weights instead of eq. 7's.
     weights_on: Teacher weights applied to 'probs' (eq. 8) | 'logits' (the
       reference code).
@@ -74,6 +76,8 @@ class DaFKDHparams(hp.Hparams):
   """
 
   SECTION: ClassVar[str] = 'dafkd'
+  ALIASES: ClassVar[Mapping[str, hp.Alias]] = {
+      'no_sharing': hp.Alias('shared_extractor', operator.not_)}
 
   pool_size: int = hp.field(1280, hp.positive_int)
   noise_dim: int = hp.field(100, hp.positive_int)
@@ -91,7 +95,7 @@ class DaFKDHparams(hp.Hparams):
   adv_weight: float = hp.field(1.0, hp.non_negative_number)
   gp_weight: float = hp.field(0.0, hp.non_negative_number)
   weight_decay: float = hp.field(0.0, hp.non_negative_number)
-  no_sharing: bool = hp.field(False, hp.boolean)
+  shared_extractor: bool = hp.field(True, hp.boolean)
   no_correlation: bool = hp.field(False, hp.boolean)
   weights_on: str = hp.field('probs', hp.one_of(*ENSEMBLES))
   private: bool = hp.field(False, hp.boolean)

@@ -402,4 +402,4 @@ METHOD = common.Method(
     'feddf', build_from_config,
     'FedDF ensemble distillation (Lin et al., 2020)', needs_server_data=True,
     hparams=hparams_lib.FedDFHparams, uses_distill=True,
-    models_key='feddf.prototypes')
+    global_model_per_architecture=True)

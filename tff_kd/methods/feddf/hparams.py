@@ -4,7 +4,7 @@ Defaults, documentation and checks in one place (`tff_kd.hparams`).
 """
 
 import dataclasses
-from typing import ClassVar
+from typing import ClassVar, Mapping
 
 import ml_collections
 
@@ -21,15 +21,19 @@ class FedDFHparams(hp.Hparams):
   Attributes:
     drop_worst: Drop teachers at or below random-guess accuracy on the
       server's labeled validation set (needs server_data.val_size > 0).
-    prototypes: '' = homogeneous (model.name / model.norm). Otherwise a
-      comma list of prototypes `name[:norm]`, e.g. 'cnn,resnet11'; client
-      i trains prototype i % P.
+    client_models: '' = homogeneous (model.name / model.norm). Otherwise a
+      comma list of architecture prototypes `name[:norm]`, e.g.
+      'cnn,resnet11'; client i trains prototype i % P, and the server keeps
+      one global model per prototype. The same key as FedD3A's. Old name:
+      `prototypes`, read until the next release.
   """
 
   SECTION: ClassVar[str] = 'feddf'
+  ALIASES: ClassVar[Mapping[str, hp.Alias]] = {
+      'prototypes': hp.Alias('client_models')}
 
   drop_worst: bool = hp.field(False, hp.boolean)
-  prototypes: str = hp.field('', hp.model_list)
+  client_models: str = hp.field('', hp.model_list)
 
   def check_config(self, config: ml_collections.ConfigDict) -> None:
     if self.drop_worst and config.server_data.val_size < 1:

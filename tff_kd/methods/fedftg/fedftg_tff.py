@@ -300,7 +300,7 @@ def build_fedftg_process(
           0 < learning_rate_decay <= 1):
     fail(f'learning_rate_decay must be in (0, 1], got '
          f'{learning_rate_decay!r}')
-  config = distillation.DistillConfig(
+  config = distillation.DistillConfig.plain(
       steps=h.student_steps, batch_size=h.batch_size,
       temperature=h.temperature, eval_every=h.student_steps, seed=seed,
       student_training=h.student_training, kl_reduction=h.kl_reduction)

@@ -1,0 +1,147 @@
+"""The typed settings tree: generated defaults, one validation, old names."""
+
+import dataclasses
+import json
+
+from absl import logging
+import ml_collections
+import pytest
+
+from configs import base
+from tests.program.test_experiment import _config
+from tff_kd import errors
+from tff_kd import hparams as hp
+from tff_kd.core import distillation
+from tff_kd.methods import registry
+from tff_kd.program import settings
+
+
+def _with(config: ml_collections.ConfigDict, **overrides):
+  for key, value in overrides.items():
+    node = config
+    *path, leaf = key.split('.')
+    for part in path:
+      node = node[part]
+    node[leaf] = value
+  return config
+
+
+def test_base_config_is_the_tree():
+  config = base.get_config()
+  assert config.to_dict() == settings.default_config().to_dict()
+  # Every section of the tree, and nothing else, is in the config.
+  sections = {cls.SECTION for cls in settings.all_sections()}
+  top = {f.name for f in hp.config_fields(settings.RunSettings)}
+  assert set(config.keys()) == sections | top
+  for cls in settings.all_sections():
+    fields = {f.name for f in hp.config_fields(cls)}
+    assert set(config[cls.SECTION].keys()) == fields | set(cls.ALIASES), cls
+
+
+def test_distill_defaults_have_one_home():
+  # The record the TF code receives has the config's defaults.
+  section = settings.default_config().distill.to_dict()
+  record = distillation.DistillConfig()
+  assert {k: getattr(record, k) for k in section} == section
+  assert record.seed == 0 and record.kl_reduction == 'batchmean'
+  assert 'seed' not in section and 'kl_reduction' not in section
+
+
+@pytest.mark.parametrize('method', sorted(registry.METHODS))
+def test_every_method_validates_once_into_typed_sections(method):
+  config = _config(method=method, **{'server_data.proxy': 'split',
+                                     'server_data.proxy_size': 50})
+  tree = settings.from_config(config)
+  assert tree.method.name == method
+  assert tree.run.rounds == config.rounds
+  assert tree.distill.seed == config.seed
+  assert tree.local.local_work().batch_size == config.local.batch_size
+  if tree.method.hparams is None:
+    assert tree.hparams is None
+  else:
+    assert isinstance(tree.hparams, tree.method.hparams)
+    assert dataclasses.is_dataclass(tree.hparams)
+
+
+@pytest.mark.parametrize('key,value,match', [
+    ('seed', -1, r'^seed must be an integer >= 0, got -1$'),
+    ('client_optimizer.learning_rate', -0.1,
+     r'client_optimizer\.learning_rate must be a finite number > 0, got -0\.1'),
+    ('client_optimizer.learning_rate', float('inf'),
+     r'client_optimizer\.learning_rate must be a finite number > 0, got inf'),
+    ('client_optimizer.lr_decay', 1.5,
+     r'client_optimizer\.lr_decay must be in \(0, 1\], got 1\.5'),
+    ('client_optimizer.name', 'rmsprop',
+     r"client_optimizer\.name 'rmsprop' is unknown; choose one of sgd, adam"),
+    ('server_optimizer.momentum', 1.0,
+     r'server_optimizer\.momentum must be in \[0, 1\), got 1\.0'),
+    ('keep_checkpoints', 0, r'keep_checkpoints must be an integer >= 1'),
+    ('local.batch_size', 0, r'local\.batch_size must be an integer >= 1'),
+    ('dataset.train_limit', -5,
+     r'dataset\.train_limit must be an integer >= 0, got -5'),
+    ('distill.steps', 0, r'distill\.steps must be an integer >= 1, got 0'),
+    ('runtime.worker_timeout_s', 0.0,
+     r'runtime\.worker_timeout_s must be a finite number > 0, got 0\.0'),
+    ('runtime.workers', 'nohost', r"runtime\.workers: 'nohost' is not"),
+])
+def test_bad_values_are_named(key, value, match):
+  config = _config(method='feddf', **{'server_data.proxy': 'split',
+                                      'server_data.proxy_size': 50})
+  with pytest.raises(errors.ConfigError, match=match):
+    settings.from_config(_with(config, **{key: value}))
+
+
+def test_unknown_keys_are_refused_in_every_section():
+  for key in ('nokey', 'dataset.nokey', 'fedgen.nokey'):
+    config = _config()  # FedAvg: fedgen's section is not active.
+    node = config
+    *path, leaf = key.split('.')
+    for part in path:
+      node = node[part]
+    with node.unlocked():
+      node[leaf] = 1
+    with pytest.raises(errors.ConfigError, match=f"'{key}' does not exist"):
+      settings.from_config(config)
+
+
+def test_old_names_are_read_with_a_warning(caplog):
+  config = _config(method='dafkd', **{'dafkd.no_sharing': True})
+  with caplog.at_level(logging.WARNING):
+    tree = settings.from_config(config)
+  assert tree.hparams.shared_extractor is False
+  assert 'dafkd.no_sharing is renamed dafkd.shared_extractor' in caplog.text
+  config = _config(method='feddf', **{
+      'feddf.prototypes': 'cnn,cnn:group', 'server_data.proxy': 'split',
+      'server_data.proxy_size': 50})
+  assert settings.from_config(config).hparams.client_models == 'cnn,cnn:group'
+  # An old name unset (None) is the new key's value.
+  assert settings.from_config(_config(method='dafkd')).hparams.shared_extractor
+
+
+def test_an_old_name_against_its_new_key_is_refused():
+  config = _config(method='dafkd', **{'dafkd.no_sharing': True,
+                                      'dafkd.shared_extractor': True})
+  # shared_extractor=True is its default: the old name wins, no conflict.
+  assert settings.from_config(config).hparams.shared_extractor is False
+  config = _config(method='feddf', **{
+      'feddf.prototypes': 'cnn', 'feddf.client_models': 'cnn,resnet11',
+      'server_data.proxy': 'split', 'server_data.proxy_size': 50})
+  with pytest.raises(errors.ConfigError,
+                     match=r'feddf\.prototypes=.* contradicts feddf\.client'):
+    settings.from_config(config)
+
+
+def test_canonical_dict_reads_an_old_run_folders_config():
+  # A config.json written before the renames: old keys, no new ones.
+  saved = json.loads(json.dumps(_config(method='dafkd').to_dict()))
+  del saved['dafkd']['shared_extractor']
+  saved['dafkd']['no_sharing'] = True
+  del saved['feddf']['client_models']
+  saved['feddf']['prototypes'] = 'cnn,resnet11'
+  canonical = settings.canonical_dict(saved)
+  assert canonical['dafkd']['shared_extractor'] is False
+  assert 'no_sharing' not in canonical['dafkd']
+  assert canonical['feddf']['client_models'] == 'cnn,resnet11'
+  now = settings.canonical_dict(
+      _config(method='dafkd', **{'dafkd.shared_extractor': False}).to_dict())
+  assert now['dafkd'] == canonical['dafkd']

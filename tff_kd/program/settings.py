@@ -1,0 +1,554 @@
+"""The experiment's settings as one typed tree, validated once.
+
+Every section of an experiment config is a frozen dataclass of
+`tff_kd.hparams.Hparams` with its defaults, field documentation and
+checks:
+
+* the shared sections, here: `dataset`, `partition`, `model`, `local`,
+  `client_optimizer`, `server_optimizer`, `server_data`, `runtime`, and the
+  top-level keys (`RunSettings`: method, seed, rounds, ...);
+* `distill`: `tff_kd.core.distillation.DistillConfig`;
+* each method's own section: its registry entry's `hparams` class
+  (`tff_kd/methods/<m>/hparams.py`).
+
+`default_config()` generates the `ml_collections.ConfigDict` of every key
+and default from these classes (`configs/base.py` is this function), and
+`from_config(config)` checks a config against the tree and returns the
+validated `Settings` before any data is touched: unknown keys, bad values
+and impossible combinations of sections each raise one `ConfigError`
+naming the key. Renamed keys are still read through their classes'
+`ALIASES`, and `canonical_dict` applies them to a saved config, so that old
+run folders resume.
+"""
+
+import dataclasses
+from typing import Any, ClassVar, Mapping, Optional
+
+from absl import logging
+import ml_collections
+
+from tff_kd import data as data_lib
+from tff_kd import errors
+from tff_kd import hparams as hp
+from tff_kd import models
+from tff_kd.core import distillation
+from tff_kd.federated import client_data as client_data_lib
+from tff_kd.methods import common
+from tff_kd.methods import registry
+from tff_kd.program import runtime
+from tff_kd.program import sampling
+from tff_kd.program import server_stage
+
+PARTITIONS = ('dirichlet', 'iid', 'fedgen', 'domain')
+OPTIMIZERS = ('sgd', 'adam')
+
+
+def _text(key: str, value: Any) -> None:
+  """Any string."""
+  if not isinstance(value, str):
+    raise errors.ConfigError(f'{key} must be a string, got {value!r}')
+
+
+def _number(key: str, value: Any) -> None:
+  """Any finite number (checked further where it is used)."""
+  if not hp._is_number(value):  # pylint: disable=protected-access
+    raise errors.ConfigError(f'{key} must be a finite number, got {value!r}')
+
+
+def _at_least_minus_one(key: str, value: Any) -> None:
+  """An integer >= -1 (-1: no limit)."""
+  if not hp._is_int(value) or value < -1:  # pylint: disable=protected-access
+    raise errors.ConfigError(
+        f'{key} must be an integer >= -1 (0: one per core, -1: no limit), '
+        f'got {value!r}')
+
+
+def _dataset_name(key: str, value: Any) -> None:
+  if value not in data_lib.DATASETS:
+    raise errors.ConfigError(
+        f'{key} {value!r} is unknown; choose one of '
+        f"{', '.join(data_lib.DATASETS)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetSettings(hp.Hparams):
+  """The data, `config.dataset`.
+
+  Attributes:
+    name: A dataset of `tff_kd.data.DATASETS` (ignored when `domains` is
+      set).
+    data_dir: The tfds data_dir, also holding decoded caches.
+    manual_dir: Raw files for offline tfds builds (MNIST, Fashion-MNIST),
+      USPS and MNIST-M.
+    train_limit: > 0 keeps only the first N training examples (per domain).
+    domains: Multi-domain data (FedD3A's digit domains): a comma list such
+      as 'mnist,usps,mnist_m' replaces `name`; every domain is resized and
+      channel-matched to `image_shape`. Clients then come from
+      `partition.kind='domain'`.
+    image_shape: 'H,W,C' (C 1 or 3) of multi-domain data.
+  """
+
+  SECTION: ClassVar[str] = 'dataset'
+
+  name: str = hp.field('mnist', _text)
+  data_dir: str = hp.field('~/tensorflow_datasets', _text)
+  manual_dir: str = hp.field('', _text)
+  train_limit: int = hp.field(0, hp.non_negative_int)
+  domains: str = hp.field('', _text)
+  image_shape: str = hp.field('32,32,3', _text)
+
+  @property
+  def domain_names(self) -> list[str]:
+    """The client domains of `domains` ([] for single-domain data)."""
+    return [d.strip() for d in self.domains.split(',') if d.strip()]
+
+  @property
+  def shape(self) -> tuple[int, int, int]:
+    """`image_shape` as integers."""
+    try:
+      shape = tuple(int(v) for v in self.image_shape.split(','))
+    except ValueError:
+      shape = ()
+    if len(shape) != 3 or min(shape) < 1 or shape[2] not in (1, 3):
+      raise errors.ConfigError(
+          "dataset.image_shape must be 'H,W,C' with C 1 or 3, got "
+          f'{self.image_shape!r}')
+    return shape
+
+  def _check_combinations(self) -> None:
+    names = self.domain_names
+    if not names:
+      _dataset_name('dataset', self.name)
+      return
+    unknown = [n for n in names if n not in data_lib.DATASETS]
+    if unknown:
+      raise errors.ConfigError(
+          f'dataset.domains entry {unknown[0]!r} is unknown; choose from '
+          f"{', '.join(data_lib.DATASETS)}")
+    if len(set(names)) != len(names):
+      raise errors.ConfigError(
+          f'dataset.domains lists a domain twice: {self.domains!r}')
+    self.shape  # pylint: disable=pointless-statement
+
+
+@dataclasses.dataclass(frozen=True)
+class PartitionSettings(hp.Hparams):
+  """How the training set is split into clients, `config.partition`.
+
+  Attributes:
+    kind: 'dirichlet' (Dir(alpha) label skew over all clients) | 'iid' |
+      'fedgen' (FedGen's recipe) | 'domain' (clients that each hold one
+      domain of `dataset.domains`).
+    num_clients: The federation's clients.
+    alpha: Dir(alpha) label skew (> 0 where used).
+    min_size: Dirichlet: every client gets at least this many examples.
+    per_class: The fedgen recipe: training samples taken per class.
+    clients_per_domain: 'domain': clients per domain (1 = cross-silo; > 1 =
+      cross-device, each domain split with Dir(alpha) label skew).
+      num_clients must equal clients_per_domain times the domains.
+  """
+
+  SECTION: ClassVar[str] = 'partition'
+
+  kind: str = hp.field('dirichlet', hp.one_of(*PARTITIONS))
+  num_clients: int = hp.field(20, hp.positive_int)
+  alpha: float = hp.field(0.1, _number)
+  min_size: int = hp.field(10, hp.non_negative_int)
+  per_class: int = hp.field(0, hp.non_negative_int)
+  clients_per_domain: int = hp.field(1, hp.positive_int)
+
+  @property
+  def uses_alpha(self) -> bool:
+    """Whether the partition draws a Dirichlet label skew."""
+    return self.kind in ('dirichlet', 'fedgen') or (
+        self.kind == 'domain' and self.clients_per_domain > 1)
+
+  def _check_combinations(self) -> None:
+    if self.uses_alpha and not self.alpha > 0:
+      raise errors.ConfigError(
+          f'partition.alpha must be > 0, got {self.alpha}')
+    if self.kind == 'fedgen' and self.per_class < 1:
+      raise errors.ConfigError(
+          'partition.per_class must be >= 1 for the fedgen recipe, got '
+          f'{self.per_class}')
+
+  def check_config(self, config: ml_collections.ConfigDict) -> None:
+    names = DatasetSettings.from_config(config.dataset).domain_names
+    if self.kind != 'domain':
+      if names:
+        raise errors.ConfigError(
+            "dataset.domains needs partition.kind='domain' (clients that "
+            'each hold one domain)')
+      return
+    if not names:
+      raise errors.ConfigError(
+          "partition.kind='domain' needs dataset.domains, e.g. "
+          "'mnist,usps,mnist_m'")
+    expected = self.clients_per_domain * len(names)
+    if self.num_clients != expected:
+      raise errors.ConfigError(
+          f'partition.num_clients={self.num_clients} but {len(names)} '
+          f'domains with clients_per_domain={self.clients_per_domain} make '
+          f'{expected} clients')
+    if config.server_data.proxy in names:
+      logging.warning(
+          'server_data.proxy %r is also a client domain: the server pool '
+          "overlaps that client's data (the paper's Figure 5 setting)",
+          config.server_data.proxy)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSettings(hp.Hparams):
+  """The global model, `config.model`.
+
+  Attributes:
+    name: An architecture of `tff_kd.models.MODELS`.
+    norm: Its normalisation layers, one of `tff_kd.models.NORMS`.
+  """
+
+  SECTION: ClassVar[str] = 'model'
+
+  name: str = hp.field('cnn', hp.one_of(*models.MODELS))
+  norm: str = hp.field('batch', hp.one_of(*models.NORMS))
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalSettings(hp.Hparams):
+  """Each client's local work per round, `config.local`.
+
+  Attributes:
+    unit: 'steps' | 'epochs'.
+    amount: How many of them.
+    batch_size: The local batch size.
+  """
+
+  SECTION: ClassVar[str] = 'local'
+
+  unit: str = hp.field('steps', hp.one_of(*client_data_lib.LOCAL_UNITS))
+  amount: int = hp.field(20, hp.positive_int)
+  batch_size: int = hp.field(32, hp.positive_int)
+
+  def local_work(self) -> client_data_lib.LocalWork:
+    """The `LocalWork` the client datasets are built for."""
+    return client_data_lib.LocalWork(self.unit, self.amount, self.batch_size)
+
+
+@dataclasses.dataclass(frozen=True)
+class ClientOptimizerSettings(hp.Hparams):
+  """The clients' optimiser and its schedule, `config.client_optimizer`.
+
+  This is the one check of the client learning-rate schedule: round r
+  trains with `learning_rate * lr_decay ** r`.
+
+  Attributes:
+    name: 'sgd' | 'adam'.
+    learning_rate: Its learning rate in round 0 (> 0, finite).
+    momentum: SGD's momentum in [0, 1) (0: none).
+    lr_decay: The multiplier per round, in (0, 1].
+  """
+
+  SECTION: ClassVar[str] = 'client_optimizer'
+
+  name: str = hp.field('sgd', hp.one_of(*OPTIMIZERS))
+  learning_rate: float = hp.field(0.01, hp.positive_number)
+  momentum: float = hp.field(0.0, hp.unit_fraction)
+  lr_decay: float = hp.field(1.0, hp.unit_interval)
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerOptimizerSettings(hp.Hparams):
+  """FedAvg's server optimiser, `config.server_optimizer`.
+
+  Attributes:
+    name: 'sgd' | 'adam'.
+    learning_rate: Its learning rate (> 0; 1 with SGD is plain averaging).
+    momentum: SGD's momentum in [0, 1).
+  """
+
+  SECTION: ClassVar[str] = 'server_optimizer'
+
+  name: str = hp.field('sgd', hp.one_of(*OPTIMIZERS))
+  learning_rate: float = hp.field(1.0, hp.positive_number)
+  momentum: float = hp.field(0.0, hp.unit_fraction)
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerDataSettings(hp.Hparams):
+  """Data held by the server (KD methods), `config.server_data`.
+
+  Held-out slices are removed from the training set before it is
+  partitioned, whatever the method, so that e.g. FedAvg and FedDF runs with
+  the same settings train the same clients.
+
+  Attributes:
+    proxy: '' none | 'split' (an unlabeled slice held out of the training
+      set) | a dataset name (its training images, resized to the training
+      shape; labels are dropped), e.g. 'fashion_mnist' or 'usps' for MNIST.
+    proxy_size: Examples in the unlabeled distillation pool.
+    val_size: Labeled examples held out of the training set for the
+      server: FedDF's drop-worst and the distillation diagnostics.
+  """
+
+  SECTION: ClassVar[str] = 'server_data'
+
+  proxy: str = hp.field('', _text)
+  proxy_size: int = hp.field(0, hp.non_negative_int)
+  val_size: int = hp.field(0, hp.non_negative_int)
+
+  def _check_combinations(self) -> None:
+    if self.proxy and self.proxy != 'split' and (
+        self.proxy not in data_lib.DATASETS):
+      raise errors.ConfigError(
+          f"server_data.proxy {self.proxy!r} is unknown; choose '', 'split' "
+          f"or one of {', '.join(data_lib.DATASETS)}")
+    if self.proxy and self.proxy_size < 1:
+      raise errors.ConfigError(
+          f'server_data.proxy_size must be >= 1, got {self.proxy_size}')
+
+  def check_config(self, config: ml_collections.ConfigDict) -> None:
+    if registry.get_method(config.method).needs_server_data and (
+        not self.proxy):
+      raise errors.ConfigError(
+          f"{config.method} needs a proxy pool: set server_data.proxy "
+          "('split' or a dataset name) and server_data.proxy_size")
+
+
+@dataclasses.dataclass(frozen=True)
+class RuntimeSettings(hp.Hparams):
+  """Where rounds run, `config.runtime`.
+
+  Attributes:
+    workers: '' for TFF's local C++ runtime in this process (one
+      worker_binary child); 'host:port,...' for TFF's remote runtime on
+      running worker services (`tff_kd_worker --port=N` on each machine);
+      each round's clients are split across them
+      (`tff_kd.program.runtime`).
+    worker_timeout_s: A worker unreachable this long stops the run with an
+      error naming it; the same command resumes once it is back.
+    server_device: Where a KD method's server step (distillation, generator
+      training) runs: 'runtime' (inside TFF's runtime, whose PyPI build has
+      no CUDA) | 'driver' (this process's TensorFlow places it, a visible
+      GPU first) | a device string ('/GPU:0', '/CPU:0'). The driver modes
+      give the same rounds but cannot be driven by
+      `tff.learning.programs.train_model` (`tff_kd.program.server_stage`).
+    concurrent_clients: Client computations the local worker runs at a
+      time (0: one per usable core; -1: no limit, TFF's default).
+    intra_op_threads: Threads inside each TensorFlow op in the local worker
+      (0: TensorFlow's default, every core). The defaults are the fastest
+      measured for this library's models (benchmarks/results/threads.md);
+      remote workers take theirs from `tff_kd_worker`'s flags.
+  """
+
+  SECTION: ClassVar[str] = 'runtime'
+
+  workers: str = hp.field('', _text)
+  worker_timeout_s: float = hp.field(60.0, hp.positive_number)
+  server_device: str = hp.field(server_stage.IN_RUNTIME, _text)
+  concurrent_clients: int = hp.field(0, _at_least_minus_one)
+  intra_op_threads: int = hp.field(1, hp.non_negative_int)
+
+  @property
+  def worker_addresses(self) -> list[str]:
+    """The remote workers' addresses ([] for the local runtime)."""
+    return runtime.parse_workers(self.workers)
+
+  def _check_combinations(self) -> None:
+    self.worker_addresses  # pylint: disable=pointless-statement
+    server_stage.check_device(self.server_device)
+
+  def check_config(self, config: ml_collections.ConfigDict) -> None:
+    method = registry.get_method(config.method)
+    runtime.check_supported(needs_secure_sum(config), self.workers)
+    if self.server_device != server_stage.IN_RUNTIME and (
+        not method.server_step):
+      raise errors.ConfigError(
+          f'runtime.server_device={self.server_device!r}: {method.name} has '
+          'no server step to move out of the runtime (its server applies an '
+          "optimizer step); use 'runtime'")
+
+
+def _method_name(key: str, value: Any) -> None:
+  if value not in registry.METHODS:
+    raise errors.ConfigError(
+        f"{key} {value!r} is unknown; choose one of "
+        f"{', '.join(registry.METHODS)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSettings(hp.Hparams):
+  """The top-level keys of an experiment config.
+
+  Attributes:
+    method: A registered method (`tff_kd.methods.registry`).
+    seed: Seeds the partition, the models, client sampling and every
+      client's shuffle; an interrupted run resumes exactly because these
+      depend only on (seed, round).
+    rounds: Training rounds.
+    clients_per_round: Clients sampled each round.
+    eval_every: Rounds between evaluations of the global model (the last
+      round is always evaluated).
+    eval_batch_size: The evaluation's batch size.
+    checkpoint_every: Rounds between checkpoints (the last is always saved).
+    keep_checkpoints: Checkpoints kept on disk.
+    export: Export the final global model as a SavedModel.
+  """
+
+  SECTION: ClassVar[str] = ''
+
+  method: str = hp.field('fedavg', _method_name)
+  seed: int = hp.field(0, hp.non_negative_int)
+  rounds: int = hp.field(30, hp.positive_int)
+  clients_per_round: int = hp.field(8, hp.positive_int)
+  eval_every: int = hp.field(1, hp.positive_int)
+  eval_batch_size: int = hp.field(1000, hp.positive_int)
+  checkpoint_every: int = hp.field(1, hp.positive_int)
+  keep_checkpoints: int = hp.field(3, hp.positive_int)
+  export: bool = hp.field(True, hp.boolean)
+
+  def check_config(self, config: ml_collections.ConfigDict) -> None:
+    sampling.check_sampling(config.partition.num_clients,
+                            self.clients_per_round)
+
+
+# The shared sections in the order of the generated config, method sections
+# (from the registry) after them.
+SHARED_SECTIONS: tuple[type[hp.Hparams], ...] = (
+    DatasetSettings, PartitionSettings, ModelSettings, LocalSettings,
+    ClientOptimizerSettings, ServerOptimizerSettings, ServerDataSettings,
+    distillation.DistillConfig, RuntimeSettings)
+
+
+def method_sections() -> tuple[type[hp.Hparams], ...]:
+  """The registered methods' own sections, in registry order."""
+  return tuple(m.hparams for m in registry.METHODS.values()
+               if m.hparams is not None)
+
+
+def all_sections() -> tuple[type[hp.Hparams], ...]:
+  """Every section class of the tree (top-level keys excluded)."""
+  return SHARED_SECTIONS + method_sections()
+
+
+def default_config() -> ml_collections.ConfigDict:
+  """Every key of an experiment config with its default.
+
+  Generated from the tree's classes: the top-level keys (`RunSettings`),
+  the shared sections and every registered method's section, each holding
+  its old key names unset (`tff_kd.hparams.config_section`).
+  """
+  config = hp.config_section(RunSettings)
+  for cls in all_sections():
+    config[cls.SECTION] = hp.config_section(cls)
+  return config
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """A validated experiment config, section by section.
+
+  Attributes:
+    run: The top-level keys.
+    dataset: `config.dataset`.
+    partition: `config.partition`.
+    model: `config.model`.
+    local: `config.local`.
+    client_optimizer: `config.client_optimizer`.
+    server_optimizer: `config.server_optimizer`.
+    server_data: `config.server_data`.
+    distill: `config.distill`, seeded with the run's seed.
+    runtime: `config.runtime`.
+    method: The active method's registry entry.
+    hparams: The active method's own section; None for a method without
+      one (FedAvg).
+  """
+
+  run: RunSettings
+  dataset: DatasetSettings
+  partition: PartitionSettings
+  model: ModelSettings
+  local: LocalSettings
+  client_optimizer: ClientOptimizerSettings
+  server_optimizer: ServerOptimizerSettings
+  server_data: ServerDataSettings
+  distill: distillation.DistillConfig
+  runtime: RuntimeSettings
+  method: common.Method
+  hparams: Optional[hp.Hparams]
+
+
+def _check_unknown_sections(config: ml_collections.ConfigDict) -> None:
+  known = {f.name for f in hp.config_fields(RunSettings)} | {
+      cls.SECTION for cls in all_sections()}
+  for key in config.keys():
+    if key not in known:
+      raise errors.ConfigError(f"config key '{key}' does not exist")
+
+
+def from_config(config: ml_collections.ConfigDict) -> Settings:
+  """Validates a whole experiment config against the tree.
+
+  Checks, in order: that every key exists (in every section, the inactive
+  methods' included), the top-level keys, the shared sections, the active
+  method's section, and the checks across sections, each section's
+  (`Hparams.check_config`). Nothing is loaded or built.
+
+  Args:
+    config: An experiment config (`default_config()` with changes).
+
+  Returns:
+    The validated `Settings`.
+
+  Raises:
+    ConfigError: naming the first bad key and its value.
+  """
+  _check_unknown_sections(config)
+  top = {f.name: config[f.name] for f in hp.config_fields(RunSettings)
+         if f.name in config}
+  run = RunSettings.from_config(top)
+  for cls in method_sections():
+    if cls.SECTION in config:
+      hp.canonical_section(cls, config[cls.SECTION])  # Unknown keys only.
+  method = registry.get_method(run.method)
+  sections = {cls.SECTION: cls.from_config(config.get(cls.SECTION, {}))
+              for cls in SHARED_SECTIONS}
+  sections['distill'] = sections['distill'].replace(seed=run.seed)
+  hparams = (None if method.hparams is None else
+             method.hparams.from_config(config.get(method.hparams.SECTION,
+                                                   {})))
+  checked = [run, *sections.values()]
+  if not method.uses_distill:
+    checked.remove(sections['distill'])
+  for section in checked + ([hparams] if hparams is not None else []):
+    section.check_config(config)
+  return Settings(run=run, method=method, hparams=hparams, **sections)
+
+
+def needs_secure_sum(config: ml_collections.ConfigDict) -> bool:
+  """Whether the method's process uses secure aggregation (as its registry
+  entry says: DaFKD's private mode), which only TFF's test context
+  simulates (`tff_kd.program.context.set_context_for`)."""
+  secure_sum = registry.get_method(config.method).secure_sum
+  return secure_sum is not None and secure_sum(config)
+
+
+def canonical_dict(config: Mapping[str, Any]) -> dict[str, Any]:
+  """A config as a nested dict, with renamed keys under their new names.
+
+  For comparing a saved run's `config.json` with a new config: an old key
+  that is set moves to its new name, and unset old keys (None) are dropped.
+  Sections and keys the tree does not know are kept as they are.
+  """
+  out = {}
+  classes = {cls.SECTION: cls for cls in all_sections()}
+  for key, value in dict(config).items():
+    cls = classes.get(key)
+    if cls is not None and isinstance(value, Mapping) and cls.ALIASES:
+      value = dict(value)
+      for old, alias in cls.ALIASES.items():
+        old_value = value.pop(old, None)
+        if old_value is not None:
+          value[alias.new] = alias.to_new(old_value)
+    elif isinstance(value, Mapping):
+      value = dict(value)
+    out[key] = value
+  return out
