@@ -27,7 +27,7 @@ $(DEV_STAMP): $(STAMP) requirements-dev.txt
 	touch $(DEV_STAMP)
 
 test: $(DEV_STAMP)
-	$(VENV)/bin/python -m pytest tests -q $(ARGS)
+	$(VENV)/bin/python -m pytest tests -q --durations=25 $(ARGS)
 
 # The suite without the end-to-end runs marked slow (a few minutes).
 test-fast: $(DEV_STAMP)

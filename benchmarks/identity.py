@@ -5,9 +5,9 @@ before and after it and comparing the two files: each case (a method and
 its variants, e.g. DaFKD's ablations, heterogeneous FedDF and FedD3A, the
 driver-side server step) trains 2 rounds of `train`'s program on
 scikit-learn's bundled digits (6 clients, 3 per round) and records every
-logged per-round metric except the timings (`time/*`) and a SHA-256 of
-every leaf of the final process state (global weights and each method's
-own state: generators, optimiser states, per-client stores).
+logged per-round metric except the timings (`time/*`, `*seconds*`) and a
+SHA-256 of every leaf of the final process state (global weights and each
+method's own state: generators, optimiser states, per-client stores).
 
 Usage:
   .venv/bin/python -m benchmarks.identity --out=/tmp/before.json
@@ -98,6 +98,12 @@ def config_for(overrides: dict[str, Any]):
   return c
 
 
+def _is_timing(key: str) -> bool:
+  """Whether a metric measures time (e.g. `time/train_s`,
+  `distill/teacher_seconds`, `distill/samples_per_second`)."""
+  return key.startswith('time/') or 'seconds' in key or 'per_second' in key
+
+
 def _digest(value) -> str:
   array = np.asarray(value)
   h = hashlib.sha256(str(array.dtype).encode() + str(array.shape).encode())
@@ -113,7 +119,7 @@ def fingerprint(case: str) -> dict[str, Any]:
     result = experiment.run(config, root, progress=False)
     state, _ = experiment.load_state(config, root)
   rounds = [{k: float(v) for k, v in row.items()
-             if not k.startswith('time/') and np.ndim(v) == 0}
+             if not _is_timing(k) and np.ndim(v) == 0}
             for row in result.history]
   return {'rounds': rounds,
           'state': [_digest(leaf) for leaf in tf.nest.flatten(state)]}
@@ -141,7 +147,7 @@ def compare(before: dict, after: dict) -> bool:
       missing = sorted(k for k in keys if (k in ra) != (k in rb))
       if missing:
         problems.append(f'round {r}: keys only on one side {missing[:5]}')
-      for k in sorted(set(ra) & set(rb)):
+      for k in sorted(k for k in set(ra) & set(rb) if not _is_timing(k)):
         if ra[k] != rb[k] and not (np.isnan(ra[k]) and np.isnan(rb[k])):
           worst = max(worst, abs(ra[k] - rb[k]))
           problems.append(f'round {r}: {k} {ra[k]!r} -> {rb[k]!r}')

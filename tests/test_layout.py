@@ -70,3 +70,20 @@ def test_every_method_package_is_registered_once():
   for package in _packages():
     assert (METHODS_DIR / package / f'{package}_tff.py').exists()
   assert sorted(registry.METHODS) == _packages()
+
+
+def test_the_library_imports_no_config_file():
+  # Defaults live in the settings tree; configs/ only starts from it.
+  wrong = [str(m.relative_to(ROOT)) for m in ROOT.rglob('*.py')
+           if any(n == 'configs' or n.startswith('configs.')
+                  for n in _imported_modules(m))]
+  assert not wrong, wrong
+
+
+def test_methods_and_shared_layers_import_no_program_module():
+  wrong = []
+  for layer in ('core', 'federated', 'models', 'data', 'methods'):
+    for module in (ROOT / layer).rglob('*.py'):
+      if any(n.startswith('tff_kd.program') for n in _imported_modules(module)):
+        wrong.append(str(module.relative_to(ROOT)))
+  assert not wrong, wrong

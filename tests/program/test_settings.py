@@ -145,3 +145,16 @@ def test_canonical_dict_reads_an_old_run_folders_config():
   now = settings.canonical_dict(
       _config(method='dafkd', **{'dafkd.shared_extractor': False}).to_dict())
   assert now['dafkd'] == canonical['dafkd']
+
+
+@pytest.mark.parametrize(
+    'cls', (settings.RunSettings,) + settings.all_sections(),
+    ids=lambda c: c.__name__)
+def test_every_key_is_documented(cls):
+  # Each field appears as `name:` in its class's Attributes section.
+  doc = cls.__doc__ or ''
+  assert 'Attributes:' in doc, cls
+  attributes = doc.split('Attributes:', 1)[1]
+  missing = [f.name for f in dataclasses.fields(cls)
+             if f'\n    {f.name}:' not in attributes]
+  assert not missing, (cls.__name__, missing)
