@@ -5,13 +5,13 @@ train-metrics release manager, an evaluation manager (TFF's `build_fed_eval`
 on the test set) and `ClientDataSource`, trains each registered method's
 (`registry.METHODS`, from its `smoke` config, and the heterogeneous
 variants) dataset-taking process (`experiment.build_dataset_process`) for
-2 rounds, then resumes for a third from its own program state. The rounds it runs
-equal `experiment.run`'s keyed rounds (the fast path): the same clients,
-shuffles, per-client seeds and model. One exception, homogeneous FedD3A:
-its keyed clients read their dataset twice (projection, then training) and
-TF reshuffles the second pass, while a `ClientDataSource` dataset gives the
-same batches on every pass; its 2 + 1 rounds are checked against 3 straight
-`train_model` rounds instead.
+2 rounds, then resumes for a third from its own program state. The rounds
+it runs equal `experiment.run`'s keyed rounds (the fast path): the same
+clients, shuffles, per-client seeds and model. One exception, homogeneous
+FedD3A: its keyed clients read their dataset twice (projection, then
+training) and TF reshuffles the second pass, while a `ClientDataSource`
+dataset gives the same batches on every pass; its 2 + 1 rounds are checked
+against 3 straight `train_model` rounds instead.
 """
 
 import os
