@@ -7,6 +7,8 @@
   `tff_kd.data`) import no method package.
 * Every method package has its `<m>_tff.py` with a registry entry, and the
   registry lists each package once.
+* The tests follow the layout: every method package has its tests in
+  `tests/methods/<m>/`, and every folder there is a method package's.
 """
 
 import ast
@@ -15,6 +17,7 @@ import pathlib
 from tff_kd.methods import registry
 
 ROOT = pathlib.Path(__file__).resolve().parents[1] / 'tff_kd'
+TESTS = pathlib.Path(__file__).resolve().parent
 METHODS_DIR = ROOT / 'methods'
 VARIANT_BASES = {'fedprox': {'fedavg'}}
 
@@ -87,3 +90,15 @@ def test_methods_and_shared_layers_import_no_program_module():
       if any(n.startswith('tff_kd.program') for n in _imported_modules(module)):
         wrong.append(str(module.relative_to(ROOT)))
   assert not wrong, wrong
+
+
+def test_every_method_package_has_its_tests_folder():
+  missing = [
+      f'tests/methods/{package}/'
+      for package in _packages()
+      if not (TESTS / 'methods' / package / '__init__.py').exists()
+      or not list((TESTS / 'methods' / package).glob('test_*.py'))]
+  assert not missing, f'method packages without tests: {missing}'
+  folders = sorted(p.name for p in (TESTS / 'methods').iterdir()
+                   if p.is_dir() and p.name != '__pycache__')
+  assert folders == _packages()

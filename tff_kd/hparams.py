@@ -117,8 +117,8 @@ def model_list(key: str, value: Any) -> None:
 
 
 def widths(key: str, value: Any) -> None:
-  """A comma list of layer widths >= 1, e.g. '256,512'."""
-  if parse_widths(value) is None:
+  """A comma list of layer widths >= 1, e.g. '256,512' (a string)."""
+  if not isinstance(value, str) or parse_widths(value) is None:
     _fail(key, "comma-separated widths >= 1 such as '256,512'", value)
 
 

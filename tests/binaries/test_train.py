@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from tests.conftest import live_workers
-from tests.program.test_experiment import _config
+from tests.helpers import digits_config as _config
 from tests.program.test_resume import logged_losses
 from tff_kd.program import experiment
 

@@ -1,7 +1,7 @@
 """The stack of a round's client values and their FedAvg mean, eagerly.
 
 `tff_kd.core.stacking` is shared by every KD method's aggregator and server
-step; tests/algorithms/test_feddf.py checks the TFF aggregator built on it.
+step; tests/methods/feddf/test_feddf.py checks the TFF aggregator built on it.
 """
 
 import numpy as np

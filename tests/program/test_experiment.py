@@ -13,24 +13,9 @@ import textwrap
 import numpy as np
 import pytest
 
-from configs import digits
+from tests.helpers import digits_config as _config
 from tff_kd import errors
 from tff_kd.program import experiment
-
-
-def _config(**overrides):
-  c = digits.get_config()
-  c.rounds = 2
-  c.partition.num_clients = 6
-  c.clients_per_round = 3
-  c.local.amount = 1
-  for key, value in overrides.items():
-    node = c
-    *path, leaf = key.split('.')
-    for part in path:
-      node = node[part]
-    node[leaf] = value
-  return c
 
 
 @pytest.mark.parametrize('key,value,match', [

@@ -15,17 +15,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.program.test_experiment import _config
-from tests.program.test_resume import _SERVER, CASES
+from tests import helpers
+from tests.helpers import digits_config as _config
 from tff_kd import errors
 from tff_kd.program import experiment
 from tff_kd.program import sampling
-
-
-# Every method: the resume cases plus the stateless KD methods and FedProx.
-METHOD_CASES = {**CASES, 'feddf': {'method': 'feddf', **_SERVER},
-                'fedd3a': {'method': 'fedd3a', **_SERVER},
-                'fedprox': {'method': 'fedprox'}}
 
 
 def _poison(exp: experiment.Experiment, client: int) -> None:
@@ -51,7 +45,7 @@ def _global_leaves(exp, state) -> list[np.ndarray]:
 @pytest.mark.parametrize('method', ['fedavg', 'feddf'])
 def test_excluded_client_equals_its_absence(tmp_path, method):
   """One round with a NaN client gives the model of the round without it."""
-  config = _config(rounds=1, export=False, **METHOD_CASES[method])
+  config = helpers.smoke_config(method, rounds=1)
   exp = experiment.prepare(config, str(tmp_path))
   clients = _round0_clients(config)
   _poison(exp, clients[0])
@@ -74,15 +68,14 @@ def test_excluded_client_equals_its_absence(tmp_path, method):
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
 
 
-# One case per client-work implementation that screens its clients
-# (FedProx shares FedAvg's, FedFTG shares FedGen's).
-SCREENING_CASES = sorted(set(METHOD_CASES) - {'fedprox', 'fedftg'})
+# Every method, and the variant whose clients keep a model store.
+SCREENING_CASES = helpers.smoke_cases(variants=('fedd3a_hetero',))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize('case', SCREENING_CASES)
 def test_every_method_runs_on_past_a_nan_client(tmp_path, case):
-  config = _config(rounds=1, export=False, **METHOD_CASES[case])
+  config = helpers.smoke_config(case, rounds=1)
   root = str(tmp_path)
   exp = experiment.prepare(config, root)
   bad = _round0_clients(config)[0]

@@ -1,12 +1,12 @@
 """Exact resume: 2 + 2 rounds equal 4 straight rounds, bit for bit.
 
-For FedAvg and for every method with state beyond the global model (DaFKD's
-generator and per-client discriminator store, FedGen's generator and its
-Adam state, FedFTG's generator, its Adam state and round counter,
-heterogeneous FedD3A's per-client model store), a run stopped after 2 rounds
-and resumed to 4 must hold exactly the state of an uninterrupted 4-round run:
-every leaf of the process state (global weights, client-work, aggregator and
-finalizer state) and every logged per-round training loss.
+For every registered method (`registry.METHODS`, each from its `smoke`
+config) and heterogeneous FedD3A, a run stopped after 2 rounds and resumed
+to 4 must hold exactly the state of an uninterrupted 4-round run: every leaf
+of the process state (global weights; client-work, aggregator and finalizer
+state such as DaFKD's generator and per-client discriminator store, FedGen's
+and FedFTG's generators, their Adam state and round counters, heterogeneous
+FedD3A's per-client model store) and every logged per-round training loss.
 """
 
 import csv
@@ -16,26 +16,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.program.test_experiment import _config
+from tests import helpers
 from tff_kd.program import experiment
 
 pytestmark = pytest.mark.slow
 
-_SERVER = {'server_data.proxy': 'split', 'server_data.proxy_size': 100,
-           'distill.steps': 5, 'distill.batch_size': 32,
-           'distill.val_fraction': 0.0}
-CASES = {
-    'fedavg': {},
-    'dafkd': {'method': 'dafkd', 'dafkd.pool_size': 32, 'dafkd.noise_dim': 8,
-              'dafkd.generator_hidden': '16', 'dafkd.gan_steps': 0,
-              **_SERVER},
-    'fedgen': {'method': 'fedgen', 'fedgen.generator_steps': 3,
-               'fedgen.hidden': 16},
-    'fedftg': {'method': 'fedftg', 'fedftg.iterations': 2,
-               'fedftg.batch_size': 16, 'fedftg.noise_dim': 8},
-    'fedd3a_hetero': {'method': 'fedd3a',
-                      'fedd3a.client_models': 'cnn,cnn:group', **_SERVER},
-}
+# Every method, and the variant with state of its own.
+CASES = helpers.smoke_cases(variants=('fedd3a_hetero',))
 
 
 def logged_losses(root: str) -> dict[int, list[float]]:
@@ -47,10 +34,10 @@ def logged_losses(root: str) -> dict[int, list[float]]:
   return out
 
 
-@pytest.mark.parametrize('case', sorted(CASES))
+@pytest.mark.parametrize('case', CASES)
 def test_two_plus_two_rounds_equal_four(tmp_path, case):
   def config(rounds):
-    return _config(rounds=rounds, export=False, **CASES[case])
+    return helpers.smoke_config(case, rounds=rounds)
 
   straight, resumed = str(tmp_path / 'straight'), str(tmp_path / 'resumed')
   experiment.run(config(4), straight, progress=False)

@@ -19,8 +19,8 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tests.program.test_experiment import _config
-from tests.program.test_faults import METHOD_CASES
+from tests import helpers
+from tests.helpers import digits_config as _config
 from tff_kd import errors
 from tff_kd.program import experiment
 from tff_kd.program import runtime
@@ -47,7 +47,7 @@ def _global_weights(config, root: str) -> list[np.ndarray]:
 @pytest.mark.parametrize('method', [
     'fedavg', pytest.param('dafkd', marks=pytest.mark.slow)])
 def test_two_workers_give_the_one_worker_model(tmp_path, workers, method):
-  config = _config(rounds=2, export=False, **METHOD_CASES[method])
+  config = _config(rounds=2, export=False, **helpers.method_overrides(method))
   addresses = [a for a, _ in workers]
   roots = {}
   for name, group in (('one', addresses[:1]), ('two', addresses[1:])):

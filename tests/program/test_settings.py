@@ -8,7 +8,7 @@ import ml_collections
 import pytest
 
 from configs import base
-from tests.program.test_experiment import _config
+from tests.helpers import digits_config as _config
 from tff_kd import errors
 from tff_kd import hparams as hp
 from tff_kd.core import distillation

@@ -2,15 +2,16 @@
 
 `tff.learning.programs.train_model`, with TFF's `FileProgramStateManager`, a
 train-metrics release manager, an evaluation manager (TFF's `build_fed_eval`
-on the test set) and `ClientDataSource`, trains each method's
-dataset-taking process (`experiment.build_dataset_process`) for 2 rounds,
-then resumes for a third from its own program state. The rounds it runs
-equal `experiment.run`'s keyed rounds (the fast path): the same clients,
-shuffles, per-client seeds and model. One exception, homogeneous FedD3A:
-its keyed clients read their dataset twice (projection, then training) and
-TF reshuffles the second pass, while a `ClientDataSource` dataset gives the
-same batches on every pass; its 2 + 1 rounds are checked against 3 straight
-`train_model` rounds instead.
+on the test set) and `ClientDataSource`, trains each registered method's
+(`registry.METHODS`, from its `smoke` config, and the heterogeneous
+variants) dataset-taking process (`experiment.build_dataset_process`) for
+2 rounds, then resumes for a third from its own program state. The rounds
+it runs equal `experiment.run`'s keyed rounds (the fast path): the same
+clients, shuffles, per-client seeds and model. One exception, homogeneous
+FedD3A: its keyed clients read their dataset twice (projection, then
+training) and TF reshuffles the second pass, while a `ClientDataSource`
+dataset gives the same batches on every pass; its 2 + 1 rounds are checked
+against 3 straight `train_model` rounds instead.
 """
 
 import os
@@ -20,8 +21,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tests.program.test_experiment import _config
-from tests.program.test_faults import METHOD_CASES
+from tests import helpers
 from tff_kd.program import experiment
 from tff_kd.program import sampling
 from tff_kd.program import tff_programs
@@ -91,19 +91,16 @@ def _saved_state(exp, process, root: str):
               seed=exp.config.seed).iterator())))
 
 
-# Every method and client-data form (FedProx builds FedAvg's process with a
-# proximal term; it is left out for time).
-CASES = {**{k: v for k, v in METHOD_CASES.items() if k != 'fedprox'},
-         'feddf_hetero': {**METHOD_CASES['feddf'],
-                          'feddf.client_models': 'cnn,cnn:group'}}
+# Every method and client-data form (heterogeneous models).
+CASES = helpers.smoke_cases()
 
 
 @pytest.mark.parametrize('method', [
     m if m == 'fedavg' else pytest.param(m, marks=pytest.mark.slow)
-    for m in sorted(CASES)])
+    for m in CASES])
 def test_train_model_trains_and_resumes_like_experiment_run(tmp_path,
                                                             method):
-  config = _config(rounds=3, export=False, **CASES[method])
+  config = helpers.smoke_config(method, rounds=3)
   exp = experiment.prepare(config, str(tmp_path / 'keyed'))
   process = experiment.build_dataset_process(exp)
   recorder, eval_recorder = _Recorder(), _Recorder()

@@ -7,7 +7,8 @@ is its config section (`tff_kd.hparams`).
 """
 
 import collections
-from typing import Callable, NamedTuple, Optional
+import types
+from typing import Any, Callable, Mapping, NamedTuple, Optional
 
 import ml_collections
 import tensorflow_federated as tff
@@ -75,6 +76,11 @@ class Method(NamedTuple):
       prototypes); the program builds one model function and one evaluator
       per entry. False: one global model (FedD3A's `client_models` are
       per-client local models).
+    smoke: Dotted-key config overrides (on the small digits setting of the
+      tests, e.g. `{'fedgen.hidden': 16}`) that make a fast 2-round run of
+      the method: tiny pools, few distillation or generator steps. Every
+      contract test (resume, NaN clients, `train_model`, server device, bad
+      values) runs each registered method from it.
   """
 
   name: str
@@ -86,6 +92,7 @@ class Method(NamedTuple):
   uses_distill: bool = False
   secure_sum: Optional[Callable[[ml_collections.ConfigDict], bool]] = None
   global_model_per_architecture: bool = False
+  smoke: Mapping[str, Any] = types.MappingProxyType({})
 
 def build_optimizer(
     config: ml_collections.ConfigDict) -> tff.learning.optimizers.Optimizer:

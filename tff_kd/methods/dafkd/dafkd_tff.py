@@ -679,4 +679,9 @@ METHOD = common.Method(
     'dafkd', build_from_config,
     'DaFKD domain-aware data-free KD (Wang et al., 2023)',
     hparams=hparams_lib.DaFKDHparams, uses_distill=True,
-    secure_sum=lambda config: bool(config.dafkd.private))
+    secure_sum=lambda config: bool(config.dafkd.private),
+    smoke={'dafkd.pool_size': 32, 'dafkd.noise_dim': 8,
+           'dafkd.generator_hidden': '16', 'dafkd.gan_steps': 0,
+           'server_data.proxy': 'split', 'server_data.proxy_size': 100,
+           'distill.steps': 5, 'distill.batch_size': 32,
+           'distill.val_fraction': 0.0})

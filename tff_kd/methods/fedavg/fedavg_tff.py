@@ -69,4 +69,4 @@ def build_from_config(
 
 METHOD = common.Method(
     'fedavg', build_from_config, 'FedAvg (McMahan et al., 2017)',
-    server_step=False)
+    server_step=False, smoke={})

@@ -402,4 +402,7 @@ METHOD = common.Method(
     'feddf', build_from_config,
     'FedDF ensemble distillation (Lin et al., 2020)', needs_server_data=True,
     hparams=hparams_lib.FedDFHparams, uses_distill=True,
-    global_model_per_architecture=True)
+    global_model_per_architecture=True,
+    smoke={'server_data.proxy': 'split', 'server_data.proxy_size': 100,
+           'distill.steps': 5, 'distill.batch_size': 32,
+           'distill.val_fraction': 0.0})

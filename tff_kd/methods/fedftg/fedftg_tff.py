@@ -369,4 +369,6 @@ def build_from_config(
 METHOD = common.Method(
     'fedftg', build_from_config,
     'FedFTG data-free server fine-tuning (Zhang et al., 2022)',
-    hparams=hparams_lib.FedFTGHparams)
+    hparams=hparams_lib.FedFTGHparams,
+    smoke={'fedftg.iterations': 2, 'fedftg.batch_size': 16,
+           'fedftg.noise_dim': 8})

@@ -498,4 +498,5 @@ def build_from_config(
 METHOD = common.Method(
     'fedgen', build_from_config,
     'FedGen data-free feature-generator KD (Zhu et al., 2021)',
-    hparams=hparams_lib.FedGenHparams)
+    hparams=hparams_lib.FedGenHparams,
+    smoke={'fedgen.generator_steps': 3, 'fedgen.hidden': 16})

@@ -70,4 +70,4 @@ def build_from_config(
 
 METHOD = common.Method(
     'fedprox', build_from_config, 'FedProx (Li et al., 2020)',
-    server_step=False, hparams=hparams_lib.FedProxHparams)
+    server_step=False, hparams=hparams_lib.FedProxHparams, smoke={})

@@ -1,6 +1,6 @@
 """The FedFTG process: golden server fine-tuning, state, bad input, e2e.
 
-One toy process (tests/algorithms/toy_kd.py) with 3 teacher slots and 2
+One toy process (tests/methods/toy_kd.py) with 3 teacher slots and 2
 clients is built once per module; its round is checked against
 `tff_kd.methods.fedftg.fedftg_tff.round_fine_tune` (i.e. `fedftg_tf.fine_tune`,
 which distils through `distillation.distill`) run eagerly on the eagerly
@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tests.algorithms import toy_kd
+from tests.methods import toy_kd
 from tff_kd import errors
 from tff_kd.core import distillation
 from tff_kd.methods import registry

@@ -1,6 +1,6 @@
 """FedDF's pure-TF fusion maths, eagerly (no TFF context involved).
 
-The same functions run inside the TFF process; tests/algorithms/test_feddf.py
+The same functions run inside the TFF process; tests/methods/feddf/test_feddf.py
 checks that the process reproduces them.
 """
 

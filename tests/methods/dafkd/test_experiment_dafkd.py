@@ -9,7 +9,7 @@ import pytest
 
 from configs import dafkd_fashion_mnist
 from configs import dafkd_mnist
-from tests.program.test_experiment import _config
+from tests.helpers import digits_config as _config
 from tff_kd import errors
 from tff_kd.program import experiment
 
@@ -30,7 +30,7 @@ def _dafkd_config(**overrides):
 @pytest.mark.slow
 def test_dafkd_run_reports_its_mechanism(tmp_path):
   """`train`'s program wires DaFKD's diagnostics (mechanism tests:
-  tests/program/test_mechanisms.py, tests/core/test_dafkd_mechanism.py)."""
+  tests/methods/dafkd/test_mechanism.py and test_dafkd_mechanism.py)."""
   result = experiment.run(
       _dafkd_config(**{'rounds': 2, 'server_data.proxy': 'split',
                        'server_data.proxy_size': 100,

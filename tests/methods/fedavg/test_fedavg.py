@@ -1,8 +1,9 @@
-"""FedAvg / FedProx processes: TFF signatures and golden numbers.
+"""FedAvg's process: TFF signatures and golden numbers.
 
 Two toy clients with a bias-free linear softmax model; each does one
 full-batch step, so the expected new global weights follow from a numpy
-reference: w0 + sum_k n_k * delta_k / sum_k n_k.
+reference: w0 + sum_k n_k * delta_k / sum_k n_k. FedProx's tests
+(tests/methods/fedprox/test_fedprox.py) use the same toy.
 """
 
 import numpy as np
@@ -14,8 +15,6 @@ from tff_kd import errors
 from tff_kd.federated import client_data
 from tff_kd.methods import registry
 from tff_kd.methods.fedavg import fedavg_tff as fedavg
-from tff_kd.methods.fedprox import fedprox_tff as fedprox
-from tff_kd.methods.fedprox import hparams as fedprox_hparams
 
 W0 = np.array([[0.2, -0.1], [0.0, 0.3]], np.float32)
 X = np.array([[1.0, 2.0], [0.5, -1.0], [2.0, 0.0], [-1.0, 1.0]], np.float32)
@@ -80,22 +79,6 @@ def test_fedavg_round_is_example_weighted_mean(data):
   assert cw['bytes_up'] == 2 * (4 * 4 + 4)
 
 
-def test_fedprox_matches_proximal_reference(data):
-  process = fedprox.build_fedprox_process(
-      _model_fn, data.element_spec,
-      hparams=fedprox_hparams.FedProxHparams(mu=0.5),
-      learning_rate=0.1, **_optimizers())
-  process, output = _run_round(process, data, steps=3)
-  expected = W0 + (1 * _client_delta(PARTS[0], 0.1, 0.5, 3) +
-                   3 * _client_delta(PARTS[1], 0.1, 0.5, 3)) / 4
-  new = process.get_model_weights(output.state).trainable[0]
-  np.testing.assert_allclose(new, expected, rtol=1e-5, atol=1e-6)
-  # The proximal pull makes it differ from FedAvg with the same steps.
-  plain = W0 + (1 * _client_delta(PARTS[0], 0.1, 0.0, 3) +
-                3 * _client_delta(PARTS[1], 0.1, 0.0, 3)) / 4
-  assert not np.allclose(new, plain, atol=1e-5)
-
-
 def test_learning_rate_schedule_decays_per_round(data):
   process = fedavg.build_fedavg_process(
       _model_fn, data.element_spec, learning_rate=0.1,
@@ -119,14 +102,6 @@ def test_set_and_get_model_weights_round_trip(data):
                                          non_trainable=[])
   got = process.get_model_weights(process.set_model_weights(state, new))
   np.testing.assert_array_equal(got.trainable[0], W0 * 3)
-
-
-@pytest.mark.parametrize('mu', [0.0, -1.0])
-def test_fedprox_rejects_non_positive_mu(data, mu):
-  with pytest.raises(errors.ConfigError, match=f'fedprox.mu .*{mu}'):
-    fedprox.build_fedprox_process(_model_fn, data.element_spec,
-                                 hparams=fedprox_hparams.FedProxHparams(mu=mu),
-                                 learning_rate=0.1, **_optimizers())
 
 
 def test_registry_lists_methods_and_rejects_unknown():

@@ -15,7 +15,7 @@ import pytest
 from configs import fedd3a_digits_device
 from configs import fedd3a_digits_silo
 from tests.conftest import SHARED_DATA
-from tests.program.test_experiment import _config
+from tests.helpers import digits_config as _config
 from tff_kd import data as data_lib
 from tff_kd import errors
 from tff_kd.program import experiment
@@ -107,7 +107,7 @@ def test_fedd3a_cross_silo_run_reports_each_domain(tmp_path):
   # The per-client weights are per-pool means of columns that sum to 1.
   assert row['distill/client_weight_0'] + row['distill/client_weight_1'] == (
       pytest.approx(1.0, abs=1e-6))
-  # (The weights' mechanism: tests/program/test_mechanisms.py.)
+  # (The weights' mechanism: tests/methods/fedd3a/test_mechanism.py.)
 
 
 def test_cross_device_domain_clients_train_end_to_end(tmp_path):

@@ -2,17 +2,23 @@
 
 A bad value in any method's section is a `ConfigError` naming the key,
 raised by `experiment.validate_config`, and so by `experiment.run` before it
-loads data or writes anything under its root_dir.
+loads data or writes anything under its root_dir. The contract every
+registered method gets (`test_every_field_refuses_a_wrong_typed_value`):
+each field of its hparams class, given a value of the wrong type, is refused
+so, from the method's `smoke` config; the hand-written `BAD` cases add the
+range and combination checks.
 """
 
 import dataclasses
 import os
+import re
 
 import numpy as np
 import pytest
 
 from configs import base
-from tests.program.test_experiment import _config
+from tests import helpers
+from tests.helpers import digits_config as _config
 from tff_kd import errors
 from tff_kd import hparams as hp
 from tff_kd.methods import registry
@@ -133,7 +139,7 @@ def test_every_field_has_a_checker_and_a_docstring_entry():
     (hp.unit_fraction, [0.0, 0.99], [1.0, -0.1]),
     (hp.boolean, [True, False, np.bool_(True)], [0, 1, 'True']),
     (hp.one_of('a', 'b'), ['a', 'b'], ['c', '', None]),
-    (hp.widths, ['8', '256,512'], ['', '8,x', '0', '-4']),
+    (hp.widths, ['8', '256,512'], ['', '8,x', '0', '-4', 8]),
 ])
 def test_checkers(check, good, bad):
   for value in good:
@@ -153,3 +159,33 @@ def test_dafkd_pool_generator_default_follows_private_mode():
                                pool_generator='aggregated').validate()
   widths = dafkd_hparams.DaFKDHparams(generator_hidden='16,8').hidden_widths
   assert widths == (16, 8)
+
+
+def _wrong_typed(value):
+  """A value of another type than `value`: a number where a bool or a string
+  is due, a numeric string where a number is due."""
+  if isinstance(value, (bool, str)):
+    return 1
+  return str(value)
+
+
+WRONG_TYPED = [(m.name, f.name) for m in registry.METHODS.values()
+               if m.hparams is not None
+               for f in dataclasses.fields(m.hparams)]
+
+
+@pytest.mark.parametrize('method,name', WRONG_TYPED,
+                         ids=[f'{m}.{n}' for m, n in WRONG_TYPED])
+def test_every_field_refuses_a_wrong_typed_value(tmp_path, method, name):
+  config = helpers.smoke_config(method)
+  key = f'{registry.get_method(method).hparams.SECTION}.{name}'
+  section = config[key.split('.')[0]]
+  with section.ignore_type():
+    section[name] = _wrong_typed(section[name])
+  match = re.escape(key) + r'\b'
+  with pytest.raises(errors.ConfigError, match=match):
+    experiment.validate_config(config)
+  root_dir = tmp_path / 'run'
+  with pytest.raises(errors.ConfigError, match=match):
+    experiment.run(config, str(root_dir), progress=False)
+  assert not os.path.exists(root_dir)

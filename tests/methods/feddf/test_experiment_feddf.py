@@ -12,7 +12,7 @@ import pytest
 from configs import feddf_mnist
 from configs import feddf_mnist_hetero
 from tests.conftest import SHARED_DATA
-from tests.program.test_experiment import _config
+from tests.helpers import digits_config as _config
 from tff_kd import data as data_lib
 from tff_kd import errors
 from tff_kd.program import experiment

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from configs import fedd3a_digits_hetero
-from tests.program.test_experiment import _config
+from tests.helpers import digits_config as _config
 from tff_kd import errors
 from tff_kd.program import experiment
 

@@ -1,6 +1,6 @@
 """The FedGen process: golden server and client steps, state, bad input, e2e.
 
-One toy process (tests/algorithms/toy_kd.py) is built once per module. Its
+One toy process (tests/methods/toy_kd.py) is built once per module. Its
 rounds are checked against the same pure-TF code run eagerly on the clients'
 eagerly computed updates: the FedAvg of the classifiers, the generator's
 50-step round (`tff_kd.methods.fedgen.fedgen_tff.generator_round`, i.e.
@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tests.algorithms import toy_kd
+from tests.methods import toy_kd
 from tff_kd import errors
 from tff_kd import models
 from tff_kd.methods import registry

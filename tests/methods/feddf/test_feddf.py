@@ -16,12 +16,12 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tests.algorithms.test_fedavg import _client_delta
-from tests.algorithms.test_fedavg import _model_fn
-from tests.algorithms.test_fedavg import PARTS
-from tests.algorithms.test_fedavg import W0
-from tests.algorithms.test_fedavg import X
-from tests.algorithms.test_fedavg import Y
+from tests.methods.fedavg.test_fedavg import _client_delta
+from tests.methods.fedavg.test_fedavg import _model_fn
+from tests.methods.fedavg.test_fedavg import PARTS
+from tests.methods.fedavg.test_fedavg import W0
+from tests.methods.fedavg.test_fedavg import X
+from tests.methods.fedavg.test_fedavg import Y
 from tff_kd import errors
 from tff_kd.core import distillation
 from tff_kd.federated import client_data

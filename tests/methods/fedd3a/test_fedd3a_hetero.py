@@ -1,7 +1,7 @@
 """Heterogeneous FedD3A: golden numbers on a toy problem, the model store.
 
 FedD3A: Su, Li, Xue, AAAI 2023, Sec. 3 "Application to Heterogeneous
-Models". Global model: the linear toy of tests/algorithms/test_fedd3a.py
+Models". Global model: the linear toy of tests/methods/fedd3a/test_fedd3a.py
 (backbone x Wf, 3 -> 3; head 3 -> 2 logits). Client architectures: A, one
 bias-free Dense (3 -> 2); B, Dense(4, tanh) then Dense(2), all bias-free
 and constant-initialised, so numpy evaluates every model exactly. Three

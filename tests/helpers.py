@@ -1,0 +1,69 @@
+"""Helpers shared across the test tree.
+
+`digits_config` is the small setting of the end-to-end tests (scikit-learn's
+bundled digits, 6 clients, 3 per round, 2 rounds). `smoke_config` adds a
+registered method's `common.Method.smoke` overrides to it: the fast run the
+contract tests (tests/program/test_resume.py, test_faults.py,
+test_tff_programs.py, test_server_stage.py and
+tests/methods/test_hparams.py) give every method in
+`tff_kd.methods.registry.METHODS`.
+"""
+
+from typing import Any, Sequence
+
+import ml_collections
+
+from configs import digits
+from tff_kd.methods import registry
+
+
+def digits_config(**overrides: Any) -> ml_collections.ConfigDict:
+  """The digits config, shrunk for tests, with dotted-key `overrides`."""
+  c = digits.get_config()
+  c.rounds = 2
+  c.partition.num_clients = 6
+  c.clients_per_round = 3
+  c.local.amount = 1
+  for key, value in overrides.items():
+    node = c
+    *path, leaf = key.split('.')
+    for part in path:
+      node = node[part]
+    node[leaf] = value
+  return c
+
+
+# What every contract run shares: one local step, nothing exported.
+CONTRACT = {'export': False, 'local.unit': 'steps'}
+
+# Configurations beyond a method's smoke run that the contract tests also
+# cover: name -> (method, overrides on its smoke config). Heterogeneous
+# models keep per-client or per-prototype state of their own.
+VARIANTS = {
+    'fedd3a_hetero': ('fedd3a', {'fedd3a.client_models': 'cnn,cnn:group'}),
+    'feddf_hetero': ('feddf', {'feddf.client_models': 'cnn,cnn:group'}),
+}
+
+
+def smoke_cases(variants: Sequence[str] = tuple(VARIANTS)) -> list[str]:
+  """Every registered method, then the named `VARIANTS` (default: all)."""
+  return list(registry.METHODS) + list(variants)
+
+
+def case_method(case: str) -> str:
+  """The registered method a case (a method or a variant) runs."""
+  return VARIANTS[case][0] if case in VARIANTS else case
+
+
+def method_overrides(case: str) -> dict[str, Any]:
+  """A case's method, its `smoke` overrides and the variant's."""
+  method = case_method(case)
+  variant = VARIANTS[case][1] if case in VARIANTS else {}
+  return {'method': method, **registry.get_method(method).smoke, **variant}
+
+
+def smoke_config(case: str, **overrides: Any) -> ml_collections.ConfigDict:
+  """A method's (or variant's) fast contract run: `digits_config`, then
+  `CONTRACT`, `method_overrides(case)`, then `overrides`."""
+  return digits_config(**{**CONTRACT, **method_overrides(case),
+                          **overrides})

@@ -1,0 +1,25 @@
+"""The mechanism against its switched-off twin (tests/methods/mechanisms.py).
+
+FedGen vs `local_alpha = local_beta = 0`: the clients' heads agree more
+with the generator (its teacher accuracy).
+"""
+
+import numpy as np
+import pytest
+
+from tests.methods.mechanisms import _metric
+from tests.methods.mechanisms import run
+
+pytestmark = pytest.mark.slow
+
+
+def test_fedgen_clients_agree_with_the_generator(run):
+  method = run(method='fedgen')
+  twin = run(method='fedgen',
+             **{'fedgen.local_alpha': 0.0, 'fedgen.local_beta': 0.0})
+  # Round 1 is identical (the regulariser starts in round 2).
+  np.testing.assert_allclose(_metric(method, 'distill/teacher_accuracy')[0],
+                             _metric(twin, 'distill/teacher_accuracy')[0])
+  gain = (_metric(method, 'distill/teacher_accuracy')[1:] -
+          _metric(twin, 'distill/teacher_accuracy')[1:])
+  assert np.all(gain > 0.05), gain
