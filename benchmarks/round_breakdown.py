@@ -72,6 +72,7 @@ from tff_kd.data import datasets as datasets_lib
 from tff_kd.federated import client_data as client_data_lib
 from tff_kd.federated import learning
 from tff_kd.program import context
+context.install()  # The program opts in to tff_kd's process set-up.
 from tff_kd.program import evaluation
 from tff_kd.program import experiment
 from tff_kd.program import sampling
