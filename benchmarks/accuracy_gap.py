@@ -53,6 +53,9 @@ import tensorflow_federated as tff
 from configs import fedgen_mnist
 from tff_kd.core import local_training
 from tff_kd.program import context
+context.install()  # The program opts in to tff_kd's process set-up.
+from tff_kd.program import checkpoints
+from tff_kd.program import setup
 from tff_kd.program import experiment
 from tff_kd.program import sampling
 
@@ -191,7 +194,7 @@ def main(argv):
   experiment.set_context(config)
   root = tempfile.mkdtemp()
   exp = experiment.prepare(config, root)
-  parts, slices = experiment._partition(config, exp.dataset)  # pylint: disable=protected-access
+  parts, slices = setup._partition(config, exp.dataset)  # pylint: disable=protected-access
   x_test, y_test = exp.dataset.x_test, exp.dataset.y_test
   x_train = exp.dataset.x_train
   local = experiment.local_work(config)
@@ -205,7 +208,7 @@ def main(argv):
   user_stats = {u: [v.numpy() for v in init.non_trainable_weights]
                 for u in range(config.partition.num_clients)}
   state = exp.process.initialize()  # As `experiment.run` starts a run.
-  initial = (experiment._seeded_initial_weights(exp.model_fn)  # pylint: disable=protected-access
+  initial = (checkpoints.seeded_initial_weights(exp.model_fn)
              if _INIT.value == 'keras'
              else _torch_initial_weights(init, config.seed))
   state = exp.process.set_model_weights(state, initial)

@@ -41,6 +41,7 @@ import time
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
 from tff_kd.program import context  # pylint: disable=g-import-not-at-top
+context.install()  # The program opts in to tff_kd's process set-up.
 from tff_kd.program import experiment
 
 from absl import app  # pylint: disable=g-bad-import-order

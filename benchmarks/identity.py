@@ -36,6 +36,7 @@ import tensorflow as tf
 
 from configs import digits
 from tff_kd.program import context
+context.install()  # The program opts in to tff_kd's process set-up.
 from tff_kd.program import experiment
 
 _OUT = flags.DEFINE_string('out', '', 'JSON file to write the fingerprints to.')

@@ -36,6 +36,7 @@ import tensorflow_federated as tff
 
 from configs import fedgen_mnist
 from tff_kd.program import context
+context.install()  # The program opts in to tff_kd's process set-up.
 from tff_kd.program import experiment
 from tff_kd.program import runtime
 

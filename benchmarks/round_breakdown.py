@@ -72,7 +72,13 @@ from tff_kd.data import datasets as datasets_lib
 from tff_kd.federated import client_data as client_data_lib
 from tff_kd.federated import learning
 from tff_kd.program import context
+context.install()  # The program opts in to tff_kd's process set-up.
 from tff_kd.program import evaluation
+from tff_kd.program import aio
+from tff_kd.program import checkpoints
+from tff_kd.program import loop
+from tff_kd.program import setup
+from tff_kd.program import validation
 from tff_kd.program import experiment
 from tff_kd.program import sampling
 from tff_kd.program import server_stage
@@ -177,9 +183,9 @@ def main(argv):
   root = root_holder.name
   # -- experiment.prepare, with its own parts timed while it runs.
   timers = _Timers()
-  timers.wrap(experiment, 'validate_config', 'validate_config')
-  timers.wrap(experiment.data_lib, 'load_dataset', 'load_dataset')
-  timers.wrap(experiment, '_partition', 'partition')
+  timers.wrap(validation, 'validate_config', 'validate_config')
+  timers.wrap(setup.data_lib, 'load_dataset', 'load_dataset')
+  timers.wrap(setup, '_partition', 'partition')
   timers.wrap(client_data_lib.FileClientData, 'create',
               'write_client_arrays')
   timers.wrap(evaluation.Evaluator, '__init__', 'evaluators')
@@ -215,13 +221,13 @@ def main(argv):
   initial, startup['initialize_first_runtime_call_s'] = _timed(
       process.initialize)
   seeded, startup['seeded_keras_weights_s'] = _timed(
-      lambda: experiment._seeded_initial_weights(exp.model_fn))  # pylint: disable=protected-access
+      lambda: checkpoints.seeded_initial_weights(exp.model_fn))
   state, startup['set_model_weights_s'] = _timed(
       lambda: process.set_model_weights(initial, seeded))
   manager = tff.program.FileProgramStateManager(
       os.path.join(root, 'checkpoints'), keep_total=config.keep_checkpoints)
   _, startup['checkpoint_round0_s'] = _timed(
-      lambda: experiment._sync(manager.save(state, 0)))  # pylint: disable=protected-access
+      lambda: aio.run_sync(manager.save(state, 0)))
   releasers = dict(
       csv=tff.program.CSVFileReleaseManager(
           os.path.join(root, 'metrics.csv'), key_fieldname='round'),
@@ -281,22 +287,20 @@ def main(argv):
     output, row['process_next'] = _timed(
         lambda: process.next(start_state, keys))  # pylint: disable=cell-var-from-loop
     metrics, row['metrics_to_python'] = _timed(
-        lambda: experiment._round_metrics(output, config))  # pylint: disable=protected-access,cell-var-from-loop
+        lambda: loop._round_metrics(output, config))  # pylint: disable=protected-access,cell-var-from-loop
     state = output.state
     weights, row['get_model_weights'] = _timed(
         lambda: process.get_model_weights(state))  # pylint: disable=cell-var-from-loop
-    (loss, acc), row['eval_whole_test'] = _timed(
-        lambda: exp.evaluator(weights))  # pylint: disable=cell-var-from-loop
+    test, row['eval_whole_test'] = _timed(
+        lambda: exp.evaluations['test'](weights, state))  # pylint: disable=cell-var-from-loop
     sliced, row['eval_slices'] = _timed(
-        lambda: exp.slice_evaluator(weights))  # pylint: disable=cell-var-from-loop
-    metrics.update({'test/loss': loss, 'test/accuracy': acc,
-                    'test_slices/accuracy': sliced.accuracy,
-                    'time/train_s': row['process_next']})
+        lambda: exp.evaluations['test_slices'](weights, state))  # pylint: disable=cell-var-from-loop
+    metrics.update({**test, **sliced, 'time/train_s': row['process_next']})
     for name, rm in releasers.items():
       _, row[f'release_{name}'] = _timed(
-          lambda: experiment._sync(rm.release(metrics, key=r + 1)))  # pylint: disable=protected-access,cell-var-from-loop
+          lambda: aio.run_sync(rm.release(metrics, key=r + 1)))  # pylint: disable=cell-var-from-loop
     _, row['checkpoint'] = _timed(
-        lambda: experiment._sync(manager.save(state, r + 1)))  # pylint: disable=protected-access,cell-var-from-loop
+        lambda: aio.run_sync(manager.save(state, r + 1)))  # pylint: disable=cell-var-from-loop
     row['program_round_total'] = time.perf_counter() - t_round
 
     # The same round, stage by stage, from the same starting state.

@@ -34,6 +34,7 @@ import tensorflow as tf
 
 from configs import compare_mnist
 from tff_kd.program import context
+context.install()  # The program opts in to tff_kd's process set-up.
 from tff_kd.program import experiment
 
 _MANUAL_DIR = flags.DEFINE_string('manual_dir', '../shared/data/mnist',

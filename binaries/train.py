@@ -17,12 +17,15 @@ import time
 # and errors still reach it.
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
-# tff_kd (and with it TensorFlow Federated) is imported before absl runs
-# `main`: importing TFF inside `app.run` leaves Keras building graph-mode
-# SymbolicTensors instead of KerasTensors, which breaks functional models.
-from tff_kd import errors  # pylint: disable=g-import-not-at-top
-from tff_kd.program import context
-from tff_kd.program import experiment
+# The program opts in to tff_kd's process set-up (workers that die with it,
+# tensorflow_probability deferred) before TensorFlow Federated is imported.
+# tff_kd (and with it TFF) is imported before absl runs `main`: importing TFF
+# inside `app.run` leaves Keras building graph-mode SymbolicTensors instead
+# of KerasTensors, which breaks functional models.
+from tff_kd.program import context  # pylint: disable=g-import-not-at-top
+context.install()
+from tff_kd import errors  # pylint: disable=g-import-not-at-top,g-bad-import-order
+from tff_kd.program import experiment  # pylint: disable=g-import-not-at-top
 from tff_kd.program import plots
 
 from absl import app  # pylint: disable=g-bad-import-order

@@ -12,11 +12,13 @@ private network or behind a TLS-terminating proxy (docs/DISTRIBUTED.md).
 
 import os
 
-from absl import app
-from absl import flags
-
 from tff_kd.program import context
-from tff_kd.program import runtime
+context.install()  # Before `runtime` imports TensorFlow Federated.
+
+from absl import app  # pylint: disable=g-import-not-at-top,g-bad-import-order
+from absl import flags  # pylint: disable=g-import-not-at-top
+
+from tff_kd.program import runtime  # pylint: disable=g-import-not-at-top
 
 _PORT = flags.DEFINE_integer('port', 8000, 'gRPC port to serve on.')
 _CONCURRENT_CLIENTS = flags.DEFINE_integer(

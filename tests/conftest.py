@@ -9,7 +9,11 @@ import os
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
-import psutil  # pylint: disable=g-import-not-at-top
+# The tests opt in to tff_kd's process set-up before anything imports TFF.
+from tff_kd.program import context as _context  # pylint: disable=g-import-not-at-top
+_context.install()
+
+import psutil  # pylint: disable=g-import-not-at-top,g-bad-import-order
 import pytest
 
 SHARED_DATA = os.path.abspath(

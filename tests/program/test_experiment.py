@@ -228,5 +228,23 @@ def test_warm_up_leaves_no_compiling_for_the_first_round(tmp_path):
   state = exp.process.initialize()
   keys = exp.client_data.keys([0, 1, 2], seed=0, round_num=0)
   state = exp.process.next(state, keys).state
-  exp.evaluator(exp.process.get_model_weights(state))
+  experiment.evaluate(exp, state)
   assert info().misses == misses
+
+
+def test_evaluations_still_work_after_another_process_is_built(tmp_path):
+  """prepare, build_dataset_process, then evaluate (the README's API).
+
+  Building a process makes Keras models in a graph, which used to leave the
+  evaluators' eagerly made model in Keras's "invalid state".
+  """
+  exp = experiment.prepare(_config(), str(tmp_path))
+  state = exp.process.initialize()
+  weights = exp.process.get_model_weights(state)
+  experiment.build_dataset_process(exp)
+  first = exp.evaluations['test'](weights, state)
+  assert set(first) == {'test/loss', 'test/accuracy'}
+  assert 0.0 <= first['test/accuracy'] <= 1.0
+  experiment.build_dataset_process(exp)  # Again, after the first trace.
+  assert exp.evaluations['test'](weights, state) == first
+  assert experiment.evaluate(exp, state) == first

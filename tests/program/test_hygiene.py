@@ -14,7 +14,8 @@ from tests.conftest import live_workers
 _SCRIPT = textwrap.dedent("""
     import os, signal, sys
     import numpy as np
-    import tff_kd
+    from tff_kd.program import context
+    context.install()
     import tensorflow_federated as tff
 
     @tff.federated_computation(tff.FederatedType(np.float32, tff.CLIENTS))

@@ -19,6 +19,7 @@ from tests import helpers
 from tests.helpers import digits_config as _config
 from tff_kd import errors
 from tff_kd.methods import registry
+from tff_kd.program import checkpoints
 from tff_kd.program import experiment
 from tff_kd.program import sampling
 from tff_kd.program import server_stage
@@ -50,7 +51,7 @@ def test_driver_server_step_gives_the_runtime_student(tmp_path, method):
   driver = server_stage.DriverServerProcess(exp.process, '/CPU:0')
   start = exp.process.set_model_weights(
       exp.process.initialize(),
-      experiment._seeded_initial_weights(exp.model_fn))  # pylint: disable=protected-access
+      checkpoints.seeded_initial_weights(exp.model_fn))
   clients = sampling.sample_clients(config.partition.num_clients,
                                     config.clients_per_round,
                                     seed=config.seed, round_num=0)

@@ -22,6 +22,8 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tests import helpers
+from tff_kd.program import aio
+from tff_kd.program import checkpoints
 from tff_kd.program import experiment
 from tff_kd.program import sampling
 from tff_kd.program import tff_programs
@@ -46,13 +48,13 @@ def _train(exp, process, root: str, rounds: int, recorder,
   manager = tff.program.FileProgramStateManager(
       os.path.join(root, 'checkpoints'))
   initial = process.set_model_weights(
-      process.initialize(), experiment._seeded_initial_weights(exp.model_fn))  # pylint: disable=protected-access
+      process.initialize(), checkpoints.seeded_initial_weights(exp.model_fn))
   with tff.framework.get_context_stack().install(
       tff_programs.native_context()):
     evaluation = tff_programs.build_evaluation_manager(
         exp, root, num_clients=4, cohort_size=2,
         metrics_manager=eval_recorder)
-    experiment._sync(tff.learning.programs.train_model(  # pylint: disable=protected-access
+    aio.run_sync(tff.learning.programs.train_model(
         train_process=process, initial_train_state=initial,
         train_data_source=source,
         train_per_round_clients=config.clients_per_round,
@@ -68,7 +70,7 @@ def _keyed_rounds(exp):
   config = exp.config
   state = exp.process.set_model_weights(
       exp.process.initialize(),
-      experiment._seeded_initial_weights(exp.model_fn))  # pylint: disable=protected-access
+      checkpoints.seeded_initial_weights(exp.model_fn))
   for round_num in range(config.rounds):
     clients = sampling.sample_clients(
         config.partition.num_clients, config.clients_per_round,
@@ -82,8 +84,8 @@ def _saved_state(exp, process, root: str):
   """`train_model`'s newest program state in `root`."""
   manager = tff.program.FileProgramStateManager(
       os.path.join(root, 'checkpoints'))
-  version = experiment._sync(manager.get_versions())[-1]  # pylint: disable=protected-access
-  return experiment._sync(manager.load(  # pylint: disable=protected-access
+  version = aio.run_sync(manager.get_versions())[-1]
+  return aio.run_sync(manager.load(
       version, tff.learning.programs.ProgramState(
           process.initialize(), 0, 0,
           tff_programs.ClientDataSource.for_process(

@@ -16,12 +16,56 @@ next stage's input), except for the client data's type.
 A round: broadcast the global weights; run the client work; aggregate its
 updates; the finalizer turns the aggregate into new global weights (for KD
 methods, this is where server-side distillation happens).
+
+The composed process is a `ComposedProcess`: a `LearningProcess` that also
+holds its stages (`Stages`) as a declared field and can be recomposed with
+another finalizer (`with_finalizer`), which
+`tff_kd.program.server_stage` uses to run a KD method's server step
+outside the runtime.
 """
 
 import collections
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 import tensorflow_federated as tff
+
+
+class Stages(NamedTuple):
+  """The stages a process was composed from (`compose_learning_process`)."""
+
+  initial_weights_fn: tff.Computation
+  distributor: tff.templates.MeasuredProcess
+  client_work: tff.templates.MeasuredProcess
+  aggregator: tff.templates.AggregationProcess
+  finalizer: tff.templates.MeasuredProcess
+
+
+class ComposedProcess(tff.learning.templates.LearningProcess):
+  """A `LearningProcess` composed here, with its stages.
+
+  It is a plain `LearningProcess` to TFF. `stages` are the stages it was
+  composed from, and `with_finalizer` the same process (or view, see
+  `first_model_view`) recomposed around another finalizer of the same
+  signature.
+  """
+
+  def __init__(self, initialize_fn: tff.Computation, next_fn: tff.Computation,
+               get_model_weights: tff.Computation,
+               set_model_weights: tff.Computation, *, stages: Stages,
+               recompose: Callable[[Stages], 'ComposedProcess']):
+    super().__init__(initialize_fn, next_fn, get_model_weights,
+                     set_model_weights)
+    self._stages = stages
+    self._recompose = recompose
+
+  @property
+  def stages(self) -> Stages:
+    return self._stages
+
+  def with_finalizer(
+      self, finalizer: tff.templates.MeasuredProcess) -> 'ComposedProcess':
+    """The same process with another finalizer of the same signature."""
+    return self._recompose(self._stages._replace(finalizer=finalizer))
 
 
 def compose_learning_process(
@@ -30,7 +74,7 @@ def compose_learning_process(
     client_work: tff.templates.MeasuredProcess,
     aggregator: tff.templates.AggregationProcess,
     finalizer: tff.templates.MeasuredProcess,
-) -> tff.learning.templates.LearningProcess:
+) -> ComposedProcess:
   """Composes the four stages into a `tff.learning.templates.LearningProcess`.
 
   Args:
@@ -44,7 +88,8 @@ def compose_learning_process(
       global `ModelWeights`@S.
 
   Returns:
-    A `LearningProcess` whose state is a `LearningAlgorithmState`.
+    A `ComposedProcess` (a `LearningProcess`) whose state is a
+    `LearningAlgorithmState`.
   """
   _check_stages(initial_weights_fn, distributor, client_work, aggregator,
                 finalizer)
@@ -89,11 +134,11 @@ def compose_learning_process(
     return state_cls(weights, state.distributor, state.client_work,
                      state.aggregator, state.finalizer)
 
-  process = tff.learning.templates.LearningProcess(
-      init_fn, next_fn, get_model_weights, set_model_weights)
-  _record_stages(process, finalizer, lambda other: compose_learning_process(
-      initial_weights_fn, distributor, client_work, aggregator, other))
-  return process
+  return ComposedProcess(
+      init_fn, next_fn, get_model_weights, set_model_weights,
+      stages=Stages(initial_weights_fn, distributor, client_work, aggregator,
+                    finalizer),
+      recompose=lambda stages: compose_learning_process(*stages))
 
 
 def _check_assignable(target: tff.Type, source: tff.Type, what: str) -> None:
@@ -152,34 +197,13 @@ def _check_stages(initial_weights_fn, distributor, client_work, aggregator,
                     'finalizer output (the new global weights)')
 
 
-def _record_stages(
-    process: tff.learning.templates.LearningProcess,
-    finalizer: tff.templates.MeasuredProcess,
-    recompose: Callable[[tff.templates.MeasuredProcess],
-                        tff.learning.templates.LearningProcess],
-) -> None:
-  """Keeps the finalizer, and a way to swap it, on the composed process.
-
-  `tff_kd.program.server_stage` runs a KD method's server step in the driver
-  by recomposing the same stages around a pass-through finalizer.
-  """
-  process.finalizer = finalizer
-  process.recompose = recompose
-
-
 def finalizer_of(
     process: tff.learning.templates.LearningProcess
 ) -> Optional[tff.templates.MeasuredProcess]:
   """The finalizer a process was composed with here, or None."""
-  return getattr(process, 'finalizer', None)
-
-
-def recompose(
-    process: tff.learning.templates.LearningProcess,
-    finalizer: tff.templates.MeasuredProcess,
-) -> tff.learning.templates.LearningProcess:
-  """The same process with another finalizer of the same signature."""
-  return process.recompose(finalizer)
+  if isinstance(process, ComposedProcess):
+    return process.stages.finalizer
+  return None
 
 
 def global_models(state) -> list[tff.learning.models.ModelWeights]:
@@ -195,9 +219,7 @@ def global_models(state) -> list[tff.learning.models.ModelWeights]:
   ]
 
 
-def first_model_view(
-    process: tff.learning.templates.LearningProcess
-) -> tff.learning.templates.LearningProcess:
+def first_model_view(process: ComposedProcess) -> ComposedProcess:
   """The same process whose get/set_model_weights see only the first model.
 
   For processes whose `global_model_weights` is a tuple whose element 0 is
@@ -212,7 +234,7 @@ def first_model_view(
       of models as its global model.
 
   Returns:
-    A `LearningProcess` with the same `initialize` and `next`.
+    A `ComposedProcess` with the same `initialize`, `next` and stages.
   """
   state_type = process.initialize.type_signature.result.member
   state_cls = tff.learning.templates.LearningAlgorithmState
@@ -228,9 +250,8 @@ def first_model_view(
     return state_cls((weights,) + others, state.distributor,
                      state.client_work, state.aggregator, state.finalizer)
 
-  view = tff.learning.templates.LearningProcess(
-      process.initialize, process.next, get_model_weights, set_model_weights)
-  if finalizer_of(process) is not None:
-    _record_stages(view, finalizer_of(process),
-                   lambda other: first_model_view(recompose(process, other)))
-  return view
+  return ComposedProcess(
+      process.initialize, process.next, get_model_weights, set_model_weights,
+      stages=process.stages,
+      recompose=lambda stages: first_model_view(
+          process.with_finalizer(stages.finalizer)))

@@ -24,8 +24,11 @@ the worker as soon as the context is installed, so its start overlaps the
 data loading and tracing that come before the first call, and poll it for
 readiness every 10 ms instead of TFF's 1 s (which cost every run a second).
 
-The reaper is installed when `tff_kd` is imported, so binaries, tests and
-notebook kernels all get it. Builders in this library never set a context
+Programs opt in with `install()`, first thing, before TensorFlow Federated
+is imported: the binaries, tests/conftest.py, the notebook and the
+benchmarks' mains call it. It installs the reaper and defers importing
+tensorflow_probability to its first use (`defer_import`). Importing
+`tff_kd` does neither. Builders in this library never set a context
 themselves; callers pick one (`set_local_context` for simulation), which keeps
 the processes runnable under any future multi-worker context.
 """
@@ -34,6 +37,8 @@ import atexit
 import ctypes
 import ctypes.util
 import gc
+import importlib
+import importlib.util
 import os
 import signal
 import subprocess
@@ -176,6 +181,58 @@ class _TffPopen(_ReapedPopen):
       return
     super().__init__(*args, **kwargs)
     self._started = True
+
+
+class _Deferred(types.ModuleType):
+  """Stands in for a module until one of its attributes is asked for."""
+
+  def __getattr__(self, attr: str):  # Only for attributes it lacks.
+    name = self.__name__
+    if sys.modules.get(name) is self:
+      del sys.modules[name]
+      try:
+        importlib.import_module(name)
+      except BaseException:
+        sys.modules.setdefault(name, self)
+        raise
+    return getattr(sys.modules[name], attr)
+
+
+def defer_import(name: str) -> None:
+  """Imports module `name` at its first attribute access, not before.
+
+  TFF imports tensorflow_privacy, whose discrete-Gaussian sampler imports
+  tensorflow_probability at module level but uses it only inside functions
+  that this library never calls: 0.35 s of every start-up
+  (benchmarks/README.md, side by side). Until an attribute is asked for,
+  `sys.modules[name]` is a stand-in; then the real module is imported, and
+  the stand-in forwards to it. (`importlib.util.LazyLoader` does not help:
+  Python 3.11's import statement reads `__spec__`, which loads it.)
+  Nothing happens if the module is already imported or not installed.
+  """
+  if name in sys.modules:
+    return
+  spec = importlib.util.find_spec(name)
+  if spec is None:
+    return
+  stand_in = _Deferred(name)
+  stand_in.__spec__ = spec
+  stand_in.__loader__ = spec.loader
+  # Code that scans `sys.modules` for a file (AutoGraph does, on every
+  # function it converts; so does `inspect.getmodule`) must not load it.
+  stand_in.__file__ = spec.origin
+  sys.modules[name] = stand_in
+
+
+def install() -> None:
+  """Opts the program in to tff_kd's process set-up; call it first thing.
+
+  Defers tensorflow_probability (`defer_import`), which has to happen
+  before TensorFlow Federated is imported to save its start-up time, then
+  installs the worker reaper (`install_worker_reaper`). Safe to call twice.
+  """
+  defer_import('tensorflow_probability')
+  install_worker_reaper()
 
 
 def _pick_port() -> int:

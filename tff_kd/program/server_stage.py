@@ -26,7 +26,7 @@ What it costs:
     two modes.
 """
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, Union
 
 import tensorflow as tf
 import tensorflow_federated as tff
@@ -58,7 +58,9 @@ def check_device(device: str) -> None:
 
 
 def has_server_step(process: tff.learning.templates.LearningProcess) -> bool:
-  """Whether the process's server step can move to the driver."""
+  """Whether the process's server step can move to the driver: it was
+  composed by `tff_kd.federated.composer` around a finalizer built by
+  `tff_kd.federated.learning.build_server_finalizer`."""
   finalizer = composer.finalizer_of(process)
   return getattr(finalizer, 'server_step', None) is not None
 
@@ -153,7 +155,7 @@ class DriverServerProcess:
   the mode costs.
   """
 
-  def __init__(self, process: tff.learning.templates.LearningProcess,
+  def __init__(self, process: composer.ComposedProcess,
                device: str = DRIVER):
     """Recomposes `process` around a pass-through finalizer.
 
@@ -176,8 +178,8 @@ class DriverServerProcess:
           'this method has no server step to move to the driver: its server '
           "only applies an optimizer step (use runtime.server_device="
           "'runtime')")
-    finalizer = composer.finalizer_of(process)
-    self._split = composer.recompose(process, _passthrough(finalizer))
+    finalizer = process.stages.finalizer
+    self._split = process.with_finalizer(_passthrough(finalizer))
     self._step = GraphStep(
         finalizer.server_step.python_fn,
         [t.member for t in finalizer.next.type_signature.parameter], device)
@@ -223,3 +225,14 @@ def place_server(process: tff.learning.templates.LearningProcess,
   if device == IN_RUNTIME:
     return process
   return DriverServerProcess(process, device)
+
+
+def runtime_part(
+    process: Union[tff.learning.templates.LearningProcess,
+                   DriverServerProcess]
+) -> tff.learning.templates.LearningProcess:
+  """The part of a process's round that runs in TFF's runtime: the process
+  itself, or a `DriverServerProcess`'s `runtime_process`."""
+  if isinstance(process, DriverServerProcess):
+    return process.runtime_process
+  return process

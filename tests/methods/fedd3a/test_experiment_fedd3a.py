@@ -18,6 +18,7 @@ from tests.conftest import SHARED_DATA
 from tests.helpers import digits_config as _config
 from tff_kd import data as data_lib
 from tff_kd import errors
+from tff_kd.program import setup
 from tff_kd.program import experiment
 
 DATA_DIR = os.environ.get('TFDS_DATA_DIR', '~/tensorflow_datasets')
@@ -88,7 +89,7 @@ def test_domain_partition_gives_single_domain_clients():
   c = _domain_config(**{'partition.clients_per_domain': 3,
                         'partition.num_clients': 6, 'partition.alpha': 0.3,
                         'partition.min_size': 5})
-  parts, _ = experiment._partition(c, dataset)  # pylint: disable=protected-access
+  parts, _ = setup._partition(c, dataset)  # pylint: disable=protected-access
   assert len(parts) == 6
   np.testing.assert_array_equal(np.sort(np.concatenate(parts)),
                                 np.arange(200))
@@ -137,11 +138,11 @@ def test_holding_out_server_images_keeps_the_domain_ids_aligned():
   c = _domain_config(**{'server_data.val_size': 30,
                         'server_data.proxy': 'split',
                         'server_data.proxy_size': 20})
-  clients, _, val_x, _ = experiment._hold_out(c, dataset)  # pylint: disable=protected-access
+  clients, _, val_x, _ = setup._hold_out(c, dataset)  # pylint: disable=protected-access
   assert len(clients.train_domains) == len(clients.y_train) == 150
   # Each image's single pixel is its domain id.
   np.testing.assert_array_equal(clients.x_train[:, 0, 0, 0],
                                 clients.train_domains)
-  parts, _ = experiment._partition(c, clients)  # pylint: disable=protected-access
+  parts, _ = setup._partition(c, clients)  # pylint: disable=protected-access
   np.testing.assert_array_equal(np.sort(np.concatenate(parts)),
                                 np.arange(150))

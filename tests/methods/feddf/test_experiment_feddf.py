@@ -15,6 +15,7 @@ from tests.conftest import SHARED_DATA
 from tests.helpers import digits_config as _config
 from tff_kd import data as data_lib
 from tff_kd import errors
+from tff_kd.program import setup
 from tff_kd.program import experiment
 
 
@@ -68,11 +69,11 @@ def test_other_dataset_as_proxy_is_resized_and_unlabeled(tmp_path):
                        'dataset.manual_dir': manual,
                        'dataset.data_dir': str(tmp_path / 'tfds')})
   digits = data_lib.load_dataset('digits')
-  clients, proxy, val_x, val_y = experiment._hold_out(c, digits)  # pylint: disable=protected-access
+  clients, proxy, val_x, val_y = setup._hold_out(c, digits)  # pylint: disable=protected-access
   assert proxy is None  # Nothing of the training set goes to the pool ...
   assert len(val_y) == 100  # ... only the labeled validation slice.
   assert len(clients.y_train) == len(digits.y_train) - 100
-  server = experiment._server_data(  # pylint: disable=protected-access
+  server = setup._server_data(  # pylint: disable=protected-access
       c, clients, proxy, val_x, val_y, str(tmp_path / 'server'))
   assert server.pool_size == 50 and server.image_shape == (8, 8, 1)
   assert server.proxy_name == 'usps' and server.val_size == 100

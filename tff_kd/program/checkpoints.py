@@ -1,0 +1,216 @@
+"""A run folder's resume bookkeeping: its config, and its checkpoints.
+
+A run folder keeps the config it was started with (`config.json`):
+`check_resumable` refuses to resume it with a different experiment. The
+process state is checkpointed per round under `<root>/checkpoints` by a
+`tff.program.FileProgramStateManager` (SavedModels; no pickle), wrapped by
+`CheckpointManager` so that this module reads no private field of TFF's.
+`load_or_initialize` resumes from the newest readable checkpoint, setting
+unreadable ones aside, or initialises from the seeded Keras model.
+"""
+
+import json
+import os
+from typing import Any
+
+from absl import logging
+import ml_collections
+import tensorflow_federated as tff
+
+from tff_kd import errors
+from tff_kd.methods import common
+from tff_kd.methods import registry
+from tff_kd.program import aio
+from tff_kd.program import settings as settings_lib
+from tff_kd.program import setup
+
+_CONFIG_FILE = 'config.json'
+# Keys that may change between a run and its resumption.
+_RESUMABLE_KEYS = ('rounds', 'eval_every', 'checkpoint_every', 'export',
+                   'keep_checkpoints', 'runtime.workers',
+                   'runtime.worker_timeout_s', 'runtime.server_device',
+                   'runtime.concurrent_clients', 'runtime.intra_op_threads')
+_PREFIX = 'program_state_'  # TFF's default, which older run folders use.
+
+
+class CheckpointManager(tff.program.FileProgramStateManager):
+  """TFF's file state manager that says where it keeps each version.
+
+  TFF keeps version `v` in `<root_dir>/<prefix><v>` (TFF 0.87's
+  `FileProgramStateManager`), but its root and paths are private; this
+  subclass keeps both facts itself.
+  """
+
+  def __init__(self, root_dir: str, *, prefix: str = _PREFIX,
+               keep_total: int = 5):
+    super().__init__(root_dir, prefix=prefix, keep_total=keep_total)
+    self._own_root_dir = os.fspath(root_dir)
+    self._own_prefix = prefix
+
+  @property
+  def root_dir(self) -> str:
+    """The folder that holds one sub-folder per saved version."""
+    return self._own_root_dir
+
+  def path_for_version(self, version: int) -> str:
+    """The folder of a saved version."""
+    return os.path.join(self._own_root_dir, f'{self._own_prefix}{version}')
+
+  def unreadable_dir(self) -> str:
+    """Where unreadable versions are set aside: `<root_dir>_unreadable`."""
+    return self._own_root_dir.rstrip(os.sep) + '_unreadable'
+
+
+def manager_for(config: ml_collections.ConfigDict,
+                root_dir: str) -> CheckpointManager:
+  """The checkpoint manager of a run folder."""
+  return CheckpointManager(os.path.join(root_dir, 'checkpoints'),
+                           keep_total=config.keep_checkpoints)
+
+
+def _method_sections(method: common.Method) -> tuple[str, ...]:
+  """The config sections only this method reads (as its registry entry says).
+
+  A run folder's config is compared with a resumed run's on the shared
+  sections and on its own method's sections only.
+  """
+  own = (method.hparams.SECTION,) if method.hparams is not None else ()
+  return own + (('distill',) if method.uses_distill else ())
+
+
+def _flat(tree: dict, prefix: str = '') -> dict[str, Any]:
+  out = {}
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      out.update(_flat(value, f'{prefix}{key}.'))
+    else:
+      out[f'{prefix}{key}'] = value
+  return out
+
+
+def _resume_keys(config: dict) -> dict[str, Any]:
+  """The dotted keys that must match for a run to resume (see below)."""
+  sections = {name: _method_sections(m)
+              for name, m in registry.METHODS.items()}
+  unused = ({s for own in sections.values() for s in own}
+            - set(sections.get(config.get('method'), ())))
+  return {k: v for k, v in _flat(config).items()
+          if k.split('.')[0] not in unused and k not in _RESUMABLE_KEYS}
+
+
+def check_resumable(config: ml_collections.ConfigDict, root_dir: str) -> None:
+  """Refuses to resume a root_dir written by a different experiment.
+
+  Compared key by key: the shared settings and the sections the method
+  reads (`_method_sections`); other methods' sections never block. A key
+  the saved run does not have (added to the settings tree since) blocks
+  only if it is set away from its default; a key it has that no longer
+  exists is ignored; renamed keys are compared under their new names
+  (`settings.canonical_dict`). Then writes the config to the folder.
+  """
+  path = os.path.join(root_dir, _CONFIG_FILE)
+  if os.path.exists(path):
+    try:
+      with open(path) as f:
+        saved = _resume_keys(settings_lib.canonical_dict(json.load(f)))
+    except (OSError, ValueError) as e:
+      raise errors.CheckpointError(
+          f'{path} is unreadable ({e}); use a new --root_dir') from None
+    current = _resume_keys(settings_lib.canonical_dict(config.to_dict()))
+    defaults = _flat(settings_lib.canonical_dict(
+        settings_lib.default_config().to_dict()))
+    for key in sorted(current):
+      now = current[key]
+      before = saved.get(key, defaults.get(key, now))
+      if before != now:
+        raise errors.CheckpointError(
+            f'{root_dir} holds a run with a different {key!r} '
+            f'({before!r} there, {now!r} now); use a new --root_dir')
+  with open(path, 'w') as f:
+    json.dump(config.to_dict(), f, indent=2, sort_keys=True)
+
+
+def seeded_initial_weights(model_fn) -> tff.learning.models.ModelWeights:
+  """The weights of a freshly built (seeded) Keras model."""
+  model = model_fn()
+  return tff.learning.models.ModelWeights(
+      trainable=[v.numpy() for v in model.trainable_weights],
+      non_trainable=[v.numpy() for v in model.non_trainable_weights])
+
+
+def load_or_initialize(exp: setup.Experiment, manager: CheckpointManager):
+  """Returns (state, completed_rounds).
+
+  Tries the checkpoints from the newest down. When the newest ones cannot be
+  read (e.g. a disk filled up or a copy was cut short while saving), the
+  run resumes from the newest readable one with a warning; the unreadable
+  folders are moved to `<root>/checkpoints_unreadable/` (kept, not deleted),
+  so the rounds after it are re-run and saved again. When none can be read,
+  a `CheckpointError` says so and nothing is moved.
+  """
+  initial = exp.process.initialize()
+  initial = exp.process.set_model_weights(
+      initial, seeded_initial_weights(exp.model_fn))
+  versions = sorted(aio.run_sync(manager.get_versions()) or [])
+  failures = []
+  for version in reversed(versions):
+    try:
+      state = aio.run_sync(manager.load(version, initial))
+    except Exception as e:  # pylint: disable=broad-except
+      # TFF raises a mix of TF, IO and structure errors here.
+      failures.append((version, _first_line(e)))
+      continue
+    if failures:
+      _set_aside(manager, [v for v, _ in failures])
+      logging.warning(
+          'checkpoint(s) of round(s) %s in %s are unreadable (%s); resuming '
+          'from round %d, the newest readable one. The unreadable ones are '
+          'kept in %s', ', '.join(str(v) for v, _ in failures),
+          manager.root_dir, failures[0][1], version, manager.unreadable_dir())
+    return state, int(version)
+  if failures:
+    raise errors.CheckpointError(
+        f'checkpoint in {manager.root_dir} is unreadable or incompatible '
+        f'with this experiment: {failures[0][1]} (no readable checkpoint '
+        f'among rounds {", ".join(str(v) for v in versions)})')
+  return initial, 0
+
+
+def _first_line(e: Exception) -> str:
+  text = str(e).strip()
+  return text.splitlines()[0] if text else type(e).__name__
+
+
+def _set_aside(manager: CheckpointManager, versions: list[int]) -> None:
+  """Moves unreadable checkpoint folders out of the manager's sight."""
+  target = manager.unreadable_dir()
+  os.makedirs(target, exist_ok=True)
+  for version in versions:
+    path = manager.path_for_version(version)
+    dest = os.path.join(target, os.path.basename(path))
+    suffix = 0
+    while os.path.exists(dest):
+      suffix += 1
+      dest = os.path.join(target, f'{os.path.basename(path)}.{suffix}')
+    os.replace(path, dest)
+
+
+def load_state(config: ml_collections.ConfigDict, root_dir: str):
+  """The newest checkpointed process state of a run, and its round.
+
+  For notebooks and checks: e.g. the global model is
+  `Experiment.process.get_model_weights(state)`, and a method's own state
+  (DaFKD's discriminator store, FedFTG's generator) is in `state` too.
+
+  Args:
+    config: The run's config.
+    root_dir: The run's folder.
+
+  Returns:
+    (state, completed rounds); (the initial state, 0) when nothing is saved.
+
+  Raises:
+    UserError: a bad config or data, or an unreadable checkpoint.
+  """
+  exp = setup.prepare(config, root_dir)
+  return load_or_initialize(exp, manager_for(config, root_dir))
