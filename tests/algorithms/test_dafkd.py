@@ -19,7 +19,7 @@ import tensorflow_federated as tff
 from tff_kd import errors
 from tff_kd import models
 from tff_kd.core import distillation
-from tff_kd.core import gan
+from tff_kd.methods.dafkd import gan
 from tff_kd.federated import client_data
 from tff_kd.methods import common
 from tff_kd.methods import registry

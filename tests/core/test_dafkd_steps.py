@@ -14,7 +14,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_kd.methods.dafkd import dafkd_tf as dafkd
-from tff_kd.core import gan
+from tff_kd.methods.dafkd import gan
 from tff_kd.core import local_training
 from tff_kd.models import classifiers
 from tff_kd.models import generators

@@ -1,4 +1,4 @@
-"""Golden numbers and behaviour of DaFKD's GAN pieces (`core.gan`)."""
+"""Golden numbers and behaviour of DaFKD's GAN pieces (`dafkd.gan`)."""
 
 import numpy as np
 import pytest
@@ -6,7 +6,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_kd.core import distillation
-from tff_kd.core import gan
+from tff_kd.methods.dafkd import gan
 from tff_kd.models import classifiers
 from tff_kd.models import generators
 

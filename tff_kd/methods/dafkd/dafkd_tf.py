@@ -2,7 +2,7 @@
 
 DaFKD (Wang et al., "DaFKD: Domain-aware Federated Knowledge Distillation",
 CVPR 2023, Algorithm 1). The single-step maths (eqs. 2, 3, 7, 9, appendix B)
-is `tff_kd.core.gan`; this module loops it over a client's data and runs
+is `tff_kd.methods.dafkd.gan`; this module loops it over a client's data and runs
 the server's distillation. `tff_kd.methods.dafkd.dafkd_tff` places both.
 
 Client k, one round (Algorithm 1, lines 16-26; `client_round`): copy the
@@ -39,10 +39,10 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_kd.core import distillation
-from tff_kd.core import gan
+from tff_kd.methods.dafkd import gan
 from tff_kd.core import local_training
 from tff_kd.core import stacking as stacking_tf
-from tff_kd.core import weight_diagnostics
+from tff_kd.methods.dafkd import weight_diagnostics
 from tff_kd.models import classifiers
 from tff_kd.models import generators
 

@@ -24,7 +24,7 @@ secure-sum aggregation, domain-aware distillation finalizer):
 
 DaFKD (Wang et al., "DaFKD: Domain-aware Federated Knowledge Distillation",
 CVPR 2023, Algorithm 1; the maths is `tff_kd.methods.dafkd.dafkd_tf` and
-`tff_kd.core.gan`). One round:
+`tff_kd.methods.dafkd.gan`). One round:
 
 1. distributor: broadcast the server model, a tuple (classifier
    `ModelWeights`, generator `ModelWeights`) (line 6);
@@ -184,7 +184,7 @@ def build_client_work(
   deltas (`ModelWeights`), plus `discriminator` and `label_counts` (plain)
   or `fs` [N, C] and `f` [N] (private); weight: its number of examples.
   `label_counts` (the labels trained on) feed only the server's
-  simulation-only diagnostics (`core.weight_diagnostics`): a deployment
+  simulation-only diagnostics (`dafkd.weight_diagnostics`): a deployment
   would not upload them, so `bytes_up` does not count them. Measurements:
   the standard sums of `learning.build_scheduled_client_work` and the
   client means of `core.dafkd.MEAN_NAMES`.
@@ -420,7 +420,7 @@ def build_finalizer(
       real images to distil on instead of a generated pool.
     validation_fn: A no-arg TF function returning the server's labeled
       validation set (images, labels), or None.
-    holder_share: `core.weight_diagnostics.holders`' share.
+    holder_share: `dafkd.weight_diagnostics.holders`' share.
 
   Returns:
     A `tff.templates.MeasuredProcess` with the finalizer signature.
