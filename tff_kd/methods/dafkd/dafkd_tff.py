@@ -483,6 +483,31 @@ def build_finalizer(
   return learning.build_server_finalizer(init_tf, server_tf)
 
 
+def _check_arguments(classifier_fn, num_clients: int, clients_per_round: int,
+                     learning_rate: float, learning_rate_decay: float) -> None:
+  """Checks the builder's arguments that `DaFKDHparams` does not hold.
+
+  Raises:
+    ConfigError: naming the first bad argument.
+  """
+
+  def fail(message):
+    raise errors.ConfigError(f'dafkd: {message}')
+
+  if classifier_fn is None:
+    fail('needs a classifier builder with a feature extractor '
+         '(ProcessInputs.classifier_fn)')
+  hp.positive_int('num_clients', num_clients)
+  hp.positive_int('clients_per_round', clients_per_round)
+  if clients_per_round > num_clients:
+    fail(f'clients_per_round={clients_per_round} is more than '
+         f'num_clients={num_clients}')
+  if not learning_rate > 0:
+    fail(f'learning_rate must be > 0, got {learning_rate!r}')
+  if not 0 < learning_rate_decay <= 1:
+    fail(f'learning_rate_decay must be in (0, 1], got {learning_rate_decay!r}')
+
+
 def build_dafkd_process(
     classifier_fn: Callable[[], classifiers.Classifier],
     element_spec: collections.OrderedDict,
@@ -526,8 +551,6 @@ def build_dafkd_process(
       per-round mechanism diagnostics (`dafkd_tff.diagnostic_metrics`)
       and is what `distill_config.validation='labeled'` and
       `accept='no_worse'` use.
-    holder_share: A client holds a label when at least this share of its
-      examples have it (diagnostics only).
     seed: Seed of the discriminator initialisation and the pools.
 
   Returns:
@@ -538,7 +561,14 @@ def build_dafkd_process(
     DataError: A classifier that cannot take the generated images.
   """
   hparams.validate()
-  _validate(locals())
+  _check_arguments(classifier_fn, num_clients, clients_per_round,
+                   learning_rate, learning_rate_decay)
+  if hparams.pool == 'real' and server_data is None:
+    raise errors.ConfigError(
+        "dafkd: pool='real' (the oracle pool) needs the server's proxy "
+        'pool: set server_data.proxy and server_data.proxy_size')
+  distill_config.check_labeled(0 if server_data is None
+                               else server_data.val_size)
   distill_config.validate()
   h = hparams
   noise_dim, pool_size, private = h.noise_dim, h.pool_size, h.private
@@ -603,33 +633,6 @@ def build_dafkd_process(
       tff.learning.templates.build_broadcast_process(weights_type),
       client_work, aggregator, finalizer)
   return composer.first_model_view(process)
-
-
-def _validate(a: dict) -> None:
-  """Checks the arguments besides `hparams` (validated already); raises
-  `ConfigError` naming the first bad one."""
-
-  def fail(message):
-    raise errors.ConfigError(f'dafkd: {message}')
-
-  if a['classifier_fn'] is None:
-    fail('needs a classifier builder with a feature extractor '
-         '(ProcessInputs.classifier_fn)')
-  for name in ('num_clients', 'clients_per_round'):
-    hp.positive_int(name, a[name])
-  if a['clients_per_round'] > a['num_clients']:
-    fail(f"clients_per_round={a['clients_per_round']} is more than "
-         f"num_clients={a['num_clients']}")
-  if not a['learning_rate'] > 0:
-    fail(f"learning_rate must be > 0, got {a['learning_rate']!r}")
-  if not 0 < a['learning_rate_decay'] <= 1:
-    fail('learning_rate_decay must be in (0, 1], got '
-         f"{a['learning_rate_decay']!r}")
-  server = a['server_data']
-  if a['hparams'].pool == 'real' and server is None:
-    fail("pool='real' (the oracle pool) needs the server's proxy pool: "
-         "set server_data.proxy and server_data.proxy_size")
-  a['distill_config'].check_labeled(0 if server is None else server.val_size)
 
 
 def discriminator_store(state) -> list[np.ndarray]:
