@@ -227,9 +227,7 @@ def build_client_work(
     bytes_down = model_bytes
     bytes_up = model_bytes + (num_terms + 1) * _FLOAT_BYTES
 
-  @tff.tensorflow.computation(weights_type, data_type, np.float32, np.int32,
-                              store.store_type)
-  def client_update(weights, data, lr, round_num, rows):
+  def client_fn(weights, data, lr, round_num, rows):
     client = learning.client_input(data, dataset_fn, seed=seed,
                                    round_num=round_num)
     client_id = client.client_id
@@ -261,43 +259,14 @@ def build_client_work(
     # An excluded client keeps its old discriminator row, and its GAN
     # measurements get weight 0 in the mean.
     means = tf.where(keep, r.means, tf.zeros_like(r.means))
-    gan_means = collections.OrderedDict(
-        zip(dafkd_tf.MEAN_NAMES, tf.unstack(means)))
-    return (client_result, stats, gan_means,
-            store.entry(r.discriminator, client_id, keep),
-            tf.cast(keep, tf.float32))
+    return client_store.ClientOutput(
+        client_result, stats, store.entry(r.discriminator, client_id, keep),
+        collections.OrderedDict(zip(dafkd_tf.MEAN_NAMES, tf.unstack(means))),
+        tf.cast(keep, tf.float32))
 
-  round_learning_rate, increment = learning.build_round_schedule(
-      learning_rate, learning_rate_decay)
-
-  @tff.federated_computation
-  def init_fn():
-    return tff.federated_zip((tff.federated_value(np.int32(0), tff.SERVER),
-                              tff.federated_eval(store.initial, tff.SERVER)))
-
-  @tff.federated_computation(
-      init_fn.type_signature.result,
-      tff.FederatedType(weights_type, tff.CLIENTS),
-      tff.FederatedType(data_type, tff.CLIENTS))
-  def next_fn(state, weights, data):
-    round_num, rows = state[0], state[1]
-    lr = tff.federated_map(round_learning_rate, round_num)
-    client_results, stats, gan_means, entries, kept = tff.federated_map(
-        client_update, (weights, data, tff.federated_broadcast(lr),
-                        tff.federated_broadcast(round_num),
-                        tff.federated_broadcast(rows)))
-    new_store = store.update(rows, entries)
-    means = tff.federated_mean(gan_means, weight=kept)
-    measurements = learning.client_measurements(stats, lr)
-    for name in dafkd_tf.MEAN_NAMES:
-      measurements[name] = means[name]
-    return tff.templates.MeasuredProcessOutput(
-        state=tff.federated_zip((tff.federated_map(increment, round_num),
-                                 new_store)),
-        result=client_results,
-        measurements=tff.federated_zip(measurements))
-
-  return tff.templates.MeasuredProcess(init_fn, next_fn)
+  return client_store.build_stateful_client_work(
+      client_fn, store, weights_type, data_type, learning_rate,
+      learning_rate_decay)
 
 
 def build_private_aggregator(

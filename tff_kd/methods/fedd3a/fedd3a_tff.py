@@ -385,17 +385,14 @@ def build_hetero_client_work(
   weights_type = learning.spec_to_type(weights_specs)
   data_type = learning.client_data_type(element_spec, dataset_fn,
                                         with_id=True)
-  stores_type = tff.types.StructWithPythonType(
-      [s.store_type for s in stores], tuple)
   itemsize = np.dtype(np.float32).itemsize
   global_bytes = float(learning.payload_bytes(weights_type))
   model_bytes = [s.row_bytes for s in stores]
   # Up besides the local model: P, the id, the architecture and the weight.
   extra_up = d * d * itemsize + 3 * itemsize
 
-  @tff.tensorflow.computation(weights_type, data_type, np.float32,
-                              stores_type)
-  def client_update(global_weights, data, lr, tables):
+  def client_fn(global_weights, data, lr, round_num, tables):
+    del round_num  # Unused by FedD3A.
     client = learning.client_input(data, dataset_fn)
     client_id = client.client_id
     architecture = learning.prototype_of_id(client_id, num_archs)
@@ -429,38 +426,11 @@ def build_hetero_client_work(
         store.entry(_row_flat(w), index,
                     tf.cast(tf.logical_and(o, keep), tf.float32))
         for store, w, index, o in zip(stores, result.weights, indices, own))
-    return client_result, stats, entries
+    return client_store.ClientOutput(client_result, stats, entries)
 
-  round_learning_rate, increment = learning.build_round_schedule(
-      learning_rate, learning_rate_decay)
-
-  @tff.federated_computation
-  def init_fn():
-    return tff.federated_zip((
-        tff.federated_value(np.int32(0), tff.SERVER),
-        tff.federated_zip(tuple(tff.federated_eval(s.initial, tff.SERVER)
-                                for s in stores))))
-
-  @tff.federated_computation(
-      init_fn.type_signature.result,
-      tff.FederatedType(weights_type, tff.CLIENTS),
-      tff.FederatedType(data_type, tff.CLIENTS))
-  def next_fn(state, weights, data):
-    round_num, tables = state[0], state[1]
-    lr = tff.federated_map(round_learning_rate, round_num)
-    client_results, stats, entries = tff.federated_map(
-        client_update, (weights, data, tff.federated_broadcast(lr),
-                        tff.federated_broadcast(tables)))
-    new_tables = tuple(store.update(tables[a], entries[a])
-                       for a, store in enumerate(stores))
-    return tff.templates.MeasuredProcessOutput(
-        state=tff.federated_zip((tff.federated_map(increment, round_num),
-                                 tff.federated_zip(new_tables))),
-        result=client_results,
-        measurements=tff.federated_zip(
-            learning.client_measurements(stats, lr)))
-
-  return tff.templates.MeasuredProcess(init_fn, next_fn)
+  return client_store.build_stateful_client_work(
+      client_fn, stores, weights_type, data_type, learning_rate,
+      learning_rate_decay)
 
 
 def build_hetero_finalizer(
