@@ -94,6 +94,7 @@ from tff_kd.federated import server_data as server_data_lib
 from tff_kd.federated import stacking
 from tff_kd.methods import common
 from tff_kd.methods.dafkd import dafkd_tf
+from tff_kd.methods.dafkd import gan
 from tff_kd.methods.dafkd import hparams as hparams_lib
 from tff_kd.models import classifiers
 from tff_kd.models import generators
@@ -109,21 +110,42 @@ class ModelSpec(NamedTuple):
     generator_fn: No-arg builder of the conditional image generator.
     shared: The discriminator shares the classifier's extractor.
     discriminator_seed: Initialiser seed of the discriminator.
-    settings: `core.dafkd.GanSettings`.
+    settings: `gan.GanSettings`.
   """
 
   classifier_fn: Callable[[], classifiers.Classifier]
   generator_fn: Callable[[], tf.keras.Model]
   shared: bool
   discriminator_seed: int
-  settings: dafkd_tf.GanSettings
+  settings: gan.GanSettings
 
-  def build(self):
+  def build(self) -> gan.GanModels:
     """(classifier, discriminator, generator), freshly built."""
     classifier = self.classifier_fn()
     discriminator = generators.build_discriminator_head(
         classifier, seed=self.discriminator_seed, shared=self.shared)
-    return classifier, discriminator, self.generator_fn()
+    return gan.GanModels(classifier, discriminator, self.generator_fn())
+
+
+class Optimizers(NamedTuple):
+  """DaFKD's optimisers.
+
+  Attributes:
+    joint: Client optimiser of eq. (9) (paper: lr 1e-3, weight decay 1e-3).
+    generator: Client optimiser of eq. (3) (the registry builds Adam from
+      `DaFKDHparams.generator_learning_rate` and its betas).
+    distill: Server student optimiser (paper: lr 0.01; fresh state every
+      round).
+  """
+
+  joint: tff.learning.optimizers.Optimizer
+  generator: tff.learning.optimizers.Optimizer
+  distill: tff.learning.optimizers.Optimizer
+
+  @property
+  def client(self) -> gan.GanOptimizers:
+    """The client's two optimisers."""
+    return gan.GanOptimizers(self.joint, self.generator)
 
 
 class PrivateSettings(NamedTuple):
@@ -166,9 +188,8 @@ def build_client_work(
     spec: ModelSpec,
     element_spec: collections.OrderedDict,
     dataset_fn: learning.DatasetFn,
+    optimizers: gan.GanOptimizers,
     *,
-    joint_optimizer: tff.learning.optimizers.Optimizer,
-    generator_optimizer: tff.learning.optimizers.Optimizer,
     num_clients: int,
     learning_rate: float,
     learning_rate_decay: float = 1.0,
@@ -195,8 +216,7 @@ def build_client_work(
     dataset_fn: Key -> dataset (the fast path: keys carry the client id),
       or None: clients take `OrderedDict(client_id=int32, data=<dataset>)`
       (`learning.client_data_type`).
-    joint_optimizer: Optimiser of eq. (9).
-    generator_optimizer: Optimiser of eq. (3).
+    optimizers: `gan.GanOptimizers` of eq. (9) and eq. (3).
     num_clients: K, the rows of the store; client ids must be in [0, K).
     learning_rate: Joint learning rate at round 0.
     learning_rate_decay: Its multiplier per round.
@@ -232,17 +252,14 @@ def build_client_work(
                                    round_num=round_num)
     client_id = client.client_id
     row = list(store.read(rows, client_id))
-    classifier, discriminator, generator = spec.build()
     private_pool = None
     if private is not None:
       private_pool = dafkd_tf.PrivatePool(
           private.pool_size, dafkd_tf.pool_seed(private.seed, round_num),
           private.temperature, private.correlation)
     r = dafkd_tf.client_round(
-        classifier, discriminator, generator, weights, row,
-        client.dataset, joint_optimizer=joint_optimizer,
-        generator_optimizer=generator_optimizer, learning_rate=lr,
-        seed=dafkd_tf.key_seed(client.key), settings=spec.settings,
+        spec.build(), weights, row, client.dataset, optimizers, lr,
+        dafkd_tf.key_seed(client.key), spec.settings,
         private_pool=private_pool,
         negatives_pool=None if negatives_fn is None else negatives_fn())
     update = collections.OrderedDict(classifier=r.classifier_delta,
@@ -342,22 +359,36 @@ def diagnostic_metrics(d: dafkd_tf.Diagnostics) -> collections.OrderedDict:
       disc_score_pool=d.score_pool)
 
 
+class _ServerInputs(NamedTuple):
+  """What the server reads besides the clients' uploads."""
+
+  real_pool_fn: Optional[Callable[[], tf.Tensor]]
+  validation_fn: Optional[Callable[[], tuple[tf.Tensor, tf.Tensor]]]
+  pool_size: int
+
+
+def _server_inputs(hparams: hparams_lib.DaFKDHparams,
+                   server_data: Optional[server_data_lib.ServerData]
+                   ) -> _ServerInputs:
+  """The oracle pool (`pool='real'`), the labeled set and the pool size."""
+  real_pool_fn = server_data.read_pool if hparams.pool == 'real' else None
+  validation_fn = (server_data.read_validation
+                   if server_data is not None and server_data.val_size
+                   else None)
+  pool_size = (hparams.pool_size if real_pool_fn is None
+               else server_data.pool_size)
+  return _ServerInputs(real_pool_fn, validation_fn, pool_size)
+
+
 def build_finalizer(
     spec: ModelSpec,
+    hparams: hparams_lib.DaFKDHparams,
     aggregate_type: tff.Type,
     distill_optimizer: tff.learning.optimizers.Optimizer,
     config: distillation.DistillConfig,
     *,
-    pool_size: int,
-    seed: int,
-    pool_from_broadcast: bool,
-    ensemble: str = 'probs',
-    correlation: bool = True,
-    private: bool = False,
-    example_weighted: bool = False,
-    real_pool_fn: Optional[Callable[[], tf.Tensor]] = None,
-    validation_fn: Optional[Callable[[], tuple[tf.Tensor, tf.Tensor]]] = None,
-    holder_share: float = 0.05,
+    server_data: Optional[server_data_lib.ServerData] = None,
+    seed: int = 0,
 ) -> tff.templates.MeasuredProcess:
   """`dafkd_tf.server_round` as a finalizer; its state is the round number.
 
@@ -366,7 +397,7 @@ def build_finalizer(
   `agreement_before` / `agreement_after` (classifier argmax = target argmax
   on the pool, before / after distillation), the distillation's `steps`,
   `first_loss`, `last_loss` and `pool_size`. With a labeled validation set
-  (`validation_fn`): `labeled_accuracy_before` / `_after` and `accepted`
+  (`server_data.val_size` > 0): `labeled_accuracy_before` / `_after` and `accepted`
   (`DistillConfig.accept`), and in plain mode the mechanism diagnostics of
   `diagnostic_metrics` (eq. 7's holder mass against uniform, weighted /
   uniform / oracle ensemble accuracy on the labeled images, pool quality,
@@ -374,57 +405,58 @@ def build_finalizer(
 
   Args:
     spec: `ModelSpec`.
+    hparams: `config.dafkd`: the pool (`pool_size`, `pool`,
+      `pool_generator`), the teachers' `weights_on` and `no_correlation`,
+      `private` (the aggregate is `build_private_aggregator`'s), the
+      models' `aggregation` and the diagnostics' `holder_share`.
     aggregate_type: Unplaced type of the aggregator's result.
     distill_optimizer: Student optimiser (fresh state every round).
     config: `DistillConfig` (its temperature also tempers the teachers).
-    pool_size: N, generated images per round.
+    server_data: The server's data: the real pool of `pool='real'`, and the
+      labeled validation set (diagnostics, `config.validation` /
+      `config.accept`), or None.
     seed: Seed of the pool (with the round number).
-    pool_from_broadcast: Draw the pool from theta_t rather than theta_{t+1}.
-    ensemble: 'probs' (eq. 8) or 'logits'.
-    correlation: eq. (7) weights, or uniform.
-    private: The aggregate is `build_private_aggregator`'s.
-    example_weighted: Average models by example counts (FedAvg) instead of
-      the paper's plain mean.
-    real_pool_fn: Oracle-pool ablation: a no-arg TF function returning the
-      real images to distil on instead of a generated pool.
-    validation_fn: A no-arg TF function returning the server's labeled
-      validation set (images, labels), or None.
-    holder_share: `dafkd.weight_diagnostics.holders`' share.
 
   Returns:
     A `tff.templates.MeasuredProcess` with the finalizer signature.
   """
   weights_type = models_type(spec)
+  private = hparams.private
+  real_pool_fn, validation_fn, pool_size = _server_inputs(hparams,
+                                                          server_data)
   diagnose = validation_fn is not None and not private
+  settings = dafkd_tf.ServerSettings(
+      spec.settings, config, pool_size,
+      pool_from_broadcast=hparams.resolved_pool_generator == 'broadcast',
+      ensemble=hparams.weights_on, correlation=not hparams.no_correlation)
 
   @learning.server_computation(np.int32, weights_type, aggregate_type)
   def server_tf(round_num, weights, aggregate):
     if private:
       stack = stacking_tf.Stack(*aggregate[0])
       sums = aggregate[1]
-      kwargs = dict(private_sums=(sums['fs'], sums['f']))
+      discriminator_rows, private_sums = None, (sums['fs'], sums['f'])
     else:
       stack = stacking_tf.Stack(*aggregate)
-      kwargs = dict(discriminator_rows=stack.values['discriminator'])
+      discriminator_rows, private_sums = stack.values['discriminator'], None
     num_slots = int(stack.weights.shape[0])
     valid = tf.range(num_slots) < stack.count
+    validation = None
     if validation_fn is not None:
       val_x, val_y = validation_fn()
       counts = (stack.values['label_counts'] if not private else
                 tf.zeros([num_slots, spec.settings.num_classes]))
-      kwargs['validation'] = dafkd_tf.Validation(val_x, val_y, counts,
-                                                 holder_share)
-    classifier, discriminator, generator = spec.build()
+      validation = dafkd_tf.Validation(val_x, val_y, counts,
+                                       hparams.holder_share)
+    uploads = dafkd_tf.Uploads(
+        stack.values['classifier'], stack.values['generator'], valid,
+        discriminator_rows, private_sums,
+        stack.weights if hparams.aggregation == 'examples' else None)
     r = dafkd_tf.server_round(
-        classifier, discriminator, generator, distill_optimizer,
-        (weights[0], weights[1]), stack.values['classifier'],
-        stack.values['generator'], valid, pool_size=pool_size,
-        pool_seed_value=dafkd_tf.pool_seed(seed, round_num),
-        pool_from_broadcast=pool_from_broadcast, settings=spec.settings,
-        config=config, ensemble=ensemble, correlation=correlation,
-        example_weights=stack.weights if example_weighted else None,
+        spec.build(), distill_optimizer, (weights[0], weights[1]), uploads,
+        settings, dafkd_tf.pool_seed(seed, round_num),
         real_pool=None if real_pool_fn is None else real_pool_fn(),
-        **kwargs)
+        validation=validation)
     metrics = collections.OrderedDict(
         num_teachers=tf.cast(stack.count, tf.float32),
         alpha_entropy=r.alpha_entropy,
@@ -484,9 +516,7 @@ def build_dafkd_process(
     *,
     num_clients: int,
     clients_per_round: int,
-    joint_optimizer: tff.learning.optimizers.Optimizer,
-    generator_optimizer: tff.learning.optimizers.Optimizer,
-    distill_optimizer: tff.learning.optimizers.Optimizer,
+    optimizers: Optimizers,
     distill_config: distillation.DistillConfig,
     learning_rate: float,
     learning_rate_decay: float = 1.0,
@@ -504,11 +534,7 @@ def build_dafkd_process(
       the id finds the client's discriminator.
     num_clients: K; client ids are 0..K-1.
     clients_per_round: M, the most clients per round.
-    joint_optimizer: Client optimiser of eq. (9) (paper: lr 1e-3, weight
-      decay 1e-3).
-    generator_optimizer: Client optimiser of eq. (3) (the registry builds
-      Adam from `hparams.generator_learning_rate` and its betas).
-    distill_optimizer: Server student optimiser (paper: lr 0.01).
+    optimizers: `Optimizers` (joint, generator and distillation).
     distill_config: Distillation settings (reference: T = 20, 1,600 steps).
     learning_rate: Joint learning rate at round 0 (> 0).
     learning_rate_decay: Its multiplier per round, in (0, 1].
@@ -540,7 +566,6 @@ def build_dafkd_process(
                                else server_data.val_size)
   distill_config.validate()
   h = hparams
-  noise_dim, pool_size, private = h.noise_dim, h.pool_size, h.private
   clf = local_training.structure_of(classifier_fn)
   input_shape = tuple(clf.model.input_shape[1:])
   num_classes = int(clf.model.output_shape[-1])
@@ -550,52 +575,41 @@ def build_dafkd_process(
 
   if h.generator == 'dcgan':
     generator_fn = functools.partial(
-        generators.build_dcgan_generator, noise_dim=noise_dim,
+        generators.build_dcgan_generator, noise_dim=h.noise_dim,
         num_classes=num_classes, image_shape=input_shape, seed=seed + 1)
   else:
     generator_fn = functools.partial(
-        generators.build_image_generator, noise_dim=noise_dim,
+        generators.build_image_generator, noise_dim=h.noise_dim,
         num_classes=num_classes, image_shape=input_shape,
         hidden=h.hidden_widths, seed=seed + 1)
   # Raises ConfigError for shapes it cannot generate.
   local_training.structure_of(generator_fn)
-  settings = dafkd_tf.GanSettings(noise_dim, num_classes, h.adv_weight,
-                                  h.gp_weight, h.generator_form,
-                                  h.discriminator_mode, h.gan_steps,
-                                  h.gan_window)
-  real_pool_fn = server_data.read_pool if h.pool == 'real' else None
-  validation_fn = (server_data.read_validation
-                   if server_data is not None and server_data.val_size
-                   else None)
-  if real_pool_fn is not None:
+  settings = gan.GanSettings(h.noise_dim, num_classes, h.adv_weight,
+                             h.gp_weight, h.generator_form,
+                             h.discriminator_mode, h.gan_steps, h.gan_window)
+  server = _server_inputs(h, server_data)
+  if server.real_pool_fn is not None:
     teachers_tf.check_pool_shape(server_data.image_shape, input_shape)
-    pool_size = server_data.pool_size
-  spec = ModelSpec(classifier_fn, generator_fn, not h.no_sharing,
-                             seed + 2, settings)
+  spec = ModelSpec(classifier_fn, generator_fn, not h.no_sharing, seed + 2,
+                   settings)
   private_settings = (PrivateSettings(
-      pool_size, seed, distill_config.temperature, not h.no_correlation)
-                      if private else None)
+      server.pool_size, seed, distill_config.temperature,
+      not h.no_correlation) if h.private else None)
   client_work = build_client_work(
-      spec, element_spec, dataset_fn, joint_optimizer=joint_optimizer,
-      generator_optimizer=generator_optimizer, num_clients=num_clients,
-      learning_rate=learning_rate, learning_rate_decay=learning_rate_decay,
-      private=private_settings, negatives_fn=real_pool_fn, seed=seed)
+      spec, element_spec, dataset_fn, optimizers.client,
+      num_clients=num_clients, learning_rate=learning_rate,
+      learning_rate_decay=learning_rate_decay, private=private_settings,
+      negatives_fn=server.real_pool_fn, seed=seed)
   update_type = client_work.next.type_signature.result.result.member.update
-  if private:
-    aggregator = build_private_aggregator(update_type,
-                                                    clients_per_round)
+  if h.private:
+    aggregator = build_private_aggregator(update_type, clients_per_round)
   else:
     aggregator = stacking.build_stacking_aggregator(update_type,
-                                                     clients_per_round)
+                                                    clients_per_round)
   aggregate_type = aggregator.next.type_signature.result.result.member
-  finalizer = build_finalizer(
-      spec, aggregate_type, distill_optimizer, distill_config,
-      pool_size=pool_size, seed=seed,
-      pool_from_broadcast=h.resolved_pool_generator == 'broadcast',
-      ensemble=h.weights_on, correlation=not h.no_correlation,
-      private=private, example_weighted=h.aggregation == 'examples',
-      real_pool_fn=real_pool_fn, validation_fn=validation_fn,
-      holder_share=h.holder_share)
+  finalizer = build_finalizer(spec, h, aggregate_type, optimizers.distill,
+                              distill_config, server_data=server_data,
+                              seed=seed)
   weights_type = models_type(spec)
   process = composer.compose_learning_process(
       build_initial_weights_fn(spec),
@@ -636,12 +650,13 @@ def build_from_config(
       inputs.classifier_fn, inputs.element_spec, inputs.dataset_fn,
       num_clients=inputs.num_clients,
       clients_per_round=config.clients_per_round,
-      joint_optimizer=joint_optimizer,
-      generator_optimizer=tff.learning.optimizers.build_adam(
-          learning_rate=f.generator_learning_rate, beta_1=f.generator_beta_1,
-          beta_2=f.generator_beta_2),
-      distill_optimizer=tff.learning.optimizers.build_adam(
-          learning_rate=config.distill.learning_rate),
+      optimizers=Optimizers(
+          joint=joint_optimizer,
+          generator=tff.learning.optimizers.build_adam(
+              learning_rate=f.generator_learning_rate,
+              beta_1=f.generator_beta_1, beta_2=f.generator_beta_2),
+          distill=tff.learning.optimizers.build_adam(
+              learning_rate=config.distill.learning_rate)),
       distill_config=common.distill_config(config),
       learning_rate=opt.learning_rate, learning_rate_decay=opt.lr_decay,
       hparams=f, server_data=inputs.server_data, seed=config.seed)
