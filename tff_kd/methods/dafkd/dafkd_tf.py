@@ -2,8 +2,9 @@
 
 DaFKD (Wang et al., "DaFKD: Domain-aware Federated Knowledge Distillation",
 CVPR 2023, Algorithm 1). The single-step maths (eqs. 2, 3, 7, 9, appendix B)
-is `tff_kd.methods.dafkd.gan`; this module loops it over a client's data and runs
-the server's distillation. `tff_kd.methods.dafkd.dafkd_tff` places both.
+is `tff_kd.methods.dafkd.gan`; this module loops it over a client's data
+and runs the server's distillation. `tff_kd.methods.dafkd.dafkd_tff` places
+both.
 
 Client k, one round (Algorithm 1, lines 16-26; `client_round`): copy the
 broadcast classifier w_t and generator theta_t^g, and its own discriminator
@@ -175,6 +176,92 @@ def _cross_entropy_step(classifier: classifiers.Classifier, joint_variables,
   return ce, state
 
 
+def _start_round(models: gan.GanModels,
+                 weights: tuple[ModelWeights, ModelWeights],
+                 discriminator_row: Sequence[tf.Tensor]):
+  """Loads the broadcast models and the client's discriminator row.
+
+  Returns:
+    (classifier variables, generator variables, their trainable values at
+    the start) as `ModelWeights`, `ModelWeights`, list, list.
+  """
+  clf_vars = local_training.model_weights(models.classifier.model)
+  gen_vars = local_training.model_weights(models.generator)
+  tf.nest.map_structure(lambda v, t: v.assign(t), clf_vars, weights[0])
+  tf.nest.map_structure(lambda v, t: v.assign(t), gen_vars, weights[1])
+  _assign(discriminator_variables(models.discriminator), discriminator_row)
+  clf_start = [tf.identity(v) for v in clf_vars.trainable]
+  gen_start = [tf.identity(v) for v in gen_vars.trainable]
+  return clf_vars, gen_vars, clf_start, gen_start
+
+
+def _gan_step(models: gan.GanModels, batch, optimizers: gan.GanOptimizers,
+              states: tuple, settings: gan.GanSettings, seed: tf.Tensor,
+              step: tf.Tensor, negatives_pool: Optional[tf.Tensor]):
+  """A local step with the GAN terms (`gan.client_gan_step`).
+
+  Returns:
+    (joint state, generator state, cross-entropy, the step's `MEAN_NAMES`
+    values [6], 1).
+  """
+  negatives = None
+  if negatives_pool is not None:
+    idx = tf.random.stateless_uniform(
+        tf.shape(batch['y']), step_seed(seed + 1, step), 0,
+        tf.shape(negatives_pool)[0], tf.int32)
+    negatives = tf.gather(negatives_pool, idx)
+  r = gan.client_gan_step(models, batch, optimizers, states, settings,
+                          step_seed(seed, step), negatives=negatives)
+  joint = r.ce_loss + settings.adv_weight * r.disc_loss
+  if settings.gp_weight:
+    joint += settings.gp_weight * r.penalty
+  return r.joint_state, r.generator_state, r.ce_loss, tf.stack(
+      [joint, r.ce_loss, r.disc_loss, r.gen_loss, r.real_accuracy,
+       r.fake_accuracy]), tf.constant(1)
+
+
+def _ce_step(classifier: classifiers.Classifier, joint_variables, batch,
+             optimizer: tff.learning.optimizers.Optimizer, states: tuple):
+  """A plain cross-entropy step, with `_gan_step`'s outputs (0 for 1)."""
+  joint_state, gen_state = states
+  ce, joint_state = _cross_entropy_step(classifier, joint_variables, batch,
+                                        optimizer, joint_state)
+  return joint_state, gen_state, ce, tf.zeros([len(MEAN_NAMES)]), (
+      tf.constant(0))
+
+
+def _first_gan_step(dataset: tf.data.Dataset,
+                    settings: gan.GanSettings) -> tf.Tensor:
+  """The first local step of the GAN window (int64)."""
+  first_gan_step = tf.constant(0, tf.int64)
+  if settings.gan_steps and settings.gan_window == 'last':
+    # Unknown (-2) or infinite (-1) cardinality: the first steps instead.
+    first_gan_step = tf.maximum(
+        dataset.cardinality() - settings.gan_steps, 0)
+  return first_gan_step
+
+
+def _private_terms(models: gan.GanModels, gen_vars: ModelWeights,
+                   broadcast_generator: ModelWeights, pool: PrivatePool,
+                   settings: gan.GanSettings) -> tuple[tf.Tensor, tf.Tensor]:
+  """Appendix B's (f_k s_k, f_k) on the pool of the broadcast generator."""
+  tf.nest.map_structure(lambda v, t: v.assign(t), gen_vars,
+                        broadcast_generator)
+  images = pseudo_pool(models.generator, pool.size,
+                       noise_dim=settings.noise_dim,
+                       num_classes=settings.num_classes, seed=pool.seed)
+  logits = distillation.teacher_logits([models.classifier.model], images)[0]
+  if pool.correlation:
+    scores = distillation.teacher_logits([models.discriminator.model],
+                                         images)[0]
+  else:
+    scores = tf.ones([pool.size, 1])
+  fs, f = gan.private_teacher_terms(scores, logits, pool.temperature)
+  # Static shapes: TFF's (secure) aggregation needs fully defined types.
+  return (tf.ensure_shape(fs, [pool.size, settings.num_classes]),
+          tf.ensure_shape(f, [pool.size]))
+
+
 @tf.function
 def client_round(models: gan.GanModels,
                  weights: tuple[ModelWeights, ModelWeights],
@@ -214,15 +301,9 @@ def client_round(models: gan.GanModels,
   Returns:
     A `ClientRoundResult`.
   """
-  classifier, discriminator, generator = models
-  clf_vars = local_training.model_weights(classifier.model)
-  gen_vars = local_training.model_weights(generator)
-  tf.nest.map_structure(lambda v, t: v.assign(t), clf_vars, weights[0])
-  tf.nest.map_structure(lambda v, t: v.assign(t), gen_vars, weights[1])
-  _assign(discriminator_variables(discriminator), discriminator_row)
-  clf_start = [tf.identity(v) for v in clf_vars.trainable]
-  gen_start = [tf.identity(v) for v in gen_vars.trainable]
-  variables = gan.gan_variables(classifier, discriminator, generator)
+  clf_vars, gen_vars, clf_start, gen_start = _start_round(
+      models, weights, discriminator_row)
+  variables = gan.gan_variables(*models)
   joint_state = gan.initial_optimizer_state(optimizers.joint,
                                             variables.joint, learning_rate)
   gen_state = gan.initial_optimizer_state(optimizers.generator,
@@ -234,34 +315,16 @@ def client_round(models: gan.GanModels,
   gan_count = tf.constant(0)
   label_counts = tf.zeros([settings.num_classes])
 
+
   def gan_step(batch, joint_state, gen_state):
-    negatives = None
-    if negatives_pool is not None:
-      idx = tf.random.stateless_uniform(
-          tf.shape(batch['y']), step_seed(seed + 1, steps), 0,
-          tf.shape(negatives_pool)[0], tf.int32)
-      negatives = tf.gather(negatives_pool, idx)
-    r = gan.client_gan_step(models, batch, optimizers,
-                            (joint_state, gen_state), settings,
-                            step_seed(seed, steps), negatives=negatives)
-    joint = r.ce_loss + settings.adv_weight * r.disc_loss
-    if settings.gp_weight:
-      joint += settings.gp_weight * r.penalty
-    return r.joint_state, r.generator_state, r.ce_loss, tf.stack(
-        [joint, r.ce_loss, r.disc_loss, r.gen_loss, r.real_accuracy,
-         r.fake_accuracy]), tf.constant(1)
+    return _gan_step(models, batch, optimizers, (joint_state, gen_state),
+                     settings, seed, steps, negatives_pool)
 
   def ce_step(batch, joint_state, gen_state):
-    ce, joint_state = _cross_entropy_step(
-        classifier, variables.joint, batch, optimizers.joint, joint_state)
-    return joint_state, gen_state, ce, tf.zeros([len(MEAN_NAMES)]), (
-        tf.constant(0))
+    return _ce_step(models.classifier, variables.joint, batch,
+                    optimizers.joint, (joint_state, gen_state))
 
-  first_gan_step = tf.constant(0, tf.int64)
-  if settings.gan_steps and settings.gan_window == 'last':
-    # Unknown (-2) or infinite (-1) cardinality: the first steps instead.
-    first_gan_step = tf.maximum(
-        dataset.cardinality() - settings.gan_steps, 0)
+  first_gan_step = _first_gan_step(dataset, settings)
   for batch in iter(dataset):
     if settings.gan_steps:
       in_window = tf.logical_and(
@@ -287,25 +350,13 @@ def client_round(models: gan.GanModels,
   means = sums / tf.maximum(tf.cast(gan_count, tf.float32), 1.0)
   clf_delta = _delta(clf_vars, clf_start)
   gen_delta = _delta(gen_vars, gen_start)
-  disc_row = [tf.identity(v) for v in discriminator_variables(discriminator)]
+  disc_row = [tf.identity(v)
+              for v in discriminator_variables(models.discriminator)]
   terms = None
   if private_pool is not None:
     # The delta is read first (tf.function orders stateful ops).
-    tf.nest.map_structure(lambda v, t: v.assign(t), gen_vars, weights[1])
-    pool = pseudo_pool(generator, private_pool.size,
-                       noise_dim=settings.noise_dim,
-                       num_classes=settings.num_classes,
-                       seed=private_pool.seed)
-    logits = distillation.teacher_logits([classifier.model], pool)[0]
-    if private_pool.correlation:
-      scores = distillation.teacher_logits([discriminator.model], pool)[0]
-    else:
-      scores = tf.ones([private_pool.size, 1])
-    fs, f = gan.private_teacher_terms(scores, logits,
-                                      private_pool.temperature)
-    # Static shapes: TFF's (secure) aggregation needs fully defined types.
-    terms = (tf.ensure_shape(fs, [private_pool.size, settings.num_classes]),
-             tf.ensure_shape(f, [private_pool.size]))
+    terms = _private_terms(models, gen_vars, weights[1], private_pool,
+                           settings)
   return ClientRoundResult(
       clf_delta, gen_delta, disc_row,
       local_training.LocalResult(None, num_examples, ce_sum, steps), means,
