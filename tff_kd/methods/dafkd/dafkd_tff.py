@@ -1,30 +1,18 @@
-"""DaFKD as a TFF learning process: its TFF stages and builder.
+"""DaFKD as a TFF learning process: its stages, builder and registry entry.
 
 Wang, Li, Xu, Wang, Wu, Guo, "DaFKD: Domain-aware Federated Knowledge
-Distillation", CVPR 2023: each client trains its classifier jointly with a
-domain discriminator (eq. 9; the discriminator shares the classifier's
-extractor, Sec. 3.4) against a global generator (eqs. 2-4); the server
-averages classifiers (eq. 6) and generators (eq. 4), generates a pseudo pool
-and distils the ensemble of client predictions weighted by the
+Distillation", CVPR 2023 (Algorithm 1): each client trains its classifier
+jointly with a domain discriminator (eq. 9; the discriminator shares the
+classifier's extractor, Sec. 3.4) against a global generator (eqs. 2-3); the
+server averages classifiers (eq. 6) and generators (eq. 4), generates a
+pseudo pool and distils the ensemble of client predictions weighted by the
 discriminators' correlation factors (eqs. 7-8). Appendix B keeps the
-discriminators on the clients (secure sums).
-
-State: `tff.learning.templates.LearningAlgorithmState` whose
-`global_model_weights` is `(classifier ModelWeights, generator
-ModelWeights)`; `get_model_weights` / `set_model_weights` see the classifier
-(`composer.first_model_view`). The client work's state holds the round
-number and every client's discriminator (`discriminator_store`).
-
-Hyper-parameters: `tff_kd.hparams.DaFKDHparams` (`config.dafkd`).
-Ablations (Table 3): `no_sharing=True` gives each client a separate
-discriminator network; `no_correlation=True` uniform teacher weights.
-
-The stages (GAN client work with per-client discriminators, stacking and
-secure-sum aggregation, domain-aware distillation finalizer):
-
-DaFKD (Wang et al., "DaFKD: Domain-aware Federated Knowledge Distillation",
-CVPR 2023, Algorithm 1; the maths is `tff_kd.methods.dafkd.dafkd_tf` and
-`tff_kd.methods.dafkd.gan`). One round:
+discriminators on the clients (secure sums). The maths is
+`tff_kd.methods.dafkd.dafkd_tf` and `tff_kd.methods.dafkd.gan`; the
+hyper-parameters are `tff_kd.methods.dafkd.hparams.DaFKDHparams`
+(`config.dafkd`), whose ablations (Table 3) are `no_sharing` (a separate
+discriminator network per client) and `no_correlation` (uniform teacher
+weights). One round:
 
 1. distributor: broadcast the server model, a tuple (classifier
    `ModelWeights`, generator `ModelWeights`) (line 6);
@@ -38,22 +26,29 @@ CVPR 2023, Algorithm 1; the maths is `tff_kd.methods.dafkd.dafkd_tf` and
    broadcast; client k reads row `id` (from its key `"<id>|<seed>|<round>"`),
    runs `dafkd_tf.client_round` (eq. 9 then eq. 3 per minibatch), and its
    new row comes back through a `tff.federated_aggregate` that scatters rows
-   by id (`tff_kd.federated.client_store.ClientStore`); rows of clients
-   not sampled this round are unchanged. There is no optimiser state to
+   by id (`tff_kd.federated.client_store.ClientStore`, in the shared
+   `client_store.build_stateful_client_work`); rows of clients not sampled
+   this round are unchanged. There is no optimiser state to
    keep: local optimisers start fresh every round, as in `local_training`.
    With appendix B (`private`), the client also draws the round's pool from
    the broadcast generator and computes f_k s_k and f_k;
 3. aggregator: `tff_kd.federated.stacking.build_stacking_aggregator`
-   stacks every client's
-   classifier and generator deltas (and, plain mode, discriminator) into
-   [M, ...] rows. In private mode the discriminator is not in the stack and
-   the f_k s_k, f_k terms go through `tff.aggregators.SecureSumFactory`
-   (clipped to [0, 1], quantised to 32 bits, `federated_secure_sum_bitwidth`),
-   so the server sees only sum_k f_k s_k and sum_k f_k;
+   stacks every client's classifier and generator deltas (and, plain mode,
+   discriminator) into [M, ...] rows. In private mode the discriminator is
+   not in the stack and the f_k s_k, f_k terms go through
+   `tff.aggregators.SecureSumFactory` (clipped to [0, 1], quantised to 32
+   bits, `federated_secure_sum_bitwidth`), so the server sees only
+   sum_k f_k s_k and sum_k f_k;
 4. finalizer (`build_finalizer`): `dafkd_tf.server_round`: plain means of
    classifiers (eq. 6) and generators (eq. 4), a pool of `pool_size`
    generated images seeded by (seed, round), alpha of eq. (7), the target of
    eq. (8) and `distillation.distill` into the mean classifier.
+
+State: `tff.learning.templates.LearningAlgorithmState` whose
+`global_model_weights` is `(classifier ModelWeights, generator
+ModelWeights)`; `get_model_weights` / `set_model_weights` see the classifier
+(`composer.first_model_view`). The client work's state holds the round
+number and every client's discriminator (`discriminator_store`).
 
 Cost of the server-held store: the simulation broadcasts all K rows to
 every client and each client's aggregation accumulator has K rows, i.e.
@@ -208,7 +203,7 @@ def build_client_work(
   simulation-only diagnostics (`dafkd.weight_diagnostics`): a deployment
   would not upload them, so `bytes_up` does not count them. Measurements:
   the standard sums of `learning.build_scheduled_client_work` and the
-  client means of `core.dafkd.MEAN_NAMES`.
+  client means of `dafkd_tf.MEAN_NAMES`.
 
   Args:
     spec: `ModelSpec`.
@@ -341,7 +336,7 @@ def build_private_aggregator(
 
 
 def diagnostic_metrics(d: dafkd_tf.Diagnostics) -> collections.OrderedDict:
-  """Flat, named metrics of a round's `core.dafkd.Diagnostics`."""
+  """Flat, named metrics of a round's `dafkd_tf.Diagnostics`."""
   w, p = d.weights, d.pool
   return collections.OrderedDict(
       holder_mass=w.holder_mass,
@@ -397,11 +392,12 @@ def build_finalizer(
   `agreement_before` / `agreement_after` (classifier argmax = target argmax
   on the pool, before / after distillation), the distillation's `steps`,
   `first_loss`, `last_loss` and `pool_size`. With a labeled validation set
-  (`server_data.val_size` > 0): `labeled_accuracy_before` / `_after` and `accepted`
-  (`DistillConfig.accept`), and in plain mode the mechanism diagnostics of
-  `diagnostic_metrics` (eq. 7's holder mass against uniform, weighted /
-  uniform / oracle ensemble accuracy on the labeled images, pool quality,
-  discriminator scores on real images and on the pool).
+  (`server_data.val_size` > 0): `labeled_accuracy_before` / `_after` and
+  `accepted` (`DistillConfig.accept`), and in plain mode the mechanism
+  diagnostics of `diagnostic_metrics` (eq. 7's holder mass against
+  uniform, weighted / uniform / oracle ensemble accuracy on the labeled
+  images, pool quality, discriminator scores on real images and on the
+  pool).
 
   Args:
     spec: `ModelSpec`.

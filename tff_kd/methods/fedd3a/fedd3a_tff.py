@@ -1,64 +1,51 @@
-"""FedD3A as a TFF learning process: its stages and builder.
-
-Homogeneous or heterogeneous client models.
+"""FedD3A as a TFF learning process: its stages, builder and registry entry.
 
 Su, Li and Xue, "Domain Discrepancy Aware Distillation for Model Aggregation
-in Federated Learning", AAAI 2023: each client uploads, with its model, the
-subspace projection P of its data's batch-mean features under the global
-backbone (eq. 5); the server weights the client models per unlabeled server
-sample by how close the sample's feature lies to each client's subspace
-(eq. 6), and distils that weighted ensemble (eq. 7) into the averaged model
-(eq. 8).core.fedd3a` and `tff_kd.methods.fedd3a.projection_tf`).
-
-Heterogeneous variant (the paper's "Application to Heterogeneous Models",
-selected by `client_model_fns`): client k trains its own persistent model of
-architecture k % A with CE + KD from the received global model, still
-builds P with the received global backbone, and uploads its model and P;
-the server distils the domain-weighted ensemble of those models into the
-previous global model (there is nothing to average across architectures).
-
-State: `tff.learning.templates.LearningAlgorithmState` with one global
-`ModelWeights`, so `get_model_weights` / `set_model_weights` are TFF's and
-see the global model (`config.model`'s architecture). The heterogeneous
-clients' own models live in the client work's state
-(`local_model_rows`).
-
-The stages (projection client work and the weighted-KD finalizer):
-
-FedD3A (Su, Li and Xue, "Domain Discrepancy Aware Distillation for Model
-Aggregation in Federated Learning", AAAI 2023, Algorithm 1). One round:
+in Federated Learning", AAAI 2023 (Algorithm 1): each client uploads, with
+its model, the subspace projection P of its data's batch-mean features under
+the global backbone (eq. 5); the server weights the client models per
+unlabeled server sample by how close the sample's feature lies to each
+client's subspace (eq. 6), and distils that weighted ensemble (eq. 7) into
+the averaged model (eq. 8). The maths is `tff_kd.methods.fedd3a.fedd3a_tf`
+and `tff_kd.methods.fedd3a.projection_tf`. One round:
 
 1. distributor: broadcast the global `ModelWeights`;
-2. client work (`build_client_work`): `fedd3a_tf.client_round`
-   builds the projection P (eq. 5) from the received backbone's batch-mean
-   features, then trains locally; the update is
-   `{'delta': ModelWeights, 'projection': [d, d], 'client_id': int32}`,
-   weighted by the number of examples (client id: the first field of the
-   data key, -1 for sequence data);
+2. client work (`build_client_work`): `fedd3a_tf.client_round` builds the
+   projection P (eq. 5) from the received backbone's batch-mean features,
+   then trains locally; the update is `{'delta': ModelWeights,
+   'projection': [d, d], 'client_id': int32}`, weighted by the number of
+   examples (client id: the first field of the data key, -1 for sequence
+   data);
 3. aggregator: FedDF's stacking aggregator
    (`tff_kd.federated.stacking.build_stacking_aggregator`): every client's
    delta, P and id reach the server as rows of an [M, ...] stack;
 4. finalizer (`build_finalizer`), a server TF computation: the
-   example-weighted mean delta is applied with the server optimiser (SGD lr
-   1: FedAvg's average, the student's start), then
-   `fedd3a_tf.server_round` weights the client models per server
-   sample (eq. 6), builds the eq. 7 target and distils it (eq. 8) through
+   example-weighted mean delta is applied with the server optimiser (SGD
+   lr 1: FedAvg's average, the student's start), then
+   `fedd3a_tf.server_round` weights the client models per server sample
+   (eq. 6), builds the eq. 7 target and distils it (eq. 8) through
    `tff_kd.core.distillation.distill`. The server's unlabeled pool is read
    from files (`ServerData`). Its state is the server-optimiser state and
    the round number (the 'random' weighting's seed).
 
 Heterogeneous client models (the paper's "Application to Heterogeneous
-Models"; `build_hetero_client_work`, `build_hetero_finalizer`): client k
-has architecture k % A and keeps its own local model across rounds in a
-server-held `tff_kd.federated.client_store.ClientStore` (one table per
-architecture, row k // A: exactly K models, no padding; the simulation
-broadcasts all K models to every client, a real client keeps its own). It
-builds P from the received global backbone and trains its local model with
-CE + KD from the received global model; the stack delivers every client's
-whole local model (one zero-filled slot per other architecture: M x the sum
-of the architectures' sizes), P, id and architecture; the finalizer distils
-the eq. 7 ensemble of the clients' own models into the previous global
-model (no averaging across architectures).
+Models", selected by `client_model_fns`; `build_hetero_client_work`,
+`build_hetero_finalizer`): client k has architecture k % A and keeps its own
+local model across rounds in a server-held
+`tff_kd.federated.client_store.ClientStore` (one table per architecture, row
+k // A: exactly K models, no padding; the simulation broadcasts all K
+models to every client, a real client keeps its own). It builds P from the
+received global backbone and trains its local model with CE + KD from the
+received global model; the stack delivers every client's whole local model
+(one zero-filled slot per other architecture: M x the sum of the
+architectures' sizes), P, id and architecture; the finalizer distils the
+eq. 7 ensemble of the clients' own models into the previous global model
+(there is nothing to average across architectures).
+
+State: `tff.learning.templates.LearningAlgorithmState` with one global
+`ModelWeights`, so `get_model_weights` / `set_model_weights` are TFF's and
+see the global model (`config.model`'s architecture). The heterogeneous
+clients' own models live in the client work's state (`local_model_rows`).
 """
 
 import collections

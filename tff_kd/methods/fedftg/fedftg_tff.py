@@ -1,39 +1,32 @@
-"""FedFTG as a TFF learning process: its TFF stages and builder.
+"""FedFTG as a TFF learning process: its stages, builder and registry entry.
 
 Zhang, Shen, Ding, Tao and Duan, "Fine-tuning Global Model via Data-Free
 Knowledge Distillation for Non-IID Federated Learning", CVPR 2022: FedAvg,
 then server-side data-free fine-tuning of the averaged model with a
 conditional image generator (hard-sample mining, customised label sampling,
-class-level ensemble; `fedftg_tf`).
-
-State: `tff.learning.templates.LearningAlgorithmState` whose
-`global_model_weights` is the classifier's `ModelWeights`; the generator and
-its optimiser state are in `state.finalizer` (`generator_weights` reads
-them).
-
-The stages (FedAvg, then data-free fine-tuning at the server):
-
-FedFTG (Zhang, Shen, Ding, Tao and Duan, "Fine-tuning Global Model via
-Data-Free Knowledge Distillation for Non-IID Federated Learning", CVPR
-2022; the maths is in `tff_kd.methods.fedftg.fedftg_tf`). One round:
+class-level ensemble; the maths is `tff_kd.methods.fedftg.fedftg_tf`). One
+round:
 
 1. distributor: broadcast the classifier's `ModelWeights`;
 2. client work: plain local training plus label counts
    (`tff_kd.federated.label_counts.build_client_work`);
-3. aggregator: `tff_kd.federated.stacking.build_stacking_aggregator`, so every
-   client's model and label counts reach the server;
+3. aggregator: `tff_kd.federated.stacking.build_stacking_aggregator`, so
+   every client's model and label counts reach the server;
 4. finalizer (`build_fine_tune_finalizer`): the example-weighted mean delta
-   is applied with the server optimiser (FedAvg); then
-   `fedftg.fine_tune` runs `iterations` generator/student iterations on
-   that averaged model, with each received client model as a teacher
-   weighted per class by n_{k,c} / sum_j n_{j,c}.
+   is applied with the server optimiser (FedAvg); then `fedftg_tf.fine_tune`
+   runs `iterations` generator/student iterations on that averaged model,
+   with each received client model as a teacher weighted per class by
+   n_{k,c} / sum_j n_{j,c}.
 
-The conditional image generator and its Adam state are server state: they
-live in the finalizer's state across rounds (as in the paper, where the
-generator keeps improving over the rounds) and are never broadcast, so the
-global model stays a single classifier. The student optimiser's state is
-fresh every round (the reference's SGD has none); the student and generator
-learning rates decay by `lr_decay` per round (reference 0.998).
+State: `tff.learning.templates.LearningAlgorithmState` whose
+`global_model_weights` is the classifier's `ModelWeights`. The conditional
+image generator and its Adam state are server state: they live in the
+finalizer's state across rounds (`state.finalizer`, read by
+`generator_weights`; as in the paper, the generator keeps improving over
+the rounds) and are never broadcast, so the global model stays a single
+classifier. The student optimiser's state is fresh every round (the
+reference's SGD has none); the student and generator learning rates decay
+by `lr_decay` per round (reference 0.998).
 """
 
 import collections
@@ -60,7 +53,7 @@ from tff_kd.models import generators
 
 
 class FineTuning(NamedTuple):
-  """Server fine-tuning settings (`fedftg.fine_tune`).
+  """Server fine-tuning settings (`fedftg_tf.fine_tune`).
 
   Attributes:
     generator_fn: Builds the conditional image generator.
@@ -181,7 +174,7 @@ def round_fine_tune(student: tf.keras.Model, teachers, label_counts,
                     generator: tf.keras.Model, generator_state, round_num,
                     tuning: FineTuning, *, teacher_mask=None
                     ) -> fedftg_tf.FineTuneResult:
-  """`fedftg.fine_tune` with this round's learning rates and seed.
+  """`fedftg_tf.fine_tune` with this round's learning rates and seed.
 
   Models must already hold their weights. Shared by the finalizer and by
   tests that check it eagerly.
