@@ -88,6 +88,14 @@ class FineTuning(NamedTuple):
   seed: int
   generator_steps: int = 0
 
+  @property
+  def settings(self) -> fedftg_tf.FineTuneSettings:
+    """The `fedftg_tf.fine_tune` settings among these."""
+    return fedftg_tf.FineTuneSettings(
+        self.distill_config, self.iterations, self.noise_dim, self.noise,
+        self.transfer_weight, self.diversity_weight, self.mask,
+        self.ensemble, self.generator_steps)
+
 
 def build_fine_tune_finalizer(
     model_fn: learning.ModelFn,
@@ -192,17 +200,13 @@ def round_fine_tune(student: tf.keras.Model, teachers, label_counts,
   student_lr = tf.cast(tuning.student_optimizer.get_hparams(student_state)[
       'learning_rate'], tf.float32) * decay
   return fedftg_tf.fine_tune(
-      student, teachers, label_counts, generator,
-      tuning.generator_optimizer, gen_state, tuning.student_optimizer,
-      student_state, tuning.distill_config, iterations=tuning.iterations,
-      noise_dim=tuning.noise_dim,
-      seed=tf.stack([tf.constant(tuning.seed, tf.int64),
-                     tf.cast(round_num, tf.int64)]),
-      noise=tuning.noise, teacher_mask=teacher_mask,
-      transfer_weight=tuning.transfer_weight,
-      diversity_weight=tuning.diversity_weight, mask=tuning.mask,
-      ensemble=tuning.ensemble, student_learning_rate=student_lr,
-      generator_steps=tuning.generator_steps)
+      fedftg_tf.FineTuneModels(student, teachers, generator), label_counts,
+      fedftg_tf.FineTuneOptimizers(tuning.generator_optimizer,
+                                   tuning.student_optimizer),
+      (gen_state, student_state), tuning.settings,
+      tf.stack([tf.constant(tuning.seed, tf.int64),
+                tf.cast(round_num, tf.int64)]),
+      teacher_mask=teacher_mask, student_learning_rate=student_lr)
 
 
 @tf.function
