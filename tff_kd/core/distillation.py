@@ -618,12 +618,8 @@ def _labeled_metrics(student: tf.keras.Model, labeled, batch_size
   return loss, accuracy
 
 
-@tf.function
-def _distill(student, optimizer, x, targets, config, learning_rate,
-             optimizer_state, labeled) -> DistillResult:
-  """The AutoGraph-converted loop of `distill` (arguments already checked)."""
-  variables = local_training.model_weights(student)
-  trainable = variables.trainable
+def _start_optimizer(optimizer, trainable, optimizer_state, learning_rate):
+  """(optimizer state of tensors, base learning rate) at the first step."""
   if optimizer_state is None:
     specs = tuple(tf.TensorSpec(v.shape, v.dtype) for v in trainable)
     optimizer_state = optimizer.initialize(specs)
@@ -635,7 +631,62 @@ def _distill(student, optimizer, x, targets, config, learning_rate,
     hparams['learning_rate'] = learning_rate
   base_lr = tf.cast(hparams['learning_rate'], tf.float32)
   hparams['learning_rate'] = base_lr
-  opt_state = optimizer.set_hparams(opt_state, hparams)
+  return optimizer.set_hparams(opt_state, hparams), base_lr
+
+
+def _student_step(student, optimizer, opt_state, x_batch, target_batch, step,
+                  base_lr, config):
+  """One optimiser step of the student on eq. (KD); (state, loss)."""
+  trainable = local_training.model_weights(student).trainable
+  with tf.GradientTape() as tape:
+    logits = student(x_batch, training=config.student_training)
+    loss = kd_loss(logits, target_batch, config.temperature,
+                   config.kl_reduction)
+  grads = tape.gradient(loss, trainable)
+  if config.clip_norm > 0:
+    grads, _ = tf.clip_by_global_norm(grads, config.clip_norm)
+  if config.cosine_decay:
+    hparams = optimizer.get_hparams(opt_state)
+    progress = tf.cast(step, tf.float32) / float(config.steps)
+    hparams['learning_rate'] = base_lr * 0.5 * (
+        1.0 + tf.cos(math.pi * progress))
+    opt_state = optimizer.set_hparams(opt_state, hparams)
+  opt_state, updated = optimizer.next(opt_state, tuple(trainable),
+                                      tuple(grads))
+  for variable, value in zip(trainable, updated):
+    variable.assign(value)
+  return opt_state, loss
+
+
+def _accept_or_restore(student, labeled, batch_size, config, initial_weights,
+                       accuracy_before):
+  """`config.accept` on the labeled set: (accuracy after, accepted 0/1)."""
+  accepted = tf.constant(1.0)
+  accuracy_after = accuracy_before
+  if labeled is not None:
+    accuracy_after = _labeled_metrics(student, labeled, batch_size)[1]
+    if config.accept == 'no_worse':
+      if accuracy_after < accuracy_before:
+        tf.nest.map_structure(lambda v, b: v.assign(b),
+                              local_training.model_weights(student),
+                              initial_weights)
+        accuracy_after = accuracy_before
+        accepted = tf.constant(0.0)
+  return accuracy_after, accepted
+
+
+@tf.function
+def _distill(student, optimizer, x, targets, config, learning_rate,
+             optimizer_state, labeled) -> DistillResult:
+  """The AutoGraph-converted loop of `distill` (arguments already checked).
+
+  Steps: the optimiser's start (`_start_optimizer`), the split and the
+  initial validation, the loop of `_student_step`s with early stopping on
+  the validation loss, the best weights back, and `_accept_or_restore`.
+  """
+  variables = local_training.model_weights(student)
+  opt_state, base_lr = _start_optimizer(optimizer, variables.trainable,
+                                        optimizer_state, learning_rate)
 
   temperature = config.temperature
   on_labeled = config.validation == 'labeled'
@@ -706,22 +757,8 @@ def _distill(student, optimizer, x, targets, config, learning_rate,
         train_idx, perm[position * batch_size:(position + 1) * batch_size])
     x_batch = tf.gather(x, idx)
     target_batch = targets_for(idx, x_batch)
-    with tf.GradientTape() as tape:
-      logits = student(x_batch, training=config.student_training)
-      loss = kd_loss(logits, target_batch, temperature, config.kl_reduction)
-    grads = tape.gradient(loss, trainable)
-    if config.clip_norm > 0:
-      grads, _ = tf.clip_by_global_norm(grads, config.clip_norm)
-    if config.cosine_decay:
-      hparams = optimizer.get_hparams(opt_state)
-      progress = tf.cast(step, tf.float32) / float(config.steps)
-      hparams['learning_rate'] = base_lr * 0.5 * (
-          1.0 + tf.cos(math.pi * progress))
-      opt_state = optimizer.set_hparams(opt_state, hparams)
-    opt_state, updated = optimizer.next(opt_state, tuple(trainable),
-                                        tuple(grads))
-    for variable, value in zip(trainable, updated):
-      variable.assign(value)
+    opt_state, loss = _student_step(student, optimizer, opt_state, x_batch,
+                                    target_batch, step, base_lr, config)
 
     if step < window:
       first_sum += loss
@@ -744,16 +781,8 @@ def _distill(student, optimizer, x, targets, config, learning_rate,
 
   if use_val:
     tf.nest.map_structure(lambda v, b: v.assign(b), variables, best_weights)
-  accepted = tf.constant(1.0)
-  accuracy_after = accuracy_before
-  if labeled is not None:
-    accuracy_after = _labeled_metrics(student, labeled, batch_size)[1]
-    if config.accept == 'no_worse':
-      if accuracy_after < accuracy_before:
-        tf.nest.map_structure(lambda v, b: v.assign(b), variables,
-                              initial_weights)
-        accuracy_after = accuracy_before
-        accepted = tf.constant(0.0)
+  accuracy_after, accepted = _accept_or_restore(
+      student, labeled, batch_size, config, initial_weights, accuracy_before)
   filled = tf.cast(tf.minimum(steps_run, window), tf.float32)
   return DistillResult(
       weights=_values(local_training.model_weights(student)),

@@ -23,9 +23,14 @@ One round, inside the client work's federated computation:
 Cost: the simulation broadcasts all R rows to every client and every
 client's accumulator has R rows. A real client keeps its own row on its
 device, so methods count only the client's own row in their traffic.
+
+`build_stateful_client_work` is the client work around one or several
+stores that both methods use: its state is (round number, stores), its
+round runs a method's client function and scatters the rows back.
 """
 
-from typing import Callable, Sequence
+import collections
+from typing import Any, Callable, NamedTuple, Sequence, Union
 
 import numpy as np
 import tensorflow as tf
@@ -176,3 +181,120 @@ class ClientStore:
                                         self._report)
     return tff.federated_map(self._apply_rows, (store, scattered))
 
+
+
+class ClientOutput(NamedTuple):
+  """What a stateful client function returns (`build_stateful_client_work`).
+
+  Attributes:
+    result: The client's `tff.learning.templates.ClientResult` (screened).
+    stats: Its `learning.client_stats` (screened).
+    entries: `ClientStore.entry` for the store, or a tuple of them, one per
+      store, as the builder's `stores`.
+    means: Measurements averaged over the clients (weighted by
+      `means_weight`) and reported beside the standard ones; empty: none.
+    means_weight: The client's weight in `means` (0 for an excluded one).
+  """
+
+  result: tff.learning.templates.ClientResult
+  stats: collections.OrderedDict
+  entries: Any
+  means: collections.OrderedDict = collections.OrderedDict()
+  means_weight: Union[tf.Tensor, float] = 1.0
+
+
+ClientFn = Callable[..., ClientOutput]
+
+
+def build_stateful_client_work(
+    client_fn: ClientFn,
+    stores: Union[ClientStore, Sequence[ClientStore]],
+    weights_type: tff.Type,
+    data_type: tff.Type,
+    learning_rate: float,
+    learning_rate_decay: float = 1.0,
+) -> tff.templates.MeasuredProcess:
+  """Client work whose clients keep rows in server-held `ClientStore`s.
+
+  State: `(round_num, stores)` at the server; `stores` is the store's value
+  (a tuple of [R, ...] tensors) for one `ClientStore`, or a tuple of such
+  values for a sequence of them. One round: the learning rate
+  `lr * decay**round_num` and the stores are broadcast, every client runs
+  `client_fn(weights, data, lr, round_num, stores)` in its TF computation,
+  the returned entries are scattered into the stores (`ClientStore.update`)
+  and the round number is incremented. Measurements:
+  `learning.client_measurements` and the clients' weighted `means`.
+
+  Args:
+    client_fn: `(weights, data, lr, round_num, stores) -> ClientOutput`,
+      traced inside a `tff.tensorflow.computation`.
+    stores: A `ClientStore`, or a sequence of them.
+    weights_type: Unplaced type of the broadcast model.
+    data_type: Unplaced type of a client's data
+      (`learning.client_data_type`).
+    learning_rate: Client learning rate at round 0.
+    learning_rate_decay: Its multiplier per round.
+
+  Returns:
+    A `tff.templates.MeasuredProcess` with the client-work signature.
+  """
+  single = isinstance(stores, ClientStore)
+  store_list = [stores] if single else list(stores)
+  stores_type = (stores.store_type if single else
+                 tff.types.StructWithPythonType(
+                     [s.store_type for s in store_list], tuple))
+  mean_names = []
+
+  @tff.tensorflow.computation(weights_type, data_type, np.float32, np.int32,
+                              stores_type)
+  def client_update(weights, data, lr, round_num, tables):
+    out = client_fn(weights, data, lr, round_num, tables)
+    if not out.means:
+      return out.result, out.stats, out.entries
+    mean_names.extend(out.means)
+    return (out.result, out.stats, out.entries, out.means,
+            tf.cast(out.means_weight, tf.float32))
+
+  round_learning_rate, increment = learning.build_round_schedule(
+      learning_rate, learning_rate_decay)
+
+  @tff.federated_computation
+  def init_fn():
+    initial = [tff.federated_eval(s.initial, tff.SERVER) for s in store_list]
+    return tff.federated_zip((
+        tff.federated_value(np.int32(0), tff.SERVER),
+        initial[0] if single else tff.federated_zip(tuple(initial))))
+
+  @tff.federated_computation(
+      init_fn.type_signature.result,
+      tff.FederatedType(weights_type, tff.CLIENTS),
+      tff.FederatedType(data_type, tff.CLIENTS))
+  def next_fn(state, weights, data):
+    round_num, tables = state[0], state[1]
+    lr = tff.federated_map(round_learning_rate, round_num)
+    outputs = tff.federated_map(
+        client_update, (weights, data, tff.federated_broadcast(lr),
+                        tff.federated_broadcast(round_num),
+                        tff.federated_broadcast(tables)))
+    if mean_names:
+      client_results, stats, entries, means, kept = outputs
+    else:
+      client_results, stats, entries = outputs
+    if single:
+      new_tables = stores.update(tables, entries)
+    else:
+      new_tables = tff.federated_zip(tuple(
+          store.update(tables[a], entries[a])
+          for a, store in enumerate(store_list)))
+    measurements = learning.client_measurements(stats, lr)
+    if mean_names:
+      means = tff.federated_mean(means, weight=kept)
+      for name in mean_names:
+        measurements[name] = means[name]
+    return tff.templates.MeasuredProcessOutput(
+        state=tff.federated_zip((tff.federated_map(increment, round_num),
+                                 new_tables)),
+        result=client_results,
+        measurements=tff.federated_zip(measurements))
+
+  return tff.templates.MeasuredProcess(init_fn, next_fn)

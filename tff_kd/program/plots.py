@@ -11,7 +11,7 @@ group, the mean over seeds with a +- one standard deviation band:
 * where a run logged them, the KD mechanism's own curves: the teacher-weight
   entropy (DaFKD's eq. 7 alpha, FedD3A's eq. 6 weights), DaFKD's domain
   awareness (the weight on the clients that hold a sample's label against
-  uniform weights, `core.weight_diagnostics`), the weighted against the
+  uniform weights, `dafkd.weight_diagnostics`), the weighted against the
   uniform ensemble's accuracy on the server's labeled images, and the
   distillation loss.
 

@@ -19,7 +19,7 @@ import tensorflow_federated as tff
 from tff_kd import errors
 from tff_kd import models
 from tff_kd.core import distillation
-from tff_kd.core import gan
+from tff_kd.methods.dafkd import gan
 from tff_kd.federated import client_data
 from tff_kd.methods import common
 from tff_kd.methods import registry
@@ -85,11 +85,11 @@ def _build(data, **kwargs):
   fields = {f.name for f in dataclasses.fields(dafkd_hparams.DaFKDHparams)}
   sgd = tff.learning.optimizers.build_sgdm(LR)
   args = dict(
-      num_clients=3, clients_per_round=2, joint_optimizer=sgd,
-      generator_optimizer=sgd,
+      num_clients=3, clients_per_round=2,
       # SGD: the secure sum quantises the targets (~1e-7), and Adam's
       # normalised steps would amplify that into the weights.
-      distill_optimizer=tff.learning.optimizers.build_sgdm(0.5),
+      optimizers=dafkd.Optimizers(
+          sgd, sgd, tff.learning.optimizers.build_sgdm(0.5)),
       distill_config=distillation.DistillConfig.plain(steps=3, batch_size=8,
                                                 seed=SEED),
       learning_rate=LR, seed=SEED,
@@ -182,10 +182,10 @@ def test_store_rows_are_the_uploaded_discriminators(data):
   sgd = tff.learning.optimizers.build_sgdm(LR)
   spec = dafkd_tff.ModelSpec(
       _classifier_fn, _generator, True, SEED + 2,
-      dafkd_tf.GanSettings(NOISE, NUM_CLASSES))
+      gan.GanSettings(NOISE, NUM_CLASSES))
   work = dafkd_tff.build_client_work(
-      spec, data.element_spec, data.dataset_fn(LOCAL), joint_optimizer=sgd,
-      generator_optimizer=sgd, num_clients=3, learning_rate=LR)
+      spec, data.element_spec, data.dataset_fn(LOCAL),
+      gan.GanOptimizers(sgd, sgd), num_clients=3, learning_rate=LR)
   state = work.initialize()
   weights = dafkd_tff.build_initial_weights_fn(spec)()
   clients = [2, 0]

@@ -30,6 +30,7 @@ import tensorflow_federated as tff
 from tff_kd import data as data_lib
 from tff_kd import models
 from tff_kd.methods.dafkd import dafkd_tf
+from tff_kd.methods.dafkd import gan
 from tff_kd.core import local_training
 from tff_kd.federated import client_data
 from tff_kd.models import generators
@@ -65,8 +66,8 @@ def _rounds(digits, rounds, *, mode='inference', oracle=False):
   gen_w = tf.nest.map_structure(tf.identity, weights(gen))
   rows = [[tf.identity(v) for v in dafkd_tf.discriminator_variables(disc)]
           ] * 2
-  settings = dafkd_tf.GanSettings(NOISE, 10, generator_form='non_saturating',
-                                  discriminator_mode=mode)
+  settings = gan.GanSettings(NOISE, 10, generator_form='non_saturating',
+                             discriminator_mode=mode)
   sgd = tff.learning.optimizers.build_sgdm(0.05)
   adam = tff.learning.optimizers.build_adam(1e-3, beta_1=0.5, beta_2=0.99)
   # Oracle negatives: every other test image (all classes); the other half
@@ -83,9 +84,8 @@ def _rounds(digits, rounds, *, mode='inference', oracle=False):
           tf.constant(d.x_train[parts[k]]), tf.constant(d.y_train[parts[k]]),
           seed, client_data.LocalWork('epochs', EPOCHS, 16))
       results.append(dafkd_tf.client_round(
-          clf, disc, gen, (clf_w, gen_w), rows[k], dataset,
-          joint_optimizer=sgd, generator_optimizer=adam,
-          learning_rate=tf.constant(0.05), seed=seed, settings=settings,
+          gan.GanModels(clf, disc, gen), (clf_w, gen_w), rows[k], dataset,
+          gan.GanOptimizers(sgd, adam), tf.constant(0.05), seed, settings,
           negatives_pool=negatives))
       rows[k] = results[-1].discriminator
     deltas = _stack([res.classifier_delta for res in results])

@@ -14,7 +14,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_kd.methods.dafkd import dafkd_tf as dafkd
-from tff_kd.core import gan
+from tff_kd.methods.dafkd import gan
 from tff_kd.core import local_training
 from tff_kd.models import classifiers
 from tff_kd.models import generators
@@ -59,7 +59,7 @@ def _cross_entropy_step(clf, batch):
 @pytest.mark.parametrize('window,gan_at', [('first', 0), ('last', 2)])
 def test_gan_terms_only_in_their_window(window, gan_at):
   sgd = tff.learning.optimizers.build_sgdm(LR)
-  settings = dafkd.GanSettings(NOISE, CLASSES, gan_steps=1, gan_window=window)
+  settings = gan.GanSettings(NOISE, CLASSES, gan_steps=1, gan_window=window)
   seed = tf.constant(7, tf.int64)
 
   clf, disc, gen = _models()
@@ -68,9 +68,8 @@ def test_gan_terms_only_in_their_window(window, gan_at):
   weights = tf.nest.map_structure(tf.identity, weights)
   row = [tf.identity(v) for v in dafkd.discriminator_variables(disc)]
   result = dafkd.client_round(
-      clf, disc, gen, weights, row, _batches(), joint_optimizer=sgd,
-      generator_optimizer=sgd, learning_rate=tf.constant(LR), seed=seed,
-      settings=settings)
+      gan.GanModels(clf, disc, gen), weights, row, _batches(),
+      gan.GanOptimizers(sgd, sgd), tf.constant(LR), seed, settings)
 
   # Eager replay on fresh copies of the same models.
   clf2, disc2, gen2 = _models()
@@ -81,10 +80,10 @@ def test_gan_terms_only_in_their_window(window, gan_at):
   for step, batch in enumerate(_batches()):
     if step == gan_at:
       gan.client_gan_step(
-          clf2, disc2, gen2, batch, joint_optimizer=sgd,
-          joint_state=joint_state, generator_optimizer=sgd,
-          generator_state=gen_state, noise_dim=NOISE, num_classes=CLASSES,
-          seed=dafkd.step_seed(seed, tf.constant(step)))
+          gan.GanModels(clf2, disc2, gen2), batch,
+          gan.GanOptimizers(sgd, sgd), (joint_state, gen_state),
+          gan.GanSettings(NOISE, CLASSES),
+          dafkd.step_seed(seed, tf.constant(step)))
     else:
       _cross_entropy_step(clf2, batch)
 

@@ -1,4 +1,4 @@
-"""Golden numbers and behaviour of DaFKD's GAN pieces (`core.gan`)."""
+"""Golden numbers and behaviour of DaFKD's GAN pieces (`dafkd.gan`)."""
 
 import numpy as np
 import pytest
@@ -6,7 +6,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_kd.core import distillation
-from tff_kd.core import gan
+from tff_kd.methods.dafkd import gan
 from tff_kd.models import classifiers
 from tff_kd.models import generators
 
@@ -149,10 +149,10 @@ def test_client_gan_step_trains_each_part_in_the_right_direction():
   @tf.function
   def step(joint_state, gen_state, seed):
     return gan.client_gan_step(
-        clf, disc, gen, batch, joint_optimizer=sgd, joint_state=joint_state,
-        generator_optimizer=sgd, generator_state=gen_state, noise_dim=_NOISE,
-        num_classes=3, seed=seed, gp_weight=0.3,
-        generator_form='non_saturating')
+        gan.GanModels(clf, disc, gen), batch, gan.GanOptimizers(sgd, sgd),
+        (joint_state, gen_state),
+        gan.GanSettings(_NOISE, 3, gp_weight=0.3,
+                        generator_form='non_saturating'), seed)
 
   def run(joint_lr, gen_lr, steps):
     joint_state = gan.initial_optimizer_state(sgd, variables.joint, joint_lr)
@@ -191,11 +191,10 @@ def _frozen_step(clf, disc, gen, batch, seed, **kwargs):
   variables = gan.gan_variables(clf, disc, gen)
   adam = tff.learning.optimizers.build_adam(learning_rate=0.0)
   return gan.client_gan_step(
-      clf, disc, gen, batch, joint_optimizer=adam,
-      joint_state=gan.initial_optimizer_state(adam, variables.joint),
-      generator_optimizer=adam,
-      generator_state=gan.initial_optimizer_state(adam, variables.generator),
-      noise_dim=_NOISE, num_classes=3, seed=seed, **kwargs)
+      gan.GanModels(clf, disc, gen), batch, gan.GanOptimizers(adam, adam),
+      (gan.initial_optimizer_state(adam, variables.joint),
+       gan.initial_optimizer_state(adam, variables.generator)),
+      gan.GanSettings(_NOISE, 3, **kwargs), seed)
 
 
 def _statistics(clf, disc):
@@ -295,11 +294,10 @@ def test_unshared_step_updates_the_classifier_with_its_ce_alone():
               for v, g in zip(clf_vars, tape.gradient(ce, clf_vars))]
   disc_before = [v.numpy() for v in disc.model.trainable_weights]
   result = gan.client_gan_step(
-      clf, disc, gen, batch, joint_optimizer=sgd,
-      joint_state=gan.initial_optimizer_state(sgd, variables.joint),
-      generator_optimizer=sgd,
-      generator_state=gan.initial_optimizer_state(sgd, variables.generator),
-      noise_dim=_NOISE, num_classes=3, seed=[1, 2], train_generator=False)
+      gan.GanModels(clf, disc, gen), batch, gan.GanOptimizers(sgd, sgd),
+      (gan.initial_optimizer_state(sgd, variables.joint),
+       gan.initial_optimizer_state(sgd, variables.generator)),
+      gan.GanSettings(_NOISE, 3), [1, 2], train_generator=False)
   assert float(result.ce_loss) == pytest.approx(float(ce), rel=1e-6)
   assert float(result.gen_loss) == 0.0
   for v, e in zip(clf_vars, expected):

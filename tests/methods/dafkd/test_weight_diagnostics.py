@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from tff_kd.core import weight_diagnostics as wd
+from tff_kd.methods.dafkd import weight_diagnostics as wd
 
 # Three teachers (row 2 is an empty stack slot), four samples, three classes.
 COUNTS = np.array([[90, 10, 0], [0, 50, 50], [0, 0, 0]], np.float32)

@@ -118,8 +118,9 @@ def client_updates(data):
   """Each client's update from the client work alone, by client id."""
   work = fedd3a_tff.build_client_work(
       _classifier_fn, data.element_spec,
-      tff.learning.optimizers.build_sgdm(1.0), learning_rate=LR,
-      alpha=ALPHA, dataset_fn=data.dataset_fn(LOCAL))
+      tff.learning.optimizers.build_sgdm(1.0),
+      fedd3a_hparams.FedD3AHparams(alpha=ALPHA), learning_rate=LR,
+      dataset_fn=data.dataset_fn(LOCAL))
   out = work.next(work.initialize(), [W0, W0],
                   data.keys([0, 1], seed=0, round_num=0))
   by_id = {int(r.update['client_id']): r for r in out.result}

@@ -55,6 +55,8 @@ LR = 0.5
 ALPHA = 0.1
 KD_WEIGHT = 0.7
 KD_T = 2.0
+HPARAMS = fedd3a_hparams.FedD3AHparams(alpha=ALPHA, kd_weight=KD_WEIGHT,
+                                        kd_temperature=KD_T)
 CONFIG = distillation.DistillConfig.plain(steps=4, batch_size=2, seed=5,
                                     eval_every=2)
 DISTILL_LR = 0.05
@@ -144,8 +146,7 @@ def client_updates(data):
   work = fedd3a_tff.build_hetero_client_work(
       _classifier_fn, MODEL_FNS, data.element_spec,
       tff.learning.optimizers.build_sgdm(1.0), data.dataset_fn(LOCAL),
-      num_clients=3, learning_rate=LR, alpha=ALPHA, kd_weight=KD_WEIGHT,
-      kd_temperature=KD_T)
+      HPARAMS, num_clients=3, learning_rate=LR)
   out = work.next(work.initialize(), [W0, W0],
                   data.keys([0, 1], seed=0, round_num=0))
   by_id = {int(r.update['client_id']): r.update for r in out.result}
@@ -360,7 +361,6 @@ def test_client_id_outside_the_store_fails_at_run_time(data):
   work = fedd3a_tff.build_hetero_client_work(
       _classifier_fn, MODEL_FNS, data.element_spec,
       tff.learning.optimizers.build_sgdm(1.0), data.dataset_fn(LOCAL),
-      num_clients=2, learning_rate=LR, alpha=ALPHA, kd_weight=KD_WEIGHT,
-      kd_temperature=KD_T)
+      HPARAMS, num_clients=2, learning_rate=LR)
   with pytest.raises(Exception, match='client id out of range'):
     work.next(work.initialize(), [W0], data.keys([2], seed=0, round_num=0))

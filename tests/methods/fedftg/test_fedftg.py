@@ -215,9 +215,11 @@ def test_one_fine_tune_iteration_matches_an_independent_computation():
                           for v in m.trainable_weights)
   seed = tf.constant([7, 0], tf.int64)
   fedftg_tf.fine_tune(
-      student, teachers, counts, gen, adam, adam.initialize(specs(gen)), sgd,
-      sgd.initialize(specs(student)), config, iterations=1, noise_dim=4,
-      seed=seed, mask='none', generator_steps=1)
+      fedftg_tf.FineTuneModels(student, teachers, gen), counts,
+      fedftg_tf.FineTuneOptimizers(adam, sgd),
+      (adam.initialize(specs(gen)), sgd.initialize(specs(student))),
+      fedftg_tf.FineTuneSettings(config, iterations=1, noise_dim=4,
+                                 mask='none', generator_steps=1), seed)
 
   # The same, independently, on fresh copies of the models.
   student2, teachers2, gen2 = models_()

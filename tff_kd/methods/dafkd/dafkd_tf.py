@@ -2,8 +2,9 @@
 
 DaFKD (Wang et al., "DaFKD: Domain-aware Federated Knowledge Distillation",
 CVPR 2023, Algorithm 1). The single-step maths (eqs. 2, 3, 7, 9, appendix B)
-is `tff_kd.core.gan`; this module loops it over a client's data and runs
-the server's distillation. `tff_kd.methods.dafkd.dafkd_tff` places both.
+is `tff_kd.methods.dafkd.gan`; this module loops it over a client's data
+and runs the server's distillation. `tff_kd.methods.dafkd.dafkd_tff` places
+both.
 
 Client k, one round (Algorithm 1, lines 16-26; `client_round`): copy the
 broadcast classifier w_t and generator theta_t^g, and its own discriminator
@@ -39,10 +40,10 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_kd.core import distillation
-from tff_kd.core import gan
+from tff_kd.methods.dafkd import gan
 from tff_kd.core import local_training
 from tff_kd.core import stacking as stacking_tf
-from tff_kd.core import weight_diagnostics
+from tff_kd.methods.dafkd import weight_diagnostics
 from tff_kd.models import classifiers
 from tff_kd.models import generators
 
@@ -96,39 +97,6 @@ def argmax_agreement(logits_or_probs: tf.Tensor, reference) -> tf.Tensor:
   return tf.reduce_mean(tf.cast(tf.equal(
       tf.argmax(logits_or_probs, axis=-1, output_type=tf.int32),
       tf.cast(reference, tf.int32)), tf.float32))
-
-
-class GanSettings(NamedTuple):
-  """Client GAN settings (see `gan.client_gan_step`).
-
-  Attributes:
-    noise_dim: Generator noise size.
-    num_classes: C.
-    adv_weight: Weight of eq. (2) in eq. (9).
-    gp_weight: Gradient-penalty weight (reference code 0.3, paper 0).
-    generator_form: 'minimax' (eq. 3) or 'non_saturating'.
-    discriminator_mode: BatchNorm mode of everything the discriminator
-      scores in training, `gan.DISCRIMINATOR_MODES` ('inference': the
-      server's mode; 'batch_update': the reference code's).
-    gan_steps: The GAN terms (eq. 2 in eq. 9, and the eq. 3 generator step)
-      are active in `gan_steps` local steps of every round (where:
-      `gan_window`); the other steps are plain cross-entropy steps of the
-      classifier. 0: every step (the paper's Algorithm 1).
-    gan_window: 'first' (the first `gan_steps` steps; the reference code
-      keeps the GAN terms to its first epochs) or 'last' (the last
-      `gan_steps` steps of the round, so the discriminator head ends the
-      round trained on the extractor it is uploaded with; needs a dataset
-      of known length, else it falls back to 'first').
-  """
-
-  noise_dim: int
-  num_classes: int
-  adv_weight: float = 1.0
-  gp_weight: float = 0.0
-  generator_form: str = 'minimax'
-  discriminator_mode: str = 'inference'
-  gan_steps: int = 0
-  gan_window: str = 'last'
 
 
 class ClientRoundResult(NamedTuple):
@@ -208,19 +176,102 @@ def _cross_entropy_step(classifier: classifiers.Classifier, joint_variables,
   return ce, state
 
 
+def _start_round(models: gan.GanModels,
+                 weights: tuple[ModelWeights, ModelWeights],
+                 discriminator_row: Sequence[tf.Tensor]):
+  """Loads the broadcast models and the client's discriminator row.
+
+  Returns:
+    (classifier variables, generator variables, their trainable values at
+    the start) as `ModelWeights`, `ModelWeights`, list, list.
+  """
+  clf_vars = local_training.model_weights(models.classifier.model)
+  gen_vars = local_training.model_weights(models.generator)
+  tf.nest.map_structure(lambda v, t: v.assign(t), clf_vars, weights[0])
+  tf.nest.map_structure(lambda v, t: v.assign(t), gen_vars, weights[1])
+  _assign(discriminator_variables(models.discriminator), discriminator_row)
+  clf_start = [tf.identity(v) for v in clf_vars.trainable]
+  gen_start = [tf.identity(v) for v in gen_vars.trainable]
+  return clf_vars, gen_vars, clf_start, gen_start
+
+
+def _gan_step(models: gan.GanModels, batch, optimizers: gan.GanOptimizers,
+              states: tuple, settings: gan.GanSettings, seed: tf.Tensor,
+              step: tf.Tensor, negatives_pool: Optional[tf.Tensor]):
+  """A local step with the GAN terms (`gan.client_gan_step`).
+
+  Returns:
+    (joint state, generator state, cross-entropy, the step's `MEAN_NAMES`
+    values [6], 1).
+  """
+  negatives = None
+  if negatives_pool is not None:
+    idx = tf.random.stateless_uniform(
+        tf.shape(batch['y']), step_seed(seed + 1, step), 0,
+        tf.shape(negatives_pool)[0], tf.int32)
+    negatives = tf.gather(negatives_pool, idx)
+  r = gan.client_gan_step(models, batch, optimizers, states, settings,
+                          step_seed(seed, step), negatives=negatives)
+  joint = r.ce_loss + settings.adv_weight * r.disc_loss
+  if settings.gp_weight:
+    joint += settings.gp_weight * r.penalty
+  return r.joint_state, r.generator_state, r.ce_loss, tf.stack(
+      [joint, r.ce_loss, r.disc_loss, r.gen_loss, r.real_accuracy,
+       r.fake_accuracy]), tf.constant(1)
+
+
+def _ce_step(classifier: classifiers.Classifier, joint_variables, batch,
+             optimizer: tff.learning.optimizers.Optimizer, states: tuple):
+  """A plain cross-entropy step, with `_gan_step`'s outputs (0 for 1)."""
+  joint_state, gen_state = states
+  ce, joint_state = _cross_entropy_step(classifier, joint_variables, batch,
+                                        optimizer, joint_state)
+  return joint_state, gen_state, ce, tf.zeros([len(MEAN_NAMES)]), (
+      tf.constant(0))
+
+
+def _first_gan_step(dataset: tf.data.Dataset,
+                    settings: gan.GanSettings) -> tf.Tensor:
+  """The first local step of the GAN window (int64)."""
+  first_gan_step = tf.constant(0, tf.int64)
+  if settings.gan_steps and settings.gan_window == 'last':
+    # Unknown (-2) or infinite (-1) cardinality: the first steps instead.
+    first_gan_step = tf.maximum(
+        dataset.cardinality() - settings.gan_steps, 0)
+  return first_gan_step
+
+
+def _private_terms(models: gan.GanModels, gen_vars: ModelWeights,
+                   broadcast_generator: ModelWeights, pool: PrivatePool,
+                   settings: gan.GanSettings) -> tuple[tf.Tensor, tf.Tensor]:
+  """Appendix B's (f_k s_k, f_k) on the pool of the broadcast generator."""
+  tf.nest.map_structure(lambda v, t: v.assign(t), gen_vars,
+                        broadcast_generator)
+  images = pseudo_pool(models.generator, pool.size,
+                       noise_dim=settings.noise_dim,
+                       num_classes=settings.num_classes, seed=pool.seed)
+  logits = distillation.teacher_logits([models.classifier.model], images)[0]
+  if pool.correlation:
+    scores = distillation.teacher_logits([models.discriminator.model],
+                                         images)[0]
+  else:
+    scores = tf.ones([pool.size, 1])
+  fs, f = gan.private_teacher_terms(scores, logits, pool.temperature)
+  # Static shapes: TFF's (secure) aggregation needs fully defined types.
+  return (tf.ensure_shape(fs, [pool.size, settings.num_classes]),
+          tf.ensure_shape(f, [pool.size]))
+
+
 @tf.function
-def client_round(classifier: classifiers.Classifier,
-                 discriminator: generators.DiscriminatorHead,
-                 generator: tf.keras.Model,
+def client_round(models: gan.GanModels,
                  weights: tuple[ModelWeights, ModelWeights],
                  discriminator_row: Sequence[tf.Tensor],
                  dataset: tf.data.Dataset,
-                 *,
-                 joint_optimizer: tff.learning.optimizers.Optimizer,
-                 generator_optimizer: tff.learning.optimizers.Optimizer,
+                 optimizers: gan.GanOptimizers,
                  learning_rate: tf.Tensor,
                  seed: tf.Tensor,
-                 settings: GanSettings,
+                 settings: gan.GanSettings,
+                 *,
                  private_pool: Optional[PrivatePool] = None,
                  negatives_pool: Optional[tf.Tensor] = None
                  ) -> ClientRoundResult:
@@ -230,18 +281,16 @@ def client_round(classifier: classifiers.Classifier,
   optimiser's learning rate is set to `learning_rate`.
 
   Args:
-    classifier: The client's classifier (overwritten).
-    discriminator: Its discriminator (overwritten).
-    generator: The generator (overwritten).
+    models: The client's `gan.GanModels` (classifier, discriminator and
+      generator; overwritten).
     weights: Broadcast (classifier, generator) `ModelWeights`.
     discriminator_row: This client's discriminator values from its last
       round (`discriminator_variables` order).
     dataset: Batches `{'x', 'y'}`.
-    joint_optimizer: Optimiser of eq. (9).
-    generator_optimizer: Optimiser of eq. (3).
+    optimizers: `gan.GanOptimizers` of eq. (9) and eq. (3).
     learning_rate: This round's joint learning rate.
     seed: int64 seed word of this client round (`key_seed`).
-    settings: `GanSettings`.
+    settings: `gan.GanSettings`.
     private_pool: Appendix B: after training, draw the round's pool with the
       broadcast generator and compute `gan.private_teacher_terms` with the
       trained classifier and discriminator (inference mode).
@@ -252,17 +301,12 @@ def client_round(classifier: classifiers.Classifier,
   Returns:
     A `ClientRoundResult`.
   """
-  clf_vars = local_training.model_weights(classifier.model)
-  gen_vars = local_training.model_weights(generator)
-  tf.nest.map_structure(lambda v, t: v.assign(t), clf_vars, weights[0])
-  tf.nest.map_structure(lambda v, t: v.assign(t), gen_vars, weights[1])
-  _assign(discriminator_variables(discriminator), discriminator_row)
-  clf_start = [tf.identity(v) for v in clf_vars.trainable]
-  gen_start = [tf.identity(v) for v in gen_vars.trainable]
-  variables = gan.gan_variables(classifier, discriminator, generator)
-  joint_state = gan.initial_optimizer_state(joint_optimizer, variables.joint,
-                                            learning_rate)
-  gen_state = gan.initial_optimizer_state(generator_optimizer,
+  clf_vars, gen_vars, clf_start, gen_start = _start_round(
+      models, weights, discriminator_row)
+  variables = gan.gan_variables(*models)
+  joint_state = gan.initial_optimizer_state(optimizers.joint,
+                                            variables.joint, learning_rate)
+  gen_state = gan.initial_optimizer_state(optimizers.generator,
                                           variables.generator)
   num_examples = tf.constant(0.0)
   ce_sum = tf.constant(0.0)
@@ -271,39 +315,16 @@ def client_round(classifier: classifiers.Classifier,
   gan_count = tf.constant(0)
   label_counts = tf.zeros([settings.num_classes])
 
+
   def gan_step(batch, joint_state, gen_state):
-    negatives = None
-    if negatives_pool is not None:
-      idx = tf.random.stateless_uniform(
-          tf.shape(batch['y']), step_seed(seed + 1, steps), 0,
-          tf.shape(negatives_pool)[0], tf.int32)
-      negatives = tf.gather(negatives_pool, idx)
-    r = gan.client_gan_step(
-        classifier, discriminator, generator, batch,
-        joint_optimizer=joint_optimizer, joint_state=joint_state,
-        generator_optimizer=generator_optimizer, generator_state=gen_state,
-        noise_dim=settings.noise_dim, num_classes=settings.num_classes,
-        seed=step_seed(seed, steps), adv_weight=settings.adv_weight,
-        gp_weight=settings.gp_weight, generator_form=settings.generator_form,
-        discriminator_mode=settings.discriminator_mode, negatives=negatives)
-    joint = r.ce_loss + settings.adv_weight * r.disc_loss
-    if settings.gp_weight:
-      joint += settings.gp_weight * r.penalty
-    return r.joint_state, r.generator_state, r.ce_loss, tf.stack(
-        [joint, r.ce_loss, r.disc_loss, r.gen_loss, r.real_accuracy,
-         r.fake_accuracy]), tf.constant(1)
+    return _gan_step(models, batch, optimizers, (joint_state, gen_state),
+                     settings, seed, steps, negatives_pool)
 
   def ce_step(batch, joint_state, gen_state):
-    ce, joint_state = _cross_entropy_step(
-        classifier, variables.joint, batch, joint_optimizer, joint_state)
-    return joint_state, gen_state, ce, tf.zeros([len(MEAN_NAMES)]), (
-        tf.constant(0))
+    return _ce_step(models.classifier, variables.joint, batch,
+                    optimizers.joint, (joint_state, gen_state))
 
-  first_gan_step = tf.constant(0, tf.int64)
-  if settings.gan_steps and settings.gan_window == 'last':
-    # Unknown (-2) or infinite (-1) cardinality: the first steps instead.
-    first_gan_step = tf.maximum(
-        dataset.cardinality() - settings.gan_steps, 0)
+  first_gan_step = _first_gan_step(dataset, settings)
   for batch in iter(dataset):
     if settings.gan_steps:
       in_window = tf.logical_and(
@@ -329,25 +350,13 @@ def client_round(classifier: classifiers.Classifier,
   means = sums / tf.maximum(tf.cast(gan_count, tf.float32), 1.0)
   clf_delta = _delta(clf_vars, clf_start)
   gen_delta = _delta(gen_vars, gen_start)
-  disc_row = [tf.identity(v) for v in discriminator_variables(discriminator)]
+  disc_row = [tf.identity(v)
+              for v in discriminator_variables(models.discriminator)]
   terms = None
   if private_pool is not None:
     # The delta is read first (tf.function orders stateful ops).
-    tf.nest.map_structure(lambda v, t: v.assign(t), gen_vars, weights[1])
-    pool = pseudo_pool(generator, private_pool.size,
-                       noise_dim=settings.noise_dim,
-                       num_classes=settings.num_classes,
-                       seed=private_pool.seed)
-    logits = distillation.teacher_logits([classifier.model], pool)[0]
-    if private_pool.correlation:
-      scores = distillation.teacher_logits([discriminator.model], pool)[0]
-    else:
-      scores = tf.ones([private_pool.size, 1])
-    fs, f = gan.private_teacher_terms(scores, logits,
-                                      private_pool.temperature)
-    # Static shapes: TFF's (secure) aggregation needs fully defined types.
-    terms = (tf.ensure_shape(fs, [private_pool.size, settings.num_classes]),
-             tf.ensure_shape(f, [private_pool.size]))
+    terms = _private_terms(models, gen_vars, weights[1], private_pool,
+                           settings)
   return ClientRoundResult(
       clf_delta, gen_delta, disc_row,
       local_training.LocalResult(None, num_examples, ce_sum, steps), means,
@@ -509,16 +518,65 @@ class ServerRoundResult(NamedTuple):
   diagnostics: Optional[Diagnostics] = None
 
 
-def _diagnose(classifier: classifiers.Classifier,
-              discriminator: generators.DiscriminatorHead,
-              global_weights: ModelWeights, deltas: ModelWeights,
-              discriminator_rows: Sequence[tf.Tensor], valid: tf.Tensor,
-              pool_logits: tf.Tensor, pool_scores: tf.Tensor,
+class ServerSettings(NamedTuple):
+  """The server round's settings, fixed for a process.
+
+  Attributes:
+    gan: `gan.GanSettings` (the pool's noise size and classes).
+    distill: `distillation.DistillConfig`; its temperature also tempers the
+      teachers.
+    pool_size: N (generated pools).
+    pool_from_broadcast: Draw the pool from the broadcast generator theta_t
+      (appendix B: clients have no other) instead of theta_{t+1}.
+    ensemble: 'probs' (eq. 8) or 'logits' (the reference code).
+    correlation: Weights of eq. (7), or uniform (ablation).
+  """
+
+  gan: gan.GanSettings
+  distill: distillation.DistillConfig
+  pool_size: int
+  pool_from_broadcast: bool
+  ensemble: str = 'probs'
+  correlation: bool = True
+
+
+class Uploads(NamedTuple):
+  """What the server received this round, stacked in [M, ...] rows.
+
+  Exactly one of `discriminator_rows` (the discriminators were uploaded)
+  and `private_sums` ((sum_k f_k s_k, sum_k f_k) of appendix B) is given.
+
+  Attributes:
+    classifier_deltas: Stacked classifier deltas (as `ClientRoundResult`).
+    generator_deltas: Stacked generator deltas.
+    valid: [M] bool, rows that hold a client.
+    discriminator_rows: Stacked discriminator values, or None.
+    private_sums: Appendix B sums ([N, C], [N]), or None.
+    example_weights: [M] example counts: average models by them (FedAvg's
+      weighting) instead of the paper's plain mean; None: plain mean.
+  """
+
+  classifier_deltas: ModelWeights
+  generator_deltas: ModelWeights
+  valid: tf.Tensor
+  discriminator_rows: Optional[Sequence[tf.Tensor]] = None
+  private_sums: Optional[tuple[tf.Tensor, tf.Tensor]] = None
+  example_weights: Optional[tf.Tensor] = None
+
+
+def _diagnose(models: gan.GanModels, global_weights: ModelWeights,
+              uploads: Uploads, pool_outputs: tuple[tf.Tensor, tf.Tensor],
               target: tf.Tensor, validation: Validation,
               correlation: bool) -> Diagnostics:
-  """`Diagnostics` of this round's teachers (scored as on the pool)."""
-  logits, scores = teacher_outputs(classifier, discriminator, global_weights,
-                                   deltas, discriminator_rows, valid,
+  """`Diagnostics` of this round's teachers (scored as on the pool).
+
+  `pool_outputs` are the teachers' (logits, scores) on the pool.
+  """
+  valid = uploads.valid
+  pool_logits, pool_scores = pool_outputs
+  logits, scores = teacher_outputs(models.classifier, models.discriminator,
+                                   global_weights, uploads.classifier_deltas,
+                                   uploads.discriminator_rows, valid,
                                    validation.x)
   alpha = teacher_weights(scores, valid, correlation=correlation)
   holder = weight_diagnostics.holders(
@@ -537,96 +595,73 @@ def _diagnose(classifier: classifiers.Classifier,
 
 
 @tf.function
-def server_round(classifier: classifiers.Classifier,
-                 discriminator: generators.DiscriminatorHead,
-                 generator: tf.keras.Model,
+def server_round(models: gan.GanModels,
                  distill_optimizer: tff.learning.optimizers.Optimizer,
                  global_weights: tuple[ModelWeights, ModelWeights],
-                 classifier_deltas: ModelWeights,
-                 generator_deltas: ModelWeights,
-                 valid: tf.Tensor,
-                 *,
-                 pool_size: int,
+                 uploads: Uploads,
+                 settings: ServerSettings,
                  pool_seed_value: tf.Tensor,
-                 pool_from_broadcast: bool,
-                 settings: GanSettings,
-                 config: distillation.DistillConfig,
-                 ensemble: str = 'probs',
-                 correlation: bool = True,
-                 discriminator_rows: Optional[Sequence[tf.Tensor]] = None,
-                 private_sums: Optional[tuple[tf.Tensor, tf.Tensor]] = None,
-                 example_weights: Optional[tf.Tensor] = None,
+                 *,
                  real_pool: Optional[tf.Tensor] = None,
                  validation: Optional[Validation] = None
                  ) -> ServerRoundResult:
   """Algorithm 1, lines 9-13 (models built outside, overwritten here).
 
-  Exactly one of `discriminator_rows` (the discriminators were uploaded) and
-  `private_sums` ((sum_k f_k s_k, sum_k f_k) of appendix B) is given.
-
   Args:
-    classifier: A classifier (teacher slot, then the student).
-    discriminator: Its discriminator (teacher slots).
-    generator: A generator (draws the pool).
+    models: `gan.GanModels`: a classifier (teacher slot, then the student),
+      its discriminator (teacher slots) and a generator (draws the pool).
     distill_optimizer: The student's optimiser (fresh state every round).
     global_weights: Broadcast (classifier, generator) `ModelWeights`.
-    classifier_deltas: Stacked [M, ...] classifier deltas.
-    generator_deltas: Stacked [M, ...] generator deltas.
-    valid: [M] bool, rows that hold a client.
-    pool_size: N (generated pools).
+    uploads: The received clients' `Uploads`.
+    settings: `ServerSettings`.
     pool_seed_value: `pool_seed` of this round.
-    pool_from_broadcast: Draw the pool from the broadcast generator theta_t
-      (appendix B: clients have no other) instead of theta_{t+1}.
-    settings: `GanSettings` (noise size, classes).
-    config: `DistillConfig`; its temperature also tempers the teachers.
-    ensemble: 'probs' (eq. 8) or 'logits' (the reference code).
-    correlation: Weights of eq. (7), or uniform (ablation).
-    discriminator_rows: Stacked [M, ...] discriminator values.
-    private_sums: Appendix B sums ([N, C], [N]).
-    example_weights: [M] example counts: average models by them (FedAvg's
-      weighting) instead of the paper's plain mean.
     real_pool: The oracle-pool ablation: distil on these real images
       [N, ...] instead of a generated pool.
     validation: Labeled images and label counts: `Diagnostics` every round,
-      and the labeled set of `config.validation` / `config.accept`.
+      and the labeled set of `settings.distill.validation` / `.accept`.
 
   Returns:
     A `ServerRoundResult`.
   """
-  new_classifier = mean_update(global_weights[0], classifier_deltas, valid,
-                               example_weights)
-  new_generator = mean_update(global_weights[1], generator_deltas, valid,
-                              example_weights)
+  classifier, discriminator, generator = models
+  valid = uploads.valid
+  config = settings.distill
+  new_classifier = mean_update(global_weights[0], uploads.classifier_deltas,
+                               valid, uploads.example_weights)
+  new_generator = mean_update(global_weights[1], uploads.generator_deltas,
+                              valid, uploads.example_weights)
   if real_pool is None:
     gen_vars = local_training.model_weights(generator)
     tf.nest.map_structure(
         lambda v, t: v.assign(t), gen_vars,
-        global_weights[1] if pool_from_broadcast else new_generator)
-    pool = pseudo_pool(generator, pool_size, noise_dim=settings.noise_dim,
-                       num_classes=settings.num_classes, seed=pool_seed_value)
+        global_weights[1] if settings.pool_from_broadcast else new_generator)
+    pool = pseudo_pool(generator, settings.pool_size,
+                       noise_dim=settings.gan.noise_dim,
+                       num_classes=settings.gan.num_classes,
+                       seed=pool_seed_value)
   else:
     pool = real_pool
   num_clients = tf.maximum(tf.reduce_sum(tf.cast(valid, tf.float32)), 1.0)
   diagnostics = None
-  if private_sums is None:
+  if uploads.private_sums is None:
     logits, scores = teacher_outputs(
-        classifier, discriminator, global_weights[0], classifier_deltas,
-        discriminator_rows, valid, pool)
-    alpha = teacher_weights(scores, valid, correlation=correlation)
+        classifier, discriminator, global_weights[0],
+        uploads.classifier_deltas, uploads.discriminator_rows, valid, pool)
+    alpha = teacher_weights(scores, valid, correlation=settings.correlation)
     target = distillation.weighted_ensemble(
-        logits, alpha, temperature=config.temperature, ensemble=ensemble)
+        logits, alpha, temperature=config.temperature,
+        ensemble=settings.ensemble)
     entropy = gan.weights_entropy(alpha)
     sum_error = tf.reduce_max(tf.abs(tf.reduce_sum(alpha, axis=0) - 1.0))
     mean_score = tf.reduce_sum(tf.reduce_mean(scores, axis=1)) / num_clients
     if validation is not None:
-      diagnostics = _diagnose(
-          classifier, discriminator, global_weights[0], classifier_deltas,
-          discriminator_rows, valid, logits, scores, target, validation,
-          correlation)
+      diagnostics = _diagnose(models, global_weights[0], uploads,
+                              (logits, scores), target, validation,
+                              settings.correlation)
   else:
-    sum_fs, sum_f = private_sums
+    sum_fs, sum_f = uploads.private_sums
     target = tf.ensure_shape(gan.private_teacher(sum_fs, sum_f),
-                             [pool_size, settings.num_classes])
+                             [settings.pool_size, settings.gan.num_classes])
     entropy = tf.constant(-1.0)
     sum_error = tf.constant(0.0)
     mean_score = tf.reduce_mean(sum_f) / num_clients

@@ -1,30 +1,18 @@
-"""DaFKD as a TFF learning process: its TFF stages and builder.
+"""DaFKD as a TFF learning process: its stages, builder and registry entry.
 
 Wang, Li, Xu, Wang, Wu, Guo, "DaFKD: Domain-aware Federated Knowledge
-Distillation", CVPR 2023: each client trains its classifier jointly with a
-domain discriminator (eq. 9; the discriminator shares the classifier's
-extractor, Sec. 3.4) against a global generator (eqs. 2-4); the server
-averages classifiers (eq. 6) and generators (eq. 4), generates a pseudo pool
-and distils the ensemble of client predictions weighted by the
+Distillation", CVPR 2023 (Algorithm 1): each client trains its classifier
+jointly with a domain discriminator (eq. 9; the discriminator shares the
+classifier's extractor, Sec. 3.4) against a global generator (eqs. 2-3); the
+server averages classifiers (eq. 6) and generators (eq. 4), generates a
+pseudo pool and distils the ensemble of client predictions weighted by the
 discriminators' correlation factors (eqs. 7-8). Appendix B keeps the
-discriminators on the clients (secure sums).
-
-State: `tff.learning.templates.LearningAlgorithmState` whose
-`global_model_weights` is `(classifier ModelWeights, generator
-ModelWeights)`; `get_model_weights` / `set_model_weights` see the classifier
-(`composer.first_model_view`). The client work's state holds the round
-number and every client's discriminator (`discriminator_store`).
-
-Hyper-parameters: `tff_kd.hparams.DaFKDHparams` (`config.dafkd`).
-Ablations (Table 3): `shared_extractor=False` gives each client a separate
-discriminator network; `no_correlation=True` uniform teacher weights.
-
-The stages (GAN client work with per-client discriminators, stacking and
-secure-sum aggregation, domain-aware distillation finalizer):
-
-DaFKD (Wang et al., "DaFKD: Domain-aware Federated Knowledge Distillation",
-CVPR 2023, Algorithm 1; the maths is `tff_kd.methods.dafkd.dafkd_tf` and
-`tff_kd.core.gan`). One round:
+discriminators on the clients (secure sums). The maths is
+`tff_kd.methods.dafkd.dafkd_tf` and `tff_kd.methods.dafkd.gan`; the
+hyper-parameters are `tff_kd.methods.dafkd.hparams.DaFKDHparams`
+(`config.dafkd`), whose ablations (Table 3) are `shared_extractor=False`
+(a separate discriminator network per client) and `no_correlation`
+(uniform teacher weights). One round:
 
 1. distributor: broadcast the server model, a tuple (classifier
    `ModelWeights`, generator `ModelWeights`) (line 6);
@@ -38,22 +26,29 @@ CVPR 2023, Algorithm 1; the maths is `tff_kd.methods.dafkd.dafkd_tf` and
    broadcast; client k reads row `id` (from its key `"<id>|<seed>|<round>"`),
    runs `dafkd_tf.client_round` (eq. 9 then eq. 3 per minibatch), and its
    new row comes back through a `tff.federated_aggregate` that scatters rows
-   by id (`tff_kd.federated.client_store.ClientStore`); rows of clients
-   not sampled this round are unchanged. There is no optimiser state to
+   by id (`tff_kd.federated.client_store.ClientStore`, in the shared
+   `client_store.build_stateful_client_work`); rows of clients not sampled
+   this round are unchanged. There is no optimiser state to
    keep: local optimisers start fresh every round, as in `local_training`.
    With appendix B (`private`), the client also draws the round's pool from
    the broadcast generator and computes f_k s_k and f_k;
 3. aggregator: `tff_kd.federated.stacking.build_stacking_aggregator`
-   stacks every client's
-   classifier and generator deltas (and, plain mode, discriminator) into
-   [M, ...] rows. In private mode the discriminator is not in the stack and
-   the f_k s_k, f_k terms go through `tff.aggregators.SecureSumFactory`
-   (clipped to [0, 1], quantised to 32 bits, `federated_secure_sum_bitwidth`),
-   so the server sees only sum_k f_k s_k and sum_k f_k;
+   stacks every client's classifier and generator deltas (and, plain mode,
+   discriminator) into [M, ...] rows. In private mode the discriminator is
+   not in the stack and the f_k s_k, f_k terms go through
+   `tff.aggregators.SecureSumFactory` (clipped to [0, 1], quantised to 32
+   bits, `federated_secure_sum_bitwidth`), so the server sees only
+   sum_k f_k s_k and sum_k f_k;
 4. finalizer (`build_finalizer`): `dafkd_tf.server_round`: plain means of
    classifiers (eq. 6) and generators (eq. 4), a pool of `pool_size`
    generated images seeded by (seed, round), alpha of eq. (7), the target of
    eq. (8) and `distillation.distill` into the mean classifier.
+
+State: `tff.learning.templates.LearningAlgorithmState` whose
+`global_model_weights` is `(classifier ModelWeights, generator
+ModelWeights)`; `get_model_weights` / `set_model_weights` see the classifier
+(`composer.first_model_view`). The client work's state holds the round
+number and every client's discriminator (`discriminator_store`).
 
 Cost of the server-held store: the simulation broadcasts all K rows to
 every client and each client's aggregation accumulator has K rows, i.e.
@@ -94,6 +89,7 @@ from tff_kd.federated import server_data as server_data_lib
 from tff_kd.federated import stacking
 from tff_kd.methods import common
 from tff_kd.methods.dafkd import dafkd_tf
+from tff_kd.methods.dafkd import gan
 from tff_kd.methods.dafkd import hparams as hparams_lib
 from tff_kd.models import classifiers
 from tff_kd.models import generators
@@ -109,21 +105,42 @@ class ModelSpec(NamedTuple):
     generator_fn: No-arg builder of the conditional image generator.
     shared: The discriminator shares the classifier's extractor.
     discriminator_seed: Initialiser seed of the discriminator.
-    settings: `core.dafkd.GanSettings`.
+    settings: `gan.GanSettings`.
   """
 
   classifier_fn: Callable[[], classifiers.Classifier]
   generator_fn: Callable[[], tf.keras.Model]
   shared: bool
   discriminator_seed: int
-  settings: dafkd_tf.GanSettings
+  settings: gan.GanSettings
 
-  def build(self):
+  def build(self) -> gan.GanModels:
     """(classifier, discriminator, generator), freshly built."""
     classifier = self.classifier_fn()
     discriminator = generators.build_discriminator_head(
         classifier, seed=self.discriminator_seed, shared=self.shared)
-    return classifier, discriminator, self.generator_fn()
+    return gan.GanModels(classifier, discriminator, self.generator_fn())
+
+
+class Optimizers(NamedTuple):
+  """DaFKD's optimisers.
+
+  Attributes:
+    joint: Client optimiser of eq. (9) (paper: lr 1e-3, weight decay 1e-3).
+    generator: Client optimiser of eq. (3) (the registry builds Adam from
+      `DaFKDHparams.generator_learning_rate` and its betas).
+    distill: Server student optimiser (paper: lr 0.01; fresh state every
+      round).
+  """
+
+  joint: tff.learning.optimizers.Optimizer
+  generator: tff.learning.optimizers.Optimizer
+  distill: tff.learning.optimizers.Optimizer
+
+  @property
+  def client(self) -> gan.GanOptimizers:
+    """The client's two optimisers."""
+    return gan.GanOptimizers(self.joint, self.generator)
 
 
 class PrivateSettings(NamedTuple):
@@ -166,9 +183,8 @@ def build_client_work(
     spec: ModelSpec,
     element_spec: collections.OrderedDict,
     dataset_fn: learning.DatasetFn,
+    optimizers: gan.GanOptimizers,
     *,
-    joint_optimizer: tff.learning.optimizers.Optimizer,
-    generator_optimizer: tff.learning.optimizers.Optimizer,
     num_clients: int,
     learning_rate: float,
     learning_rate_decay: float = 1.0,
@@ -184,10 +200,10 @@ def build_client_work(
   deltas (`ModelWeights`), plus `discriminator` and `label_counts` (plain)
   or `fs` [N, C] and `f` [N] (private); weight: its number of examples.
   `label_counts` (the labels trained on) feed only the server's
-  simulation-only diagnostics (`core.weight_diagnostics`): a deployment
+  simulation-only diagnostics (`dafkd.weight_diagnostics`): a deployment
   would not upload them, so `bytes_up` does not count them. Measurements:
   the standard sums of `learning.build_scheduled_client_work` and the
-  client means of `core.dafkd.MEAN_NAMES`.
+  client means of `dafkd_tf.MEAN_NAMES`.
 
   Args:
     spec: `ModelSpec`.
@@ -195,8 +211,7 @@ def build_client_work(
     dataset_fn: Key -> dataset (the fast path: keys carry the client id),
       or None: clients take `OrderedDict(client_id=int32, data=<dataset>)`
       (`learning.client_data_type`).
-    joint_optimizer: Optimiser of eq. (9).
-    generator_optimizer: Optimiser of eq. (3).
+    optimizers: `gan.GanOptimizers` of eq. (9) and eq. (3).
     num_clients: K, the rows of the store; client ids must be in [0, K).
     learning_rate: Joint learning rate at round 0.
     learning_rate_decay: Its multiplier per round.
@@ -227,24 +242,19 @@ def build_client_work(
     bytes_down = model_bytes
     bytes_up = model_bytes + (num_terms + 1) * _FLOAT_BYTES
 
-  @tff.tensorflow.computation(weights_type, data_type, np.float32, np.int32,
-                              store.store_type)
-  def client_update(weights, data, lr, round_num, rows):
+  def client_fn(weights, data, lr, round_num, rows):
     client = learning.client_input(data, dataset_fn, seed=seed,
                                    round_num=round_num)
     client_id = client.client_id
     row = list(store.read(rows, client_id))
-    classifier, discriminator, generator = spec.build()
     private_pool = None
     if private is not None:
       private_pool = dafkd_tf.PrivatePool(
           private.pool_size, dafkd_tf.pool_seed(private.seed, round_num),
           private.temperature, private.correlation)
     r = dafkd_tf.client_round(
-        classifier, discriminator, generator, weights, row,
-        client.dataset, joint_optimizer=joint_optimizer,
-        generator_optimizer=generator_optimizer, learning_rate=lr,
-        seed=dafkd_tf.key_seed(client.key), settings=spec.settings,
+        spec.build(), weights, row, client.dataset, optimizers, lr,
+        dafkd_tf.key_seed(client.key), spec.settings,
         private_pool=private_pool,
         negatives_pool=None if negatives_fn is None else negatives_fn())
     update = collections.OrderedDict(classifier=r.classifier_delta,
@@ -261,43 +271,14 @@ def build_client_work(
     # An excluded client keeps its old discriminator row, and its GAN
     # measurements get weight 0 in the mean.
     means = tf.where(keep, r.means, tf.zeros_like(r.means))
-    gan_means = collections.OrderedDict(
-        zip(dafkd_tf.MEAN_NAMES, tf.unstack(means)))
-    return (client_result, stats, gan_means,
-            store.entry(r.discriminator, client_id, keep),
-            tf.cast(keep, tf.float32))
+    return client_store.ClientOutput(
+        client_result, stats, store.entry(r.discriminator, client_id, keep),
+        collections.OrderedDict(zip(dafkd_tf.MEAN_NAMES, tf.unstack(means))),
+        tf.cast(keep, tf.float32))
 
-  round_learning_rate, increment = learning.build_round_schedule(
-      learning_rate, learning_rate_decay)
-
-  @tff.federated_computation
-  def init_fn():
-    return tff.federated_zip((tff.federated_value(np.int32(0), tff.SERVER),
-                              tff.federated_eval(store.initial, tff.SERVER)))
-
-  @tff.federated_computation(
-      init_fn.type_signature.result,
-      tff.FederatedType(weights_type, tff.CLIENTS),
-      tff.FederatedType(data_type, tff.CLIENTS))
-  def next_fn(state, weights, data):
-    round_num, rows = state[0], state[1]
-    lr = tff.federated_map(round_learning_rate, round_num)
-    client_results, stats, gan_means, entries, kept = tff.federated_map(
-        client_update, (weights, data, tff.federated_broadcast(lr),
-                        tff.federated_broadcast(round_num),
-                        tff.federated_broadcast(rows)))
-    new_store = store.update(rows, entries)
-    means = tff.federated_mean(gan_means, weight=kept)
-    measurements = learning.client_measurements(stats, lr)
-    for name in dafkd_tf.MEAN_NAMES:
-      measurements[name] = means[name]
-    return tff.templates.MeasuredProcessOutput(
-        state=tff.federated_zip((tff.federated_map(increment, round_num),
-                                 new_store)),
-        result=client_results,
-        measurements=tff.federated_zip(measurements))
-
-  return tff.templates.MeasuredProcess(init_fn, next_fn)
+  return client_store.build_stateful_client_work(
+      client_fn, store, weights_type, data_type, learning_rate,
+      learning_rate_decay)
 
 
 def build_private_aggregator(
@@ -355,7 +336,7 @@ def build_private_aggregator(
 
 
 def diagnostic_metrics(d: dafkd_tf.Diagnostics) -> collections.OrderedDict:
-  """Flat, named metrics of a round's `core.dafkd.Diagnostics`."""
+  """Flat, named metrics of a round's `dafkd_tf.Diagnostics`."""
   w, p = d.weights, d.pool
   return collections.OrderedDict(
       holder_mass=w.holder_mass,
@@ -373,22 +354,36 @@ def diagnostic_metrics(d: dafkd_tf.Diagnostics) -> collections.OrderedDict:
       disc_score_pool=d.score_pool)
 
 
+class _ServerInputs(NamedTuple):
+  """What the server reads besides the clients' uploads."""
+
+  real_pool_fn: Optional[Callable[[], tf.Tensor]]
+  validation_fn: Optional[Callable[[], tuple[tf.Tensor, tf.Tensor]]]
+  pool_size: int
+
+
+def _server_inputs(hparams: hparams_lib.DaFKDHparams,
+                   server_data: Optional[server_data_lib.ServerData]
+                   ) -> _ServerInputs:
+  """The oracle pool (`pool='real'`), the labeled set and the pool size."""
+  real_pool_fn = server_data.read_pool if hparams.pool == 'real' else None
+  validation_fn = (server_data.read_validation
+                   if server_data is not None and server_data.val_size
+                   else None)
+  pool_size = (hparams.pool_size if real_pool_fn is None
+               else server_data.pool_size)
+  return _ServerInputs(real_pool_fn, validation_fn, pool_size)
+
+
 def build_finalizer(
     spec: ModelSpec,
+    hparams: hparams_lib.DaFKDHparams,
     aggregate_type: tff.Type,
     distill_optimizer: tff.learning.optimizers.Optimizer,
     config: distillation.DistillConfig,
     *,
-    pool_size: int,
-    seed: int,
-    pool_from_broadcast: bool,
-    ensemble: str = 'probs',
-    correlation: bool = True,
-    private: bool = False,
-    example_weighted: bool = False,
-    real_pool_fn: Optional[Callable[[], tf.Tensor]] = None,
-    validation_fn: Optional[Callable[[], tuple[tf.Tensor, tf.Tensor]]] = None,
-    holder_share: float = 0.05,
+    server_data: Optional[server_data_lib.ServerData] = None,
+    seed: int = 0,
 ) -> tff.templates.MeasuredProcess:
   """`dafkd_tf.server_round` as a finalizer; its state is the round number.
 
@@ -397,65 +392,67 @@ def build_finalizer(
   `agreement_before` / `agreement_after` (classifier argmax = target argmax
   on the pool, before / after distillation), the distillation's `steps`,
   `first_loss`, `last_loss` and `pool_size`. With a labeled validation set
-  (`validation_fn`): `labeled_accuracy_before` / `_after` and `accepted`
-  (`DistillConfig.accept`), and in plain mode the mechanism diagnostics of
-  `diagnostic_metrics` (eq. 7's holder mass against uniform, weighted /
-  uniform / oracle ensemble accuracy on the labeled images, pool quality,
-  discriminator scores on real images and on the pool).
+  (`server_data.val_size` > 0): `labeled_accuracy_before` / `_after` and
+  `accepted` (`DistillConfig.accept`), and in plain mode the mechanism
+  diagnostics of `diagnostic_metrics` (eq. 7's holder mass against
+  uniform, weighted / uniform / oracle ensemble accuracy on the labeled
+  images, pool quality, discriminator scores on real images and on the
+  pool).
 
   Args:
     spec: `ModelSpec`.
+    hparams: `config.dafkd`: the pool (`pool_size`, `pool`,
+      `pool_generator`), the teachers' `weights_on` and `no_correlation`,
+      `private` (the aggregate is `build_private_aggregator`'s), the
+      models' `aggregation` and the diagnostics' `holder_share`.
     aggregate_type: Unplaced type of the aggregator's result.
     distill_optimizer: Student optimiser (fresh state every round).
     config: `DistillConfig` (its temperature also tempers the teachers).
-    pool_size: N, generated images per round.
+    server_data: The server's data: the real pool of `pool='real'`, and the
+      labeled validation set (diagnostics, `config.validation` /
+      `config.accept`), or None.
     seed: Seed of the pool (with the round number).
-    pool_from_broadcast: Draw the pool from theta_t rather than theta_{t+1}.
-    ensemble: 'probs' (eq. 8) or 'logits'.
-    correlation: eq. (7) weights, or uniform.
-    private: The aggregate is `build_private_aggregator`'s.
-    example_weighted: Average models by example counts (FedAvg) instead of
-      the paper's plain mean.
-    real_pool_fn: Oracle-pool ablation: a no-arg TF function returning the
-      real images to distil on instead of a generated pool.
-    validation_fn: A no-arg TF function returning the server's labeled
-      validation set (images, labels), or None.
-    holder_share: `core.weight_diagnostics.holders`' share.
 
   Returns:
     A `tff.templates.MeasuredProcess` with the finalizer signature.
   """
   weights_type = models_type(spec)
+  private = hparams.private
+  real_pool_fn, validation_fn, pool_size = _server_inputs(hparams,
+                                                          server_data)
   diagnose = validation_fn is not None and not private
+  settings = dafkd_tf.ServerSettings(
+      spec.settings, config, pool_size,
+      pool_from_broadcast=hparams.resolved_pool_generator == 'broadcast',
+      ensemble=hparams.weights_on, correlation=not hparams.no_correlation)
 
   @learning.server_computation(np.int32, weights_type, aggregate_type)
   def server_tf(round_num, weights, aggregate):
     if private:
       stack = stacking_tf.Stack(*aggregate[0])
       sums = aggregate[1]
-      kwargs = dict(private_sums=(sums['fs'], sums['f']))
+      discriminator_rows, private_sums = None, (sums['fs'], sums['f'])
     else:
       stack = stacking_tf.Stack(*aggregate)
-      kwargs = dict(discriminator_rows=stack.values['discriminator'])
+      discriminator_rows, private_sums = stack.values['discriminator'], None
     num_slots = int(stack.weights.shape[0])
     valid = tf.range(num_slots) < stack.count
+    validation = None
     if validation_fn is not None:
       val_x, val_y = validation_fn()
       counts = (stack.values['label_counts'] if not private else
                 tf.zeros([num_slots, spec.settings.num_classes]))
-      kwargs['validation'] = dafkd_tf.Validation(val_x, val_y, counts,
-                                                 holder_share)
-    classifier, discriminator, generator = spec.build()
+      validation = dafkd_tf.Validation(val_x, val_y, counts,
+                                       hparams.holder_share)
+    uploads = dafkd_tf.Uploads(
+        stack.values['classifier'], stack.values['generator'], valid,
+        discriminator_rows, private_sums,
+        stack.weights if hparams.aggregation == 'examples' else None)
     r = dafkd_tf.server_round(
-        classifier, discriminator, generator, distill_optimizer,
-        (weights[0], weights[1]), stack.values['classifier'],
-        stack.values['generator'], valid, pool_size=pool_size,
-        pool_seed_value=dafkd_tf.pool_seed(seed, round_num),
-        pool_from_broadcast=pool_from_broadcast, settings=spec.settings,
-        config=config, ensemble=ensemble, correlation=correlation,
-        example_weights=stack.weights if example_weighted else None,
+        spec.build(), distill_optimizer, (weights[0], weights[1]), uploads,
+        settings, dafkd_tf.pool_seed(seed, round_num),
         real_pool=None if real_pool_fn is None else real_pool_fn(),
-        **kwargs)
+        validation=validation)
     metrics = collections.OrderedDict(
         num_teachers=tf.cast(stack.count, tf.float32),
         alpha_entropy=r.alpha_entropy,
@@ -483,6 +480,31 @@ def build_finalizer(
   return learning.build_server_finalizer(init_tf, server_tf)
 
 
+def _check_arguments(classifier_fn, num_clients: int, clients_per_round: int,
+                     learning_rate: float, learning_rate_decay: float) -> None:
+  """Checks the builder's arguments that `DaFKDHparams` does not hold.
+
+  Raises:
+    ConfigError: naming the first bad argument.
+  """
+
+  def fail(message):
+    raise errors.ConfigError(f'dafkd: {message}')
+
+  if classifier_fn is None:
+    fail('needs a classifier builder with a feature extractor '
+         '(ProcessInputs.classifier_fn)')
+  hp.positive_int('num_clients', num_clients)
+  hp.positive_int('clients_per_round', clients_per_round)
+  if clients_per_round > num_clients:
+    fail(f'clients_per_round={clients_per_round} is more than '
+         f'num_clients={num_clients}')
+  if not learning_rate > 0:
+    fail(f'learning_rate must be > 0, got {learning_rate!r}')
+  if not 0 < learning_rate_decay <= 1:
+    fail(f'learning_rate_decay must be in (0, 1], got {learning_rate_decay!r}')
+
+
 def build_dafkd_process(
     classifier_fn: Callable[[], classifiers.Classifier],
     element_spec: collections.OrderedDict,
@@ -490,9 +512,7 @@ def build_dafkd_process(
     *,
     num_clients: int,
     clients_per_round: int,
-    joint_optimizer: tff.learning.optimizers.Optimizer,
-    generator_optimizer: tff.learning.optimizers.Optimizer,
-    distill_optimizer: tff.learning.optimizers.Optimizer,
+    optimizers: Optimizers,
     distill_config: distillation.DistillConfig,
     learning_rate: float,
     learning_rate_decay: float = 1.0,
@@ -510,11 +530,7 @@ def build_dafkd_process(
       the id finds the client's discriminator.
     num_clients: K; client ids are 0..K-1.
     clients_per_round: M, the most clients per round.
-    joint_optimizer: Client optimiser of eq. (9) (paper: lr 1e-3, weight
-      decay 1e-3).
-    generator_optimizer: Client optimiser of eq. (3) (the registry builds
-      Adam from `hparams.generator_learning_rate` and its betas).
-    distill_optimizer: Server student optimiser (paper: lr 0.01).
+    optimizers: `Optimizers` (joint, generator and distillation).
     distill_config: Distillation settings (reference: T = 20, 1,600 steps).
     learning_rate: Joint learning rate at round 0 (> 0).
     learning_rate_decay: Its multiplier per round, in (0, 1].
@@ -526,8 +542,6 @@ def build_dafkd_process(
       per-round mechanism diagnostics (`dafkd_tff.diagnostic_metrics`)
       and is what `distill_config.validation='labeled'` and
       `accept='no_worse'` use.
-    holder_share: A client holds a label when at least this share of its
-      examples have it (diagnostics only).
     seed: Seed of the discriminator initialisation and the pools.
 
   Returns:
@@ -538,10 +552,16 @@ def build_dafkd_process(
     DataError: A classifier that cannot take the generated images.
   """
   hparams.validate()
-  _validate(locals())
+  _check_arguments(classifier_fn, num_clients, clients_per_round,
+                   learning_rate, learning_rate_decay)
+  if hparams.pool == 'real' and server_data is None:
+    raise errors.ConfigError(
+        "dafkd: pool='real' (the oracle pool) needs the server's proxy "
+        'pool: set server_data.proxy and server_data.proxy_size')
+  distill_config.check_labeled(0 if server_data is None
+                               else server_data.val_size)
   distill_config.validate()
   h = hparams
-  noise_dim, pool_size, private = h.noise_dim, h.pool_size, h.private
   clf = local_training.structure_of(classifier_fn)
   input_shape = tuple(clf.model.input_shape[1:])
   num_classes = int(clf.model.output_shape[-1])
@@ -551,85 +571,47 @@ def build_dafkd_process(
 
   if h.generator == 'dcgan':
     generator_fn = functools.partial(
-        generators.build_dcgan_generator, noise_dim=noise_dim,
+        generators.build_dcgan_generator, noise_dim=h.noise_dim,
         num_classes=num_classes, image_shape=input_shape, seed=seed + 1)
   else:
     generator_fn = functools.partial(
-        generators.build_image_generator, noise_dim=noise_dim,
+        generators.build_image_generator, noise_dim=h.noise_dim,
         num_classes=num_classes, image_shape=input_shape,
         hidden=h.hidden_widths, seed=seed + 1)
   # Raises ConfigError for shapes it cannot generate.
   local_training.structure_of(generator_fn)
-  settings = dafkd_tf.GanSettings(noise_dim, num_classes, h.adv_weight,
-                                  h.gp_weight, h.generator_form,
-                                  h.discriminator_mode, h.gan_steps,
-                                  h.gan_window)
-  real_pool_fn = server_data.read_pool if h.pool == 'real' else None
-  validation_fn = (server_data.read_validation
-                   if server_data is not None and server_data.val_size
-                   else None)
-  if real_pool_fn is not None:
+  settings = gan.GanSettings(h.noise_dim, num_classes, h.adv_weight,
+                             h.gp_weight, h.generator_form,
+                             h.discriminator_mode, h.gan_steps, h.gan_window)
+  server = _server_inputs(h, server_data)
+  if server.real_pool_fn is not None:
     teachers_tf.check_pool_shape(server_data.image_shape, input_shape)
-    pool_size = server_data.pool_size
-  spec = ModelSpec(classifier_fn, generator_fn, h.shared_extractor,
-                             seed + 2, settings)
+  spec = ModelSpec(classifier_fn, generator_fn, h.shared_extractor, seed + 2,
+                   settings)
   private_settings = (PrivateSettings(
-      pool_size, seed, distill_config.temperature, not h.no_correlation)
-                      if private else None)
+      server.pool_size, seed, distill_config.temperature,
+      not h.no_correlation) if h.private else None)
   client_work = build_client_work(
-      spec, element_spec, dataset_fn, joint_optimizer=joint_optimizer,
-      generator_optimizer=generator_optimizer, num_clients=num_clients,
-      learning_rate=learning_rate, learning_rate_decay=learning_rate_decay,
-      private=private_settings, negatives_fn=real_pool_fn, seed=seed)
+      spec, element_spec, dataset_fn, optimizers.client,
+      num_clients=num_clients, learning_rate=learning_rate,
+      learning_rate_decay=learning_rate_decay, private=private_settings,
+      negatives_fn=server.real_pool_fn, seed=seed)
   update_type = client_work.next.type_signature.result.result.member.update
-  if private:
-    aggregator = build_private_aggregator(update_type,
-                                                    clients_per_round)
+  if h.private:
+    aggregator = build_private_aggregator(update_type, clients_per_round)
   else:
     aggregator = stacking.build_stacking_aggregator(update_type,
-                                                     clients_per_round)
+                                                    clients_per_round)
   aggregate_type = aggregator.next.type_signature.result.result.member
-  finalizer = build_finalizer(
-      spec, aggregate_type, distill_optimizer, distill_config,
-      pool_size=pool_size, seed=seed,
-      pool_from_broadcast=h.resolved_pool_generator == 'broadcast',
-      ensemble=h.weights_on, correlation=not h.no_correlation,
-      private=private, example_weighted=h.aggregation == 'examples',
-      real_pool_fn=real_pool_fn, validation_fn=validation_fn,
-      holder_share=h.holder_share)
+  finalizer = build_finalizer(spec, h, aggregate_type, optimizers.distill,
+                              distill_config, server_data=server_data,
+                              seed=seed)
   weights_type = models_type(spec)
   process = composer.compose_learning_process(
       build_initial_weights_fn(spec),
       tff.learning.templates.build_broadcast_process(weights_type),
       client_work, aggregator, finalizer)
   return composer.first_model_view(process)
-
-
-def _validate(a: dict) -> None:
-  """Checks the arguments besides `hparams` (validated already); raises
-  `ConfigError` naming the first bad one."""
-
-  def fail(message):
-    raise errors.ConfigError(f'dafkd: {message}')
-
-  if a['classifier_fn'] is None:
-    fail('needs a classifier builder with a feature extractor '
-         '(ProcessInputs.classifier_fn)')
-  for name in ('num_clients', 'clients_per_round'):
-    hp.positive_int(name, a[name])
-  if a['clients_per_round'] > a['num_clients']:
-    fail(f"clients_per_round={a['clients_per_round']} is more than "
-         f"num_clients={a['num_clients']}")
-  if not a['learning_rate'] > 0:
-    fail(f"learning_rate must be > 0, got {a['learning_rate']!r}")
-  if not 0 < a['learning_rate_decay'] <= 1:
-    fail('learning_rate_decay must be in (0, 1], got '
-         f"{a['learning_rate_decay']!r}")
-  server = a['server_data']
-  if a['hparams'].pool == 'real' and server is None:
-    fail("pool='real' (the oracle pool) needs the server's proxy pool: "
-         "set server_data.proxy and server_data.proxy_size")
-  a['distill_config'].check_labeled(0 if server is None else server.val_size)
 
 
 def discriminator_store(state) -> list[np.ndarray]:
@@ -664,12 +646,13 @@ def build_from_config(
       inputs.classifier_fn, inputs.element_spec, inputs.dataset_fn,
       num_clients=inputs.num_clients,
       clients_per_round=config.clients_per_round,
-      joint_optimizer=joint_optimizer,
-      generator_optimizer=tff.learning.optimizers.build_adam(
-          learning_rate=f.generator_learning_rate, beta_1=f.generator_beta_1,
-          beta_2=f.generator_beta_2),
-      distill_optimizer=tff.learning.optimizers.build_adam(
-          learning_rate=config.distill.learning_rate),
+      optimizers=Optimizers(
+          joint=joint_optimizer,
+          generator=tff.learning.optimizers.build_adam(
+              learning_rate=f.generator_learning_rate,
+              beta_1=f.generator_beta_1, beta_2=f.generator_beta_2),
+          distill=tff.learning.optimizers.build_adam(
+              learning_rate=config.distill.learning_rate)),
       distill_config=common.distill_config(config),
       learning_rate=opt.learning_rate, learning_rate_decay=opt.lr_decay,
       hparams=f, server_data=inputs.server_data, seed=config.seed)

@@ -11,7 +11,7 @@ import ml_collections
 
 from tff_kd import errors
 from tff_kd import hparams as hp
-from tff_kd.core import gan
+from tff_kd.methods.dafkd import gan
 from tff_kd.methods.dafkd import dafkd_tf
 
 
@@ -44,7 +44,7 @@ class DaFKDHparams(hp.Hparams):
     discriminator_mode: BatchNorm mode of everything the discriminator
       scores in training: 'inference' (as the server scores; default) |
       'real_train' | 'batch' | 'batch_update' (the reference code). See
-      `core.gan.client_gan_step`.
+      `dafkd.gan.client_gan_step`.
     gan_steps: GAN terms (eq. 2 in eq. 9, eq. 3) only in gan_steps local
       steps of a round, plain CE steps in the others; 0 = every step
       (Algorithm 1).

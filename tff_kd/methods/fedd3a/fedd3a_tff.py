@@ -1,64 +1,51 @@
-"""FedD3A as a TFF learning process: its stages and builder.
-
-Homogeneous or heterogeneous client models.
+"""FedD3A as a TFF learning process: its stages, builder and registry entry.
 
 Su, Li and Xue, "Domain Discrepancy Aware Distillation for Model Aggregation
-in Federated Learning", AAAI 2023: each client uploads, with its model, the
-subspace projection P of its data's batch-mean features under the global
-backbone (eq. 5); the server weights the client models per unlabeled server
-sample by how close the sample's feature lies to each client's subspace
-(eq. 6), and distils that weighted ensemble (eq. 7) into the averaged model
-(eq. 8).core.fedd3a` and `tff_kd.methods.fedd3a.projection_tf`).
-
-Heterogeneous variant (the paper's "Application to Heterogeneous Models",
-selected by `client_model_fns`): client k trains its own persistent model of
-architecture k % A with CE + KD from the received global model, still
-builds P with the received global backbone, and uploads its model and P;
-the server distils the domain-weighted ensemble of those models into the
-previous global model (there is nothing to average across architectures).
-
-State: `tff.learning.templates.LearningAlgorithmState` with one global
-`ModelWeights`, so `get_model_weights` / `set_model_weights` are TFF's and
-see the global model (`config.model`'s architecture). The heterogeneous
-clients' own models live in the client work's state
-(`local_model_rows`).
-
-The stages (projection client work and the weighted-KD finalizer):
-
-FedD3A (Su, Li and Xue, "Domain Discrepancy Aware Distillation for Model
-Aggregation in Federated Learning", AAAI 2023, Algorithm 1). One round:
+in Federated Learning", AAAI 2023 (Algorithm 1): each client uploads, with
+its model, the subspace projection P of its data's batch-mean features under
+the global backbone (eq. 5); the server weights the client models per
+unlabeled server sample by how close the sample's feature lies to each
+client's subspace (eq. 6), and distils that weighted ensemble (eq. 7) into
+the averaged model (eq. 8). The maths is `tff_kd.methods.fedd3a.fedd3a_tf`
+and `tff_kd.methods.fedd3a.projection_tf`. One round:
 
 1. distributor: broadcast the global `ModelWeights`;
-2. client work (`build_client_work`): `fedd3a_tf.client_round`
-   builds the projection P (eq. 5) from the received backbone's batch-mean
-   features, then trains locally; the update is
-   `{'delta': ModelWeights, 'projection': [d, d], 'client_id': int32}`,
-   weighted by the number of examples (client id: the first field of the
-   data key, -1 for sequence data);
+2. client work (`build_client_work`): `fedd3a_tf.client_round` builds the
+   projection P (eq. 5) from the received backbone's batch-mean features,
+   then trains locally; the update is `{'delta': ModelWeights,
+   'projection': [d, d], 'client_id': int32}`, weighted by the number of
+   examples (client id: the first field of the data key, -1 for sequence
+   data);
 3. aggregator: FedDF's stacking aggregator
    (`tff_kd.federated.stacking.build_stacking_aggregator`): every client's
    delta, P and id reach the server as rows of an [M, ...] stack;
 4. finalizer (`build_finalizer`), a server TF computation: the
-   example-weighted mean delta is applied with the server optimiser (SGD lr
-   1: FedAvg's average, the student's start), then
-   `fedd3a_tf.server_round` weights the client models per server
-   sample (eq. 6), builds the eq. 7 target and distils it (eq. 8) through
+   example-weighted mean delta is applied with the server optimiser (SGD
+   lr 1: FedAvg's average, the student's start), then
+   `fedd3a_tf.server_round` weights the client models per server sample
+   (eq. 6), builds the eq. 7 target and distils it (eq. 8) through
    `tff_kd.core.distillation.distill`. The server's unlabeled pool is read
    from files (`ServerData`). Its state is the server-optimiser state and
    the round number (the 'random' weighting's seed).
 
 Heterogeneous client models (the paper's "Application to Heterogeneous
-Models"; `build_hetero_client_work`, `build_hetero_finalizer`): client k
-has architecture k % A and keeps its own local model across rounds in a
-server-held `tff_kd.federated.client_store.ClientStore` (one table per
-architecture, row k // A: exactly K models, no padding; the simulation
-broadcasts all K models to every client, a real client keeps its own). It
-builds P from the received global backbone and trains its local model with
-CE + KD from the received global model; the stack delivers every client's
-whole local model (one zero-filled slot per other architecture: M x the sum
-of the architectures' sizes), P, id and architecture; the finalizer distils
-the eq. 7 ensemble of the clients' own models into the previous global
-model (no averaging across architectures).
+Models", selected by `client_model_fns`; `build_hetero_client_work`,
+`build_hetero_finalizer`): client k has architecture k % A and keeps its own
+local model across rounds in a server-held
+`tff_kd.federated.client_store.ClientStore` (one table per architecture, row
+k // A: exactly K models, no padding; the simulation broadcasts all K
+models to every client, a real client keeps its own). It builds P from the
+received global backbone and trains its local model with CE + KD from the
+received global model; the stack delivers every client's whole local model
+(one zero-filled slot per other architecture: M x the sum of the
+architectures' sizes), P, id and architecture; the finalizer distils the
+eq. 7 ensemble of the clients' own models into the previous global model
+(there is nothing to average across architectures).
+
+State: `tff.learning.templates.LearningAlgorithmState` with one global
+`ModelWeights`, so `get_model_weights` / `set_model_weights` are TFF's and
+see the global model (`config.model`'s architecture). The heterogeneous
+clients' own models live in the client work's state (`local_model_rows`).
 """
 
 import collections
@@ -112,11 +99,10 @@ def build_client_work(
     classifier_fn: ClassifierFn,
     element_spec: collections.OrderedDict,
     client_optimizer: tff.learning.optimizers.Optimizer,
+    hparams: hparams_lib.FedD3AHparams,
     *,
     learning_rate: float,
-    alpha: float,
     learning_rate_decay: float = 1.0,
-    projection_batches: int = 0,
     dataset_fn: Optional[learning.DatasetFn] = None,
 ) -> tff.templates.MeasuredProcess:
   """FedD3A's client work: P with the received backbone, then local SGD.
@@ -128,10 +114,10 @@ def build_client_work(
     classifier_fn: Builds the global `Classifier` (model, features, head).
     element_spec: Batch structure of the client datasets.
     client_optimizer: A `tff.learning.optimizers` optimizer.
+    hparams: `config.fedd3a`: the ridge `alpha` of eq. 5 and the
+      `projection_batches` P is built from (0: all).
     learning_rate: Client learning rate at round 0.
-    alpha: Ridge of eq. 5 (> 0; validated by the caller).
     learning_rate_decay: Multiplicative decay per round.
-    projection_batches: Cap on the batches P is built from (0: all).
     dataset_fn: Key -> dataset function; None: clients receive sequences.
 
   Returns:
@@ -151,7 +137,8 @@ def build_client_work(
     dataset, client_id = client.dataset, client.client_id
     result = fedd3a_tf.client_round(
         classifier_fn(), client_optimizer, weights, dataset, lr,
-        alpha=alpha, projection_batches=projection_batches)
+        alpha=float(hparams.alpha),
+        projection_batches=hparams.projection_batches)
     update = collections.OrderedDict(
         delta=result.local.weights_delta, projection=result.projection,
         client_id=client_id)
@@ -168,16 +155,14 @@ def build_client_work(
 
 def build_finalizer(
     classifier_fn: ClassifierFn,
+    hparams: hparams_lib.FedD3AHparams,
     stack_type: tff.Type,
     server_optimizer: tff.learning.optimizers.Optimizer,
     distill_optimizer: tff.learning.optimizers.Optimizer,
     server_data: server_data_lib.ServerData,
     config: distillation.DistillConfig,
     *,
-    weighting: str = 'soft',
-    ensemble: str = 'probs',
     num_clients: int = 0,
-    score_backbone: str = 'broadcast',
 ) -> tff.templates.MeasuredProcess:
   """Averages the client deltas, then domain-aware ensemble distillation.
 
@@ -197,15 +182,16 @@ def build_finalizer(
 
   Args:
     classifier_fn: Builds the global `Classifier`.
+    hparams: `config.fedd3a`: `weighting` ('soft', 'onehot', 'avg' or
+      'random'), `ensemble` ('probs', eq. 7, or 'logits') and
+      `score_backbone` ('broadcast' or 'aggregated',
+      `fedd3a_tf.server_round`).
     stack_type: Unplaced type of the stack the aggregator reports.
     server_optimizer: Applies the mean delta (SGD lr 1: the plain average).
     distill_optimizer: Student optimiser, fresh state every round.
     server_data: The unlabeled server pool, read from files.
     config: Distillation settings (validated).
-    weighting: 'soft', 'onehot', 'avg' or 'random'.
-    ensemble: 'probs' (eq. 7) or 'logits'.
     num_clients: K of the federation, for the per-client vectors (0: none).
-    score_backbone: 'broadcast' or 'aggregated' (`fedd3a_tf.server_round`).
 
   Returns:
     A `tff.templates.MeasuredProcess` with the finalizer signature.
@@ -238,10 +224,11 @@ def build_finalizer(
         global_weights=global_weights, deltas=values['delta'],
         projections=values['projection'], valid=valid,
         start_weights=start, pool=server_data.read_pool(), config=config,
-        weighting=weighting, ensemble=ensemble,
+        weighting=hparams.weighting, ensemble=hparams.ensemble,
         seed=tf.stack([tf.constant(seed, tf.int64),
                        tf.cast(round_num, tf.int64)]),
-        score_backbone=score_backbone, labeled=server_data.read_validation())
+        score_backbone=hparams.score_backbone,
+        labeled=server_data.read_validation())
     metrics = _round_metrics(result, stack, valid, num_clients,
                              bool(server_data.val_size))
     return (new_opt_state, round_num + 1), result.weights, metrics
@@ -331,14 +318,11 @@ def build_hetero_client_work(
     element_spec: collections.OrderedDict,
     client_optimizer: tff.learning.optimizers.Optimizer,
     dataset_fn: Optional[learning.DatasetFn],
+    hparams: hparams_lib.FedD3AHparams,
     *,
     num_clients: int,
     learning_rate: float,
-    alpha: float,
-    kd_weight: float,
-    kd_temperature: float,
     learning_rate_decay: float = 1.0,
-    projection_batches: int = 0,
 ) -> tff.templates.MeasuredProcess:
   """Heterogeneous FedD3A client work with the per-client model stores.
 
@@ -366,13 +350,12 @@ def build_hetero_client_work(
     dataset_fn: Key -> dataset (the fast path: the key carries the client
       id), or None: clients take `OrderedDict(client_id=int32,
       data=<dataset>)`.
+    hparams: `config.fedd3a`: the ridge `alpha` of eq. 5, the
+      `projection_batches` P is built from (0: all), and the local loss's
+      `kd_weight` and `kd_temperature`.
     num_clients: K; client ids must lie in [0, K).
     learning_rate: Client learning rate at round 0.
-    alpha: Ridge of eq. 5 (> 0).
-    kd_weight: Weight of the KD term in the local loss.
-    kd_temperature: Its temperature.
     learning_rate_decay: Multiplicative decay per round.
-    projection_batches: Cap on the batches P is built from (0: all).
 
   Returns:
     A `tff.templates.MeasuredProcess` (clients take keys).
@@ -385,17 +368,14 @@ def build_hetero_client_work(
   weights_type = learning.spec_to_type(weights_specs)
   data_type = learning.client_data_type(element_spec, dataset_fn,
                                         with_id=True)
-  stores_type = tff.types.StructWithPythonType(
-      [s.store_type for s in stores], tuple)
   itemsize = np.dtype(np.float32).itemsize
   global_bytes = float(learning.payload_bytes(weights_type))
   model_bytes = [s.row_bytes for s in stores]
   # Up besides the local model: P, the id, the architecture and the weight.
   extra_up = d * d * itemsize + 3 * itemsize
 
-  @tff.tensorflow.computation(weights_type, data_type, np.float32,
-                              stores_type)
-  def client_update(global_weights, data, lr, tables):
+  def client_fn(global_weights, data, lr, round_num, tables):
+    del round_num  # Unused by FedD3A.
     client = learning.client_input(data, dataset_fn)
     client_id = client.client_id
     architecture = learning.prototype_of_id(client_id, num_archs)
@@ -410,8 +390,10 @@ def build_hetero_client_work(
     result = fedd3a_tf.hetero_client_round(
         classifier_fn(), [fn() for fn in client_model_fns], client_optimizer,
         global_weights, local_weights, client.dataset, lr,
-        architecture=architecture, alpha=alpha, kd_weight=kd_weight,
-        temperature=kd_temperature, projection_batches=projection_batches)
+        architecture=architecture, alpha=float(hparams.alpha),
+        kd_weight=float(hparams.kd_weight),
+        temperature=float(hparams.kd_temperature),
+        projection_batches=hparams.projection_batches)
     uploads = tuple(
         tf.nest.map_structure(lambda v, o=o: v * tf.cast(o, v.dtype), w)
         for w, o in zip(result.weights, own))
@@ -429,50 +411,22 @@ def build_hetero_client_work(
         store.entry(_row_flat(w), index,
                     tf.cast(tf.logical_and(o, keep), tf.float32))
         for store, w, index, o in zip(stores, result.weights, indices, own))
-    return client_result, stats, entries
+    return client_store.ClientOutput(client_result, stats, entries)
 
-  round_learning_rate, increment = learning.build_round_schedule(
-      learning_rate, learning_rate_decay)
-
-  @tff.federated_computation
-  def init_fn():
-    return tff.federated_zip((
-        tff.federated_value(np.int32(0), tff.SERVER),
-        tff.federated_zip(tuple(tff.federated_eval(s.initial, tff.SERVER)
-                                for s in stores))))
-
-  @tff.federated_computation(
-      init_fn.type_signature.result,
-      tff.FederatedType(weights_type, tff.CLIENTS),
-      tff.FederatedType(data_type, tff.CLIENTS))
-  def next_fn(state, weights, data):
-    round_num, tables = state[0], state[1]
-    lr = tff.federated_map(round_learning_rate, round_num)
-    client_results, stats, entries = tff.federated_map(
-        client_update, (weights, data, tff.federated_broadcast(lr),
-                        tff.federated_broadcast(tables)))
-    new_tables = tuple(store.update(tables[a], entries[a])
-                       for a, store in enumerate(stores))
-    return tff.templates.MeasuredProcessOutput(
-        state=tff.federated_zip((tff.federated_map(increment, round_num),
-                                 tff.federated_zip(new_tables))),
-        result=client_results,
-        measurements=tff.federated_zip(
-            learning.client_measurements(stats, lr)))
-
-  return tff.templates.MeasuredProcess(init_fn, next_fn)
+  return client_store.build_stateful_client_work(
+      client_fn, stores, weights_type, data_type, learning_rate,
+      learning_rate_decay)
 
 
 def build_hetero_finalizer(
     classifier_fn: ClassifierFn,
     client_model_fns: Sequence[learning.ModelFn],
+    hparams: hparams_lib.FedD3AHparams,
     stack_type: tff.Type,
     distill_optimizer: tff.learning.optimizers.Optimizer,
     server_data: server_data_lib.ServerData,
     config: distillation.DistillConfig,
     *,
-    weighting: str = 'soft',
-    ensemble: str = 'probs',
     num_clients: int = 0,
 ) -> tff.templates.MeasuredProcess:
   """Domain-aware distillation of heterogeneous client models.
@@ -485,12 +439,12 @@ def build_hetero_finalizer(
   Args:
     classifier_fn: Builds the global `Classifier`.
     client_model_fns: One Keras model builder per client architecture.
+    hparams: `config.fedd3a`: `weighting` ('soft', 'onehot', 'avg' or
+      'random') and `ensemble` ('probs', eq. 7, or 'logits').
     stack_type: Unplaced type of the stack the aggregator reports.
     distill_optimizer: Student optimiser, fresh state every round.
     server_data: The unlabeled server pool, read from files.
     config: Distillation settings (validated).
-    weighting: 'soft', 'onehot', 'avg' or 'random'.
-    ensemble: 'probs' (eq. 7) or 'logits'.
     num_clients: K, for the per-client vectors (0: none).
 
   Returns:
@@ -516,7 +470,8 @@ def build_hetero_finalizer(
         architectures=values['architecture'],
         projections=values['projection'], valid=valid,
         start_weights=global_weights, pool=server_data.read_pool(),
-        config=config, weighting=weighting, ensemble=ensemble,
+        config=config, weighting=hparams.weighting,
+        ensemble=hparams.ensemble,
         seed=tf.stack([tf.constant(seed, tf.int64),
                        tf.cast(round_num, tf.int64)]),
         labeled=server_data.read_validation())
@@ -605,68 +560,37 @@ def build_fedd3a_process(
   model_fn = model_fn_of(classifier_fn)
   client_model_fns = tuple(client_model_fns)
   if client_model_fns:
-    return _build_hetero(
-        classifier_fn, client_model_fns, element_spec,
-        server_data=server_data, clients_per_round=clients_per_round,
-        client_optimizer=client_optimizer,
-        distill_optimizer=distill_optimizer, distill_config=distill_config,
-        learning_rate=learning_rate, alpha=float(hparams.alpha),
-        weighting=hparams.weighting, ensemble=hparams.ensemble,
-        projection_batches=hparams.projection_batches,
-        learning_rate_decay=learning_rate_decay, num_clients=num_clients,
-        dataset_fn=dataset_fn, kd_weight=float(hparams.kd_weight),
-        kd_temperature=float(hparams.kd_temperature))
-  _, _, input_shape = classifier_specs(classifier_fn)
-  fedd3a_tf.check_pool(server_data.image_shape, input_shape)
-
-  client_work = build_client_work(
-      classifier_fn, element_spec, client_optimizer,
-      learning_rate=learning_rate, learning_rate_decay=learning_rate_decay,
-      alpha=float(hparams.alpha),
-      projection_batches=hparams.projection_batches, dataset_fn=dataset_fn)
+    if num_clients < len(client_model_fns):
+      raise errors.ConfigError(
+          f'heterogeneous fedd3a keeps one local model per client: '
+          f'num_clients must be >= the {len(client_model_fns)} client '
+          f'architectures, got {num_clients}')
+    teachers_tf.check_models((model_fn,) + client_model_fns,
+                             server_data.image_shape,
+                             what='fedd3a global and client models')
+    client_work = build_hetero_client_work(
+        classifier_fn, client_model_fns, element_spec, client_optimizer,
+        dataset_fn, hparams, num_clients=num_clients,
+        learning_rate=learning_rate, learning_rate_decay=learning_rate_decay)
+  else:
+    _, _, input_shape = classifier_specs(classifier_fn)
+    fedd3a_tf.check_pool(server_data.image_shape, input_shape)
+    client_work = build_client_work(
+        classifier_fn, element_spec, client_optimizer, hparams,
+        learning_rate=learning_rate, learning_rate_decay=learning_rate_decay,
+        dataset_fn=dataset_fn)
   aggregator, stack_type = stacking.build_client_stack(
       client_work, clients_per_round)
-  finalizer = build_finalizer(
-      classifier_fn, stack_type, server_optimizer, distill_optimizer,
-      server_data, distill_config, weighting=hparams.weighting,
-      ensemble=hparams.ensemble,
-      num_clients=num_clients if dataset_fn is not None else 0,
-      score_backbone=hparams.score_backbone)
-  weights_type = client_work.next.type_signature.parameter[1].member
-  return composer.compose_learning_process(
-      learning.build_initial_weights_fn(model_fn),
-      tff.learning.templates.build_broadcast_process(weights_type),
-      client_work, aggregator, finalizer)
-
-
-def _build_hetero(classifier_fn, client_model_fns, element_spec, *,
-                  server_data, clients_per_round, client_optimizer,
-                  distill_optimizer, distill_config, learning_rate, alpha,
-                  weighting, ensemble, projection_batches,
-                  learning_rate_decay, num_clients, dataset_fn, kd_weight,
-                  kd_temperature) -> tff.learning.templates.LearningProcess:
-  """Heterogeneous FedD3A (arguments as `build_fedd3a_process`'s)."""
-  if num_clients < len(client_model_fns):
-    raise errors.ConfigError(
-        f'heterogeneous fedd3a keeps one local model per client: '
-        f'num_clients must be >= the {len(client_model_fns)} client '
-        f'architectures, got {num_clients}')
-  model_fn = model_fn_of(classifier_fn)
-  teachers_tf.check_models((model_fn,) + client_model_fns,
-                          server_data.image_shape,
-                          what='fedd3a global and client models')
-  client_work = build_hetero_client_work(
-      classifier_fn, client_model_fns, element_spec, client_optimizer,
-      dataset_fn, num_clients=num_clients, learning_rate=learning_rate,
-      alpha=alpha, kd_weight=kd_weight, kd_temperature=kd_temperature,
-      learning_rate_decay=learning_rate_decay,
-      projection_batches=projection_batches)
-  aggregator, stack_type = stacking.build_client_stack(
-      client_work, clients_per_round)
-  finalizer = build_hetero_finalizer(
-      classifier_fn, client_model_fns, stack_type, distill_optimizer,
-      server_data, distill_config, weighting=weighting, ensemble=ensemble,
-      num_clients=num_clients)
+  if client_model_fns:
+    finalizer = build_hetero_finalizer(
+        classifier_fn, client_model_fns, hparams, stack_type,
+        distill_optimizer, server_data, distill_config,
+        num_clients=num_clients)
+  else:
+    finalizer = build_finalizer(
+        classifier_fn, hparams, stack_type, server_optimizer,
+        distill_optimizer, server_data, distill_config,
+        num_clients=num_clients if dataset_fn is not None else 0)
   weights_type = client_work.next.type_signature.parameter[1].member
   return composer.compose_learning_process(
       learning.build_initial_weights_fn(model_fn),

@@ -1,25 +1,12 @@
-"""FedDF as a TFF learning process: its stages and builder.
+"""FedDF as a TFF learning process: its stages, builder and registry entry.
 
-Homogeneous and heterogeneous models (architecture prototypes).
-
-Lin, Kong, Stich, Jaggi, "Ensemble Distillation for Robust Model Fusion in
-Federated Learning", NeurIPS 2020: FedAvg's round, then server-side ensemble
-distillation of all received client models (AVGLOGITS, optional
-drop-worst) on an unlabeled proxy pool into each architecture prototype's
-averaged model.
-
-State: `tff.learning.templates.LearningAlgorithmState` whose
-`global_model_weights` is a tuple of one `ModelWeights` per prototype (one
-element for homogeneous FedDF). `get_model_weights` / `set_model_weights`
-must use a single `ModelWeights` (TFF's signature, and what the program's
-evaluation and export consume), so they read and write the *first*
-prototype's model; read every prototype's model with `prototype_weights`.
-
-The stages (prototype client work, teacher stack, fusion finalizer):
-
-FedDF (Lin et al., "Ensemble Distillation for Robust Model Fusion in
-Federated Learning", NeurIPS 2020, Algorithms 1 and 3). One round, with P
-architecture prototypes (P = 1 is the homogeneous Algorithm 1):
+Lin, Kong, Stich and Jaggi, "Ensemble Distillation for Robust Model Fusion
+in Federated Learning", NeurIPS 2020 (Algorithms 1 and 3): FedAvg's round,
+then server-side ensemble distillation of every received client model
+(AVGLOGITS, optionally after drop-worst) on an unlabeled proxy pool into
+each architecture prototype's averaged model. The maths is
+`tff_kd.methods.feddf.feddf_tf`. One round, with P architecture prototypes
+(P = 1 is the homogeneous Algorithm 1):
 
 1. distributor: broadcast the P global models, a struct of P `ModelWeights`
    (in a real deployment a client downloads only its own prototype's model;
@@ -29,26 +16,33 @@ architecture prototypes (P = 1 is the homogeneous Algorithm 1):
    that prototype with `local_training.train_locally` and returns a struct of
    P deltas, zero for the other prototypes (trained on an empty dataset),
    plus its prototype index, weighted by its number of examples;
-3. aggregator (`build_stacking_aggregator`): a `tff.federated_aggregate`
-   whose accumulator is a fixed-size [M, ...] stack (M = clients per round):
-   each client's update lands in its own row (`tff_kd.core.stacking.Stack`),
-   so the server receives every client model, not only their mean;
+3. aggregator (`tff_kd.federated.stacking.build_stacking_aggregator`): a
+   `tff.federated_aggregate` whose accumulator is a fixed-size [M, ...]
+   stack (M = clients per round): each client's update lands in its own row
+   (`tff_kd.core.stacking.Stack`), so the server receives every client
+   model, not only their mean;
 4. finalizer (`build_fusion_finalizer`), a server TF computation: per
    prototype, the example-weighted mean delta of its clients is applied with
    the server optimiser (SGD lr 1: FedAvg's average x_{t,0}^P); the proxy
-   pool and the labeled validation set are read from files
-   (`ServerData`); every received client model is a teacher; the AVGLOGITS
-   target (optionally after drop-worst) is distilled into each prototype's
-   student (`tff_kd.methods.feddf.feddf_tf.fuse`, which calls
-   `tff_kd.core.distillation.distill`).
+   pool and the labeled validation set are read from files (`ServerData`);
+   every received client model is a teacher; the AVGLOGITS target
+   (optionally after drop-worst) is distilled into each prototype's student
+   (`feddf_tf.fuse`, which calls `tff_kd.core.distillation.distill`).
+
+State: `tff.learning.templates.LearningAlgorithmState` whose
+`global_model_weights` is a tuple of one `ModelWeights` per prototype (one
+element for homogeneous FedDF). `get_model_weights` / `set_model_weights`
+must use a single `ModelWeights` (TFF's signature, and what the program's
+evaluation and export consume), so they read and write the *first*
+prototype's model; read every prototype's model with `prototype_weights`.
 
 Why a stack and not one-hot slots in a federated sum, or summed predictions
 on a broadcast batch: the stack sends each model once, sums nothing it does
 not need, and keeps teacher evaluation at the server, where the proxy pool
-is; `tff.federated_aggregate` runs in TFF's local C++ context (checked in
-tests/federated/test_feddf.py), so no key-encoded slot index is needed. Its
-size is fixed when the process is built: more clients than M fail with a
-clear error; fewer leave zero rows that are masked out.
+is; `tff.federated_aggregate` runs in TFF's local C++ context, so no
+key-encoded slot index is needed. Its size is fixed when the process is
+built: more clients than M fail with a clear error; fewer leave zero rows
+that are masked out.
 """
 
 import collections

@@ -235,27 +235,67 @@ def _ensemble_logits(teachers: Sequence[tf.keras.Model], x: tf.Tensor,
   return logits * tf.reshape(tf.cast(teacher_mask, tf.float32), [-1, 1, 1])
 
 
-def fine_tune(student: tf.keras.Model,
-              teachers: Sequence[tf.keras.Model],
+class FineTuneSettings(NamedTuple):
+  """The settings of `fine_tune`, fixed for a process.
+
+  Attributes:
+    distill_config: The student steps: `steps` per iteration (reference 5),
+      `batch_size` generated samples, temperature; `val_fraction` must be 0.
+    iterations: Generator/student iterations, >= 1 (reference 10).
+    noise_dim: Generator noise size.
+    noise: 'gaussian' or 'uniform'.
+    transfer_weight: beta_tran.
+    diversity_weight: beta_div.
+    mask: `hard_sample_generator_loss` mask.
+    ensemble: `class_weighted_teacher` ensemble.
+    generator_steps: Generator steps per iteration, all on the iteration's
+      (z, y); 0: one per teacher taking part (the reference code takes one
+      step per client).
+  """
+
+  distill_config: distillation.DistillConfig
+  iterations: int
+  noise_dim: int
+  noise: str = 'gaussian'
+  transfer_weight: float = 1.0
+  diversity_weight: float = 1.0
+  mask: str = 'agree'
+  ensemble: str = 'logits'
+  generator_steps: int = 0
+
+
+class FineTuneModels(NamedTuple):
+  """The server's models (built Keras models, their weights already set).
+
+  Attributes:
+    student: The FedAvg model (classifier, logits).
+    teachers: K client models.
+    generator: Conditional generator `[noise, labels] -> images` of the
+      student's input shape (trained in training mode).
+  """
+
+  student: tf.keras.Model
+  teachers: Sequence[tf.keras.Model]
+  generator: tf.keras.Model
+
+
+class FineTuneOptimizers(NamedTuple):
+  """Reference: generator Adam lr 0.01, student SGD lr 0.1 (x 0.998/round)."""
+
+  generator: tff.learning.optimizers.Optimizer
+  student: tff.learning.optimizers.Optimizer
+
+
+def fine_tune(models: FineTuneModels,
               label_counts: tf.Tensor,
-              generator: tf.keras.Model,
-              generator_optimizer: tff.learning.optimizers.Optimizer,
-              generator_state,
-              student_optimizer: tff.learning.optimizers.Optimizer,
-              student_state,
-              distill_config: distillation.DistillConfig,
-              *,
-              iterations: int,
-              noise_dim: int,
+              optimizers: FineTuneOptimizers,
+              states: tuple,
+              settings: FineTuneSettings,
               seed,
-              noise: str = 'gaussian',
+              *,
               teacher_mask: tf.Tensor | None = None,
-              transfer_weight: float = 1.0,
-              diversity_weight: float = 1.0,
-              mask: str = 'agree',
-              ensemble: str = 'logits',
-              student_learning_rate: tf.Tensor | float | None = None,
-              generator_steps: int = 0) -> FineTuneResult:
+              student_learning_rate: tf.Tensor | float | None = None
+              ) -> FineTuneResult:
   """FedFTG's server fine-tuning of `student` (see module docstring).
 
   The student's and the generator's variables change in place. Batch size
@@ -263,31 +303,16 @@ def fine_tune(student: tf.keras.Model,
   and `.steps`; its temperature T is also the transfer term's.
 
   Args:
-    student: The FedAvg model (built Keras classifier, logits).
-    teachers: K built client models (their weights already set).
+    models: `FineTuneModels` (student, teachers, generator).
     label_counts: [K, C] per-client label counts n_{k,c}.
-    generator: Conditional generator `[noise, labels] -> images` of the
-      student's input shape (trained in training mode).
-    generator_optimizer: Reference: Adam, lr 0.01 (x 0.998 per round).
-    generator_state: Its state (over `generator.trainable_weights`).
-    student_optimizer: Reference: SGD, lr 0.1 (x 0.998 per round).
-    student_state: Its state (over `student.trainable_weights`).
-    distill_config: The student steps: `steps` per iteration (reference 5),
-      `batch_size` generated samples, temperature; `val_fraction` must be 0.
-    iterations: Generator/student iterations, >= 1 (reference 10).
-    noise_dim: Generator noise size.
+    optimizers: `FineTuneOptimizers` (generator, student).
+    states: Their states (generator over `generator.trainable_weights`,
+      student over `student.trainable_weights`).
+    settings: `FineTuneSettings`.
     seed: int or shape-[2] stateless seed of the round.
-    noise: 'gaussian' or 'uniform'.
     teacher_mask: Optional [K] bool/0-1, teachers that take part (e.g. the
       filled rows of a fixed-size stack); masked rows must have zero counts.
-    transfer_weight: beta_tran.
-    diversity_weight: beta_div.
-    mask: `hard_sample_generator_loss` mask.
-    ensemble: `class_weighted_teacher` ensemble.
     student_learning_rate: Overrides the student optimiser's learning rate.
-    generator_steps: Generator steps per iteration, all on the iteration's
-      (z, y); 0: one per teacher taking part (the reference code takes one
-      step per client).
 
   Returns:
     A `FineTuneResult`.
@@ -296,6 +321,9 @@ def fine_tune(student: tf.keras.Model,
     ConfigError: iterations < 1, val_fraction > 0, a bad `DistillConfig`,
       or no teacher.
   """
+  iterations, generator_steps = settings.iterations, settings.generator_steps
+  distill_config, mask = settings.distill_config, settings.mask
+  ensemble = settings.ensemble
   if not isinstance(iterations, int) or iterations < 1:
     raise errors.ConfigError(
         f'fedftg iterations must be an integer >= 1, got {iterations!r}')
@@ -308,7 +336,7 @@ def fine_tune(student: tf.keras.Model,
     raise errors.ConfigError(
         'fedftg distills each generated batch for a fixed number of steps; '
         f'val_fraction must be 0, got {distill_config.val_fraction}')
-  if not teachers:
+  if not models.teachers:
     raise errors.ConfigError('fedftg needs at least one teacher model')
   if mask not in MASKS:
     raise errors.ConfigError(
@@ -319,20 +347,25 @@ def fine_tune(student: tf.keras.Model,
   if student_learning_rate is not None:
     student_learning_rate = tf.cast(student_learning_rate, tf.float32)
   return _fine_tune(
-      student, tuple(teachers), tf.cast(label_counts, tf.float32), generator,
-      generator_optimizer, generator_state, student_optimizer, student_state,
-      distill_config, iterations, noise_dim,
+      models._replace(teachers=tuple(models.teachers)),
+      tf.cast(label_counts, tf.float32), optimizers, states,
+      settings._replace(transfer_weight=float(settings.transfer_weight),
+                        diversity_weight=float(settings.diversity_weight)),
       generators._as_seed(seed),  # pylint: disable=protected-access
-      noise, teacher_mask, float(transfer_weight), float(diversity_weight),
-      mask, ensemble, student_learning_rate, generator_steps or None)
+      teacher_mask, student_learning_rate)
 
 
 @tf.function
-def _fine_tune(student, teachers, counts, generator, generator_optimizer,
-               generator_state, student_optimizer, student_state, config,
-               iterations, noise_dim, seed, noise, teacher_mask,
-               transfer_weight, diversity_weight, mask, ensemble,
-               student_learning_rate, generator_steps) -> FineTuneResult:
+def _fine_tune(models, counts, optimizers, states, settings, seed,
+               teacher_mask, student_learning_rate) -> FineTuneResult:
+  """The AutoGraph-converted loop of `fine_tune` (arguments checked)."""
+  student, teachers, generator = models
+  generator_optimizer, student_optimizer = optimizers
+  generator_state, student_state = states
+  config, iterations = settings.distill_config, settings.iterations
+  noise_dim, noise = settings.noise_dim, settings.noise
+  ensemble = settings.ensemble
+  generator_steps = settings.generator_steps or None
   batch = config.batch_size
   temperature = config.temperature
   gen_vars = generator.trainable_weights
@@ -370,9 +403,9 @@ def _fine_tune(student, teachers, counts, generator, generator_optimizer,
             ensemble=ensemble)
         terms = hard_sample_generator_loss(
             student(x, training=False), teacher, labels, noise=z, samples=x,
-            transfer_weight=transfer_weight,
-            diversity_weight=diversity_weight, temperature=temperature,
-            mask=mask)
+            transfer_weight=settings.transfer_weight,
+            diversity_weight=settings.diversity_weight,
+            temperature=temperature, mask=settings.mask)
       grads = tape.gradient(terms.loss, gen_vars)
       gen_state, updated = generator_optimizer.next(
           gen_state, tuple(gen_vars), tuple(grads))
@@ -400,21 +433,23 @@ def _fine_tune(student, teachers, counts, generator, generator_optimizer,
     last_loss = result.last_loss
     sums += tf.concat([means_g, [result.last_loss]], 0)
   means = tf.unstack(sums / float(iterations))
-  before, after = _agreement(student, start_weights, teachers, counts,
-                             generator, teacher_mask, ensemble, noise,
-                             noise_dim, 4 * batch, seed)
+  before, after = _agreement(models, start_weights, counts, teacher_mask,
+                             settings, 4 * batch, seed)
   return FineTuneResult(gen_state, s_state, *means[:5],
                         distill_loss=means[5], distill_first_loss=first_loss,
                         distill_last_loss=last_loss, agreement_before=before,
                         agreement_after=after)
 
 
-def _agreement(student, start_weights, teachers, counts, generator,
-               teacher_mask, ensemble, noise, noise_dim, size, seed):
+def _agreement(models, start_weights, counts, teacher_mask, settings, size,
+               seed):
   """The (initial, final) student's argmax agreement with the class-level
   teacher on `size` fresh samples of the round's final generator (drawn as
   the student's training batches are); the student keeps its final
   weights."""
+  student, teachers, generator = models
+  ensemble, noise, noise_dim = (settings.ensemble, settings.noise,
+                                settings.noise_dim)
   seeds = tf.random.experimental.stateless_split(
       tf.random.experimental.stateless_fold_in(seed, -1), 2)
   labels = customized_label_sampling(counts, size, seeds[0])

@@ -1,39 +1,32 @@
-"""FedFTG as a TFF learning process: its TFF stages and builder.
+"""FedFTG as a TFF learning process: its stages, builder and registry entry.
 
 Zhang, Shen, Ding, Tao and Duan, "Fine-tuning Global Model via Data-Free
 Knowledge Distillation for Non-IID Federated Learning", CVPR 2022: FedAvg,
 then server-side data-free fine-tuning of the averaged model with a
 conditional image generator (hard-sample mining, customised label sampling,
-class-level ensemble; `fedftg_tf`).
-
-State: `tff.learning.templates.LearningAlgorithmState` whose
-`global_model_weights` is the classifier's `ModelWeights`; the generator and
-its optimiser state are in `state.finalizer` (`generator_weights` reads
-them).
-
-The stages (FedAvg, then data-free fine-tuning at the server):
-
-FedFTG (Zhang, Shen, Ding, Tao and Duan, "Fine-tuning Global Model via
-Data-Free Knowledge Distillation for Non-IID Federated Learning", CVPR
-2022; the maths is in `tff_kd.methods.fedftg.fedftg_tf`). One round:
+class-level ensemble; the maths is `tff_kd.methods.fedftg.fedftg_tf`). One
+round:
 
 1. distributor: broadcast the classifier's `ModelWeights`;
 2. client work: plain local training plus label counts
    (`tff_kd.federated.label_counts.build_client_work`);
-3. aggregator: `tff_kd.federated.stacking.build_stacking_aggregator`, so every
-   client's model and label counts reach the server;
+3. aggregator: `tff_kd.federated.stacking.build_stacking_aggregator`, so
+   every client's model and label counts reach the server;
 4. finalizer (`build_fine_tune_finalizer`): the example-weighted mean delta
-   is applied with the server optimiser (FedAvg); then
-   `fedftg.fine_tune` runs `iterations` generator/student iterations on
-   that averaged model, with each received client model as a teacher
-   weighted per class by n_{k,c} / sum_j n_{j,c}.
+   is applied with the server optimiser (FedAvg); then `fedftg_tf.fine_tune`
+   runs `iterations` generator/student iterations on that averaged model,
+   with each received client model as a teacher weighted per class by
+   n_{k,c} / sum_j n_{j,c}.
 
-The conditional image generator and its Adam state are server state: they
-live in the finalizer's state across rounds (as in the paper, where the
-generator keeps improving over the rounds) and are never broadcast, so the
-global model stays a single classifier. The student optimiser's state is
-fresh every round (the reference's SGD has none); the student and generator
-learning rates decay by `lr_decay` per round (reference 0.998).
+State: `tff.learning.templates.LearningAlgorithmState` whose
+`global_model_weights` is the classifier's `ModelWeights`. The conditional
+image generator and its Adam state are server state: they live in the
+finalizer's state across rounds (`state.finalizer`, read by
+`generator_weights`; as in the paper, the generator keeps improving over
+the rounds) and are never broadcast, so the global model stays a single
+classifier. The student optimiser's state is fresh every round (the
+reference's SGD has none); the student and generator learning rates decay
+by `lr_decay` per round (reference 0.998).
 """
 
 import collections
@@ -60,7 +53,7 @@ from tff_kd.models import generators
 
 
 class FineTuning(NamedTuple):
-  """Server fine-tuning settings (`fedftg.fine_tune`).
+  """Server fine-tuning settings (`fedftg_tf.fine_tune`).
 
   Attributes:
     generator_fn: Builds the conditional image generator.
@@ -94,6 +87,14 @@ class FineTuning(NamedTuple):
   lr_decay: float
   seed: int
   generator_steps: int = 0
+
+  @property
+  def settings(self) -> fedftg_tf.FineTuneSettings:
+    """The `fedftg_tf.fine_tune` settings among these."""
+    return fedftg_tf.FineTuneSettings(
+        self.distill_config, self.iterations, self.noise_dim, self.noise,
+        self.transfer_weight, self.diversity_weight, self.mask,
+        self.ensemble, self.generator_steps)
 
 
 def build_fine_tune_finalizer(
@@ -181,7 +182,7 @@ def round_fine_tune(student: tf.keras.Model, teachers, label_counts,
                     generator: tf.keras.Model, generator_state, round_num,
                     tuning: FineTuning, *, teacher_mask=None
                     ) -> fedftg_tf.FineTuneResult:
-  """`fedftg.fine_tune` with this round's learning rates and seed.
+  """`fedftg_tf.fine_tune` with this round's learning rates and seed.
 
   Models must already hold their weights. Shared by the finalizer and by
   tests that check it eagerly.
@@ -199,17 +200,13 @@ def round_fine_tune(student: tf.keras.Model, teachers, label_counts,
   student_lr = tf.cast(tuning.student_optimizer.get_hparams(student_state)[
       'learning_rate'], tf.float32) * decay
   return fedftg_tf.fine_tune(
-      student, teachers, label_counts, generator,
-      tuning.generator_optimizer, gen_state, tuning.student_optimizer,
-      student_state, tuning.distill_config, iterations=tuning.iterations,
-      noise_dim=tuning.noise_dim,
-      seed=tf.stack([tf.constant(tuning.seed, tf.int64),
-                     tf.cast(round_num, tf.int64)]),
-      noise=tuning.noise, teacher_mask=teacher_mask,
-      transfer_weight=tuning.transfer_weight,
-      diversity_weight=tuning.diversity_weight, mask=tuning.mask,
-      ensemble=tuning.ensemble, student_learning_rate=student_lr,
-      generator_steps=tuning.generator_steps)
+      fedftg_tf.FineTuneModels(student, teachers, generator), label_counts,
+      fedftg_tf.FineTuneOptimizers(tuning.generator_optimizer,
+                                   tuning.student_optimizer),
+      (gen_state, student_state), tuning.settings,
+      tf.stack([tf.constant(tuning.seed, tf.int64),
+                tf.cast(round_num, tf.int64)]),
+      teacher_mask=teacher_mask, student_learning_rate=student_lr)
 
 
 @tf.function

@@ -1,48 +1,41 @@
-"""FedGen as a TFF learning process: its TFF stages and builder.
+"""FedGen as a TFF learning process: its stages, builder and registry entry.
 
 Zhu, Hong and Zhou, "Data-Free Knowledge Distillation for Heterogeneous
 Federated Learning", ICML 2021 (Algorithm 1; generator objective eq. 4 with
 the supplement's label-count weighting, Sec. 9; client objective eq. 5).
+The maths is `tff_kd.methods.fedgen.fedgen_tf`. The global model is a pair
+(classifier `ModelWeights`, feature-generator `ModelWeights`). One round:
+
+1. distributor: broadcast both (a client needs G for its regulariser);
+2. client work (`build_client_work`, on `label_counts.build_client_work`):
+   the client builds this round's dataset from its key
+   `"<id>|<seed>|<round>"`, caches it and counts its labels n_{k,y} over the
+   batches it will train on (the reference counts the same batches), then
+   trains with `local_training.train_locally` whose regulariser is
+   `fedgen_tf.regularized_local_loss` (the paper's eq. 5 plus the
+   reference's latent term), with the reference's coefficients
+   max(1e-4, c0 * 0.98^t) (t read from the key) and the regulariser off
+   before `start_round` (reference: round 0, untrained G). Generated labels
+   are drawn uniformly over the labels the client holds (reference
+   `available_labels`). It uploads its classifier delta and its label
+   counts, weighted by its number of examples;
+3. aggregator: `tff_kd.federated.stacking.build_stacking_aggregator`, so the
+   server receives every client's update as an [M, ...] stack;
+4. finalizer (`build_generator_finalizer`): the example-weighted mean delta
+   of the classifiers is applied with the server optimiser (FedAvg), and the
+   generator takes `steps` Adam steps (`fedgen_tf.train_generator`) against
+   the received client heads (global head + each client's head delta; the
+   classifier's last layer is linear) with the label-count-weighted teacher
+   loss (eq. 4) and the diversity loss. The generator's optimiser state,
+   like its weights, lives in the server state across rounds (the reference
+   keeps one Adam optimiser for the whole run).
 
 State: `tff.learning.templates.LearningAlgorithmState` whose
 `global_model_weights` is `(classifier ModelWeights, generator
 ModelWeights)`; `get_model_weights` / `set_model_weights` see the
 classifier (`composer.first_model_view`); `generator_weights` reads the
-generator.
-
-The stages (label-counting client work and generator finalizer):
-
-FedGen (Zhu, Hong and Zhou, "Data-Free Knowledge Distillation for
-Heterogeneous Federated Learning", ICML 2021; supplement Sec. 9, Algorithm
-1; the maths is in `fedgen_tf`). The global model is a pair
-(classifier `ModelWeights`, feature-generator `ModelWeights`). One round:
-
-1. distributor: broadcast both (a client needs G for its regulariser);
-2. client work (`build_client_work`, on `label_counts.build_client_work`):
-   the client builds this round's
-   dataset from its key `"<id>|<seed>|<round>"`, caches it and counts its
-   labels n_{k,y} over the batches it will train on (the reference counts
-   the same batches), then trains with `local_training.train_locally`
-   whose regulariser is `fedgen.regularized_local_loss` (the ICML paper's
-   eq. 5 plus the reference's latent term), with the reference's
-   coefficients max(1e-4, c0 * 0.98^t) (t read from the key) and the
-   regulariser off before `start_round` (reference: round 0, untrained G).
-   Generated labels are drawn uniformly over the labels the client holds
-   (reference `available_labels`). It uploads its classifier delta and its
-   label counts, weighted by its number of examples;
-3. aggregator: `tff_kd.federated.stacking.build_stacking_aggregator`, so the
-   server receives every client's update as an [M, ...] stack;
-4. finalizer (`build_generator_finalizer`): the example-weighted mean delta
-   of the classifiers is applied with the server optimiser (FedAvg), and the
-   generator takes `steps` Adam steps (`fedgen.train_generator`) against
-   the received client heads (global head + each client's head delta; the
-   classifier's last layer is linear) with the label-count-weighted teacher
-   loss and the diversity loss. The generator's optimiser state, like its
-   weights, lives in the server state across rounds (the reference keeps
-   one Adam optimiser for the whole run).
-
-The label counting and the upload are shared with FedFTG's clients
-(`tff_kd.federated.label_counts`).
+generator. The label counting and the upload are shared with FedFTG's
+clients (`tff_kd.federated.label_counts`).
 """
 
 import collections
@@ -73,7 +66,7 @@ GeneratorFn = Callable[[], tf.keras.Model]
 
 
 class LocalRegularizer(NamedTuple):
-  """FedGen's client regulariser settings (`fedgen.regularized_local_loss`).
+  """FedGen's client regulariser settings (`fedgen_tf.regularized_local_loss`).
 
   Attributes:
     generator_fn: Builds the feature generator (same as the server's).
@@ -220,7 +213,7 @@ def head_variables(classifier: classifiers.Classifier) -> tuple[int, int]:
 
 
 class GeneratorTraining(NamedTuple):
-  """Server generator settings (`fedgen.train_generator`).
+  """Server generator settings (`fedgen_tf.train_generator`).
 
   Attributes:
     generator_fn: Builds the feature generator.
@@ -390,7 +383,7 @@ def build_fedgen_process(
     learning_rate_decay: Client lr multiplier per round, in (0, 1].
     hparams: `config.fedgen` (`hparams_lib.FedGenHparams`; defaults: the
       reference's MNIST settings). `reference_steps` scales the
-      regulariser's coefficients (`federated.fedgen.LocalRegularizer`).
+      regulariser's coefficients (`LocalRegularizer`).
     seed: Seed of the generator's initial weights and of its noise.
 
   Returns:

@@ -386,35 +386,79 @@ def generate(generator: tf.keras.Model,
   return generator([z, y], training=training), z, y
 
 
-def client_gan_step(classifier: classifiers.Classifier,
-                    discriminator: generators.DiscriminatorHead,
-                    generator: tf.keras.Model,
+class GanSettings(NamedTuple):
+  """A client's GAN settings (`client_gan_step`, `dafkd_tf.client_round`).
+
+  Attributes:
+    noise_dim: Generator noise size.
+    num_classes: C.
+    adv_weight: Weight of eq. (2) inside eq. (9).
+    gp_weight: Gradient-penalty weight, a Python float (reference code 0.3;
+      paper 0).
+    generator_form: 'minimax' (eq. 3) or 'non_saturating'.
+    discriminator_mode: BatchNorm mode of everything the discriminator
+      scores in training, one of `DISCRIMINATOR_MODES` ('inference': the
+      server's mode; 'batch_update': the reference code's; see
+      `client_gan_step`).
+    gan_steps: The GAN terms (eq. 2 in eq. 9, and the eq. 3 generator step)
+      are active in `gan_steps` local steps of every round (where:
+      `gan_window`); the other steps are plain cross-entropy steps of the
+      classifier. 0: every step (the paper's Algorithm 1).
+    gan_window: 'first' (the first `gan_steps` steps; the reference code
+      keeps the GAN terms to its first epochs) or 'last' (the last
+      `gan_steps` steps of the round, so the discriminator head ends the
+      round trained on the extractor it is uploaded with; needs a dataset
+      of known length, else it falls back to 'first').
+    noise: 'gaussian' or 'uniform' generator noise.
+    label_probs: [C] distribution of the pseudo labels (None: uniform).
+    fake_batch_size: Pseudo samples per step (None: the real batch size).
+  """
+
+  noise_dim: int
+  num_classes: int
+  adv_weight: float = 1.0
+  gp_weight: float = 0.0
+  generator_form: str = 'minimax'
+  discriminator_mode: str = 'inference'
+  gan_steps: int = 0
+  gan_window: str = 'last'
+  noise: str = 'gaussian'
+  label_probs: tf.Tensor | None = None
+  fake_batch_size: int | None = None
+
+
+class GanModels(NamedTuple):
+  """A client's three models (built outside the TF functions)."""
+
+  classifier: classifiers.Classifier
+  discriminator: generators.DiscriminatorHead
+  generator: tf.keras.Model
+
+
+class GanOptimizers(NamedTuple):
+  """The client's optimisers: `joint` for eq. (9), `generator` for eq. (3)."""
+
+  joint: tff.learning.optimizers.Optimizer
+  generator: tff.learning.optimizers.Optimizer
+
+
+def client_gan_step(models: GanModels,
                     real_batch: dict,
-                    *,
-                    joint_optimizer: tff.learning.optimizers.Optimizer,
-                    joint_state,
-                    generator_optimizer: tff.learning.optimizers.Optimizer,
-                    generator_state,
-                    noise_dim: int,
-                    num_classes: int,
+                    optimizers: GanOptimizers,
+                    states: tuple,
+                    settings: GanSettings,
                     seed,
-                    noise: str = 'gaussian',
-                    label_probs: tf.Tensor | None = None,
-                    fake_batch_size: int | None = None,
-                    adv_weight: float = 1.0,
-                    gp_weight: float = 0.0,
-                    generator_form: str = 'minimax',
+                    *,
                     train_generator: bool = True,
-                    negatives: tf.Tensor | None = None,
-                    discriminator_mode: str = 'inference') -> GanStepResult:
+                    negatives: tf.Tensor | None = None) -> GanStepResult:
   """One DaFKD client step: Algorithm 1, lines 20-24.
 
   1. x_hat = g(z, y) (generator in training mode, no gradient to it);
-  2. one `joint_optimizer` step on `GanVariables.joint` with eq. (9) (plus
+  2. one `optimizers.joint` step on `GanVariables.joint` with eq. (9) (plus
      `gp_weight` times the gradient penalty); the real batch goes through the
      extractor once, feeding both the classifier's head and the
      discriminator's when they share it;
-  3. a fresh (z, y) and one `generator_optimizer` step on the generator's
+  3. a fresh (z, y) and one `optimizers.generator` step on the generator's
      variables with eq. (3) (skipped when `train_generator` is False, e.g.
      after the rounds in which the GAN terms are active).
 
@@ -454,33 +498,25 @@ def client_gan_step(classifier: classifiers.Classifier,
   settings then coincide.
 
   Optimiser states are passed in and returned (TFF style); create them with
-  `initial_optimizer_state(opt, gan_variables(...).joint)` and `.generator`.
+  `initial_optimizer_state(opt, gan_variables(*models).joint)` and
+  `.generator`.
 
   Args:
-    classifier: The client's `Classifier`.
-    discriminator: Its `DiscriminatorHead` (shared or not).
-    generator: The conditional generator `[noise, labels] -> images`.
+    models: The client's `GanModels`: its `Classifier`, its
+      `DiscriminatorHead` (shared or not) and the conditional generator
+      `[noise, labels] -> images`.
     real_batch: `{'x': images [B, ...], 'y': int labels [B]}`.
-    joint_optimizer: `tff.learning.optimizers` optimizer for eq. (9).
-    joint_state: Its state, over `gan_variables(...).joint`.
-    generator_optimizer: Optimizer for eq. (3).
-    generator_state: Its state, over the generator's trainable variables.
-    noise_dim: Generator noise size.
-    num_classes: C.
+    optimizers: `GanOptimizers` of eq. (9) and eq. (3).
+    states: Their states (joint over `gan_variables(...).joint`, generator
+      over the generator's trainable variables).
+    settings: `GanSettings` (noise, pseudo labels, loss weights and forms,
+      `discriminator_mode`; `gan_steps` and `gan_window` are the round's).
     seed: Shape-[2] (or int) stateless seed of this step; vary it per step.
-    noise: 'gaussian' or 'uniform'.
-    label_probs: [C] distribution of the pseudo labels (default uniform).
-    fake_batch_size: Pseudo samples per step (default: the real batch size).
-    adv_weight: Weight of eq. (2) inside eq. (9).
-    gp_weight: Gradient-penalty weight, a Python float (reference code 0.3;
-      paper 0).
-    generator_form: 'minimax' (eq. 3) or 'non_saturating'.
     train_generator: Run step 3.
     negatives: Instead of generated samples, this batch [B', ...] is the
       discriminator's negative batch (e.g. real images of the global
       distribution: the oracle-pool ablation, where p_g = p holds by
       construction); step 3 is then skipped.
-    discriminator_mode: One of `DISCRIMINATOR_MODES` (above).
 
   Returns:
     A `GanStepResult`.
@@ -488,84 +524,136 @@ def client_gan_step(classifier: classifiers.Classifier,
   Raises:
     ValueError: Unknown `discriminator_mode`.
   """
-  if discriminator_mode not in DISCRIMINATOR_MODES:
+  joint_state, generator_state = states
+  if settings.discriminator_mode not in DISCRIMINATOR_MODES:
     raise ValueError(
-        f'discriminator_mode {discriminator_mode!r} is unknown; choose one of '
-        f"{', '.join(DISCRIMINATOR_MODES)}")
-  pseudo_training = discriminator_mode in ('batch', 'batch_update')
-  variables = gan_variables(classifier, discriminator, generator)
+        f'discriminator_mode {settings.discriminator_mode!r} is unknown; '
+        f"choose one of {', '.join(DISCRIMINATOR_MODES)}")
+  variables = gan_variables(*models)
   seeds = tf.random.experimental.stateless_split(
       generators._as_seed(seed), 3)  # pylint: disable=protected-access
-  x_real = real_batch['x']
-  y_real = real_batch['y']
-  fake_batch = (tf.shape(x_real)[0] if fake_batch_size is None
-                else fake_batch_size)
-  gen_kwargs = dict(noise_dim=noise_dim, num_classes=num_classes, noise=noise,
-                    label_probs=label_probs, training=True)
+  fake_batch = (tf.shape(real_batch['x'])[0]
+                if settings.fake_batch_size is None
+                else settings.fake_batch_size)
   if negatives is None:
-    x_fake, _, _ = generate(generator, fake_batch, seed=seeds[0],
-                            **gen_kwargs)
+    x_fake, _, _ = generate(models.generator, fake_batch, seed=seeds[0],
+                            **_generator_kwargs(settings))
     x_fake = tf.stop_gradient(x_fake)
   else:
     x_fake = tf.convert_to_tensor(negatives, tf.float32)
     train_generator = False
 
   with tf.GradientTape() as tape:
-    features = classifier.features(x_real, training=True)
-    logits = classifier.head(features, training=True)
-    if discriminator_mode == 'inference':
-      if discriminator.extractor is not classifier.features:
-        # A separate extractor's moving statistics follow the real data too
-        # (this training-mode pass only updates them).
-        discriminator.extractor(x_real, training=True)
-      d_real = discriminator.logit_model(x_real, training=False)
-    elif discriminator.extractor is classifier.features:
-      d_real = discriminator.head(features, training=True)
-    else:
-      d_real = discriminator.logit_model(x_real, training=True)
-    # Read after the real pass's moving-statistics updates (tf.function
-    # orders the reads and assigns of a variable as written).
-    statistics = _unique(list(classifier.model.non_trainable_weights) +
-                         list(discriminator.model.non_trainable_weights))
-    real_statistics = ([tf.identity(v) for v in statistics]
-                       if discriminator_mode == 'batch' else [])
-    d_fake = discriminator.logit_model(x_fake, training=pseudo_training)
-    ce = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
-        labels=tf.cast(y_real, tf.int32), logits=logits))
-    disc = discriminator_loss(d_real, d_fake, from_logits=True)
-    loss = ce + adv_weight * disc
-    if gp_weight:
-      if fake_batch_size is not None:
-        raise ValueError('the gradient penalty pairs real and pseudo samples; '
-                         'leave fake_batch_size unset')
-      penalty = gradient_penalty(
-          lambda x: discriminator.model(x, training=pseudo_training), x_real,
-          x_fake, seeds[2])
-      loss += gp_weight * penalty
-    else:
-      penalty = tf.constant(0.0)
-  grads = tape.gradient(loss, variables.joint)
-  joint_state, updated = joint_optimizer.next(
-      joint_state, tuple(variables.joint), tuple(grads))
-  for variable, value in zip(variables.joint, updated):
-    variable.assign(value)
+    terms = _joint_terms(models, real_batch, x_fake, settings, seeds[2])
+  grads = tape.gradient(terms.loss, variables.joint)
+  joint_state = _apply(optimizers.joint, joint_state, variables.joint, grads)
 
   gen_loss = tf.constant(0.0)
   if train_generator:
-    with tf.GradientTape() as tape:
-      x_gen, _, _ = generate(generator, fake_batch, seed=seeds[1],
-                             **gen_kwargs)
-      d_gen = discriminator.logit_model(x_gen, training=pseudo_training)
-      gen_loss = generator_loss(d_gen, form=generator_form, from_logits=True)
-    grads = tape.gradient(gen_loss, variables.generator)
-    generator_state, updated = generator_optimizer.next(
-        generator_state, tuple(variables.generator), tuple(grads))
-    for variable, value in zip(variables.generator, updated):
-      variable.assign(value)
+    generator_state, gen_loss = _generator_step(
+        models, optimizers.generator, generator_state, fake_batch, settings,
+        seeds[1])
 
-  for variable, value in zip(statistics, real_statistics):
+  for variable, value in zip(terms.statistics, terms.real_statistics):
     variable.assign(value)
-  real_accuracy = tf.reduce_mean(tf.cast(_flat(d_real) > 0.0, tf.float32))
-  fake_accuracy = tf.reduce_mean(tf.cast(_flat(d_fake) < 0.0, tf.float32))
-  return GanStepResult(joint_state, generator_state, ce, disc, penalty,
-                       gen_loss, real_accuracy, fake_accuracy)
+  real_accuracy = tf.reduce_mean(tf.cast(_flat(terms.d_real) > 0.0,
+                                         tf.float32))
+  fake_accuracy = tf.reduce_mean(tf.cast(_flat(terms.d_fake) < 0.0,
+                                         tf.float32))
+  return GanStepResult(joint_state, generator_state, terms.ce, terms.disc,
+                       terms.penalty, gen_loss, real_accuracy, fake_accuracy)
+
+
+def _generator_kwargs(settings: GanSettings) -> dict:
+  """`generate`'s keyword arguments in training (generator training mode)."""
+  return dict(noise_dim=settings.noise_dim, num_classes=settings.num_classes,
+              noise=settings.noise, label_probs=settings.label_probs,
+              training=True)
+
+
+def _apply(optimizer: tff.learning.optimizers.Optimizer, state,
+           variables: Sequence[tf.Variable], grads):
+  """One optimiser step on `variables`; returns the new state."""
+  state, updated = optimizer.next(state, tuple(variables), tuple(grads))
+  for variable, value in zip(variables, updated):
+    variable.assign(value)
+  return state
+
+
+class _JointTerms(NamedTuple):
+  """The forward pass of eq. (9) (`_joint_terms`)."""
+
+  loss: tf.Tensor
+  ce: tf.Tensor
+  disc: tf.Tensor
+  penalty: tf.Tensor
+  d_real: tf.Tensor
+  d_fake: tf.Tensor
+  statistics: list
+  real_statistics: list
+
+
+def _joint_terms(models: GanModels, real_batch: dict, x_fake: tf.Tensor,
+                 settings: GanSettings, penalty_seed) -> _JointTerms:
+  """Eq. (9) on a real and a pseudo batch (inside the joint step's tape).
+
+  The BatchNorm modes follow `settings.discriminator_mode` (see
+  `client_gan_step`); `statistics` are the moving statistics to reset to
+  `real_statistics` after the step ('batch' mode; none otherwise).
+  """
+  classifier, discriminator, _ = models
+  mode = settings.discriminator_mode
+  pseudo_training = mode in ('batch', 'batch_update')
+  x_real = real_batch['x']
+  features = classifier.features(x_real, training=True)
+  logits = classifier.head(features, training=True)
+  if mode == 'inference':
+    if discriminator.extractor is not classifier.features:
+      # A separate extractor's moving statistics follow the real data too
+      # (this training-mode pass only updates them).
+      discriminator.extractor(x_real, training=True)
+    d_real = discriminator.logit_model(x_real, training=False)
+  elif discriminator.extractor is classifier.features:
+    d_real = discriminator.head(features, training=True)
+  else:
+    d_real = discriminator.logit_model(x_real, training=True)
+  # Read after the real pass's moving-statistics updates (tf.function
+  # orders the reads and assigns of a variable as written).
+  statistics = _unique(list(classifier.model.non_trainable_weights) +
+                       list(discriminator.model.non_trainable_weights))
+  real_statistics = ([tf.identity(v) for v in statistics]
+                     if mode == 'batch' else [])
+  d_fake = discriminator.logit_model(x_fake, training=pseudo_training)
+  ce = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+      labels=tf.cast(real_batch['y'], tf.int32), logits=logits))
+  disc = discriminator_loss(d_real, d_fake, from_logits=True)
+  loss = ce + settings.adv_weight * disc
+  if settings.gp_weight:
+    if settings.fake_batch_size is not None:
+      raise ValueError('the gradient penalty pairs real and pseudo samples; '
+                       'leave fake_batch_size unset')
+    penalty = gradient_penalty(
+        lambda x: discriminator.model(x, training=pseudo_training), x_real,
+        x_fake, penalty_seed)
+    loss += settings.gp_weight * penalty
+  else:
+    penalty = tf.constant(0.0)
+  return _JointTerms(loss, ce, disc, penalty, d_real, d_fake, statistics,
+                     real_statistics)
+
+
+def _generator_step(models: GanModels,
+                    optimizer: tff.learning.optimizers.Optimizer, state,
+                    fake_batch, settings: GanSettings, seed):
+  """Step 3: one generator update on eq. (3); (state, loss before it)."""
+  variables = list(models.generator.trainable_weights)
+  with tf.GradientTape() as tape:
+    x_gen, _, _ = generate(models.generator, fake_batch, seed=seed,
+                           **_generator_kwargs(settings))
+    d_gen = models.discriminator.logit_model(
+        x_gen, training=settings.discriminator_mode in ('batch',
+                                                        'batch_update'))
+    gen_loss = generator_loss(d_gen, form=settings.generator_form,
+                              from_logits=True)
+  grads = tape.gradient(gen_loss, variables)
+  return _apply(optimizer, state, variables, grads), gen_loss
