@@ -26,6 +26,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_kd import errors
 from tff_kd.core import local_training
 from tff_kd.core import stacking as stacking_tf
 from tff_kd.federated import composer
@@ -261,6 +262,29 @@ def screen_client(
     stats[key] = gate(stats[key])
   stats['excluded'] = 1.0 - tf.cast(keep, tf.float32)
   return screened, stats, keep
+
+
+def check_schedule(learning_rate: float, learning_rate_decay: float) -> None:
+  """The one check of a client learning-rate schedule `lr * decay**round`.
+
+  Every builder calls it before building anything; configs are checked by
+  `client_optimizer`'s settings with the same bounds.
+
+  Raises:
+    ConfigError: unless lr is finite and > 0 and the decay is in (0, 1].
+  """
+  if not (_is_finite_number(learning_rate) and learning_rate > 0):
+    raise errors.ConfigError(
+        f'client learning rate must be > 0 and finite, got {learning_rate!r}')
+  if not (_is_finite_number(learning_rate_decay) and
+          0 < learning_rate_decay <= 1):
+    raise errors.ConfigError('client learning-rate decay must be in (0, 1], '
+                             f'got {learning_rate_decay!r}')
+
+
+def _is_finite_number(value) -> bool:
+  return (isinstance(value, (int, float, np.integer, np.floating)) and
+          not isinstance(value, bool) and np.isfinite(value))
 
 
 def build_round_schedule(learning_rate: float, learning_rate_decay: float

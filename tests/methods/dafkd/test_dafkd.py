@@ -275,7 +275,7 @@ def _bad(data, match, **kwargs):
     (dict(pool_size=0), 'pool_size must be an integer >= 1, got 0'),
     (dict(noise_dim=-1), 'noise_dim must be'),
     (dict(clients_per_round=4), 'clients_per_round=4 is more than'),
-    (dict(learning_rate=0.0), 'learning_rate must be > 0'),
+    (dict(learning_rate=0.0), 'client learning rate must be > 0'),
     (dict(gp_weight=-0.3), 'dafkd.gp_weight must be a finite number >= 0'),
     (dict(generator_form='wgan'), "generator_form 'wgan' is unknown"),
     (dict(discriminator_mode='moving'), "discriminator_mode 'moving' is"),

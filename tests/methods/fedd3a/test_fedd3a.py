@@ -315,7 +315,7 @@ def test_per_client_mean_places_rows_at_their_ids():
     ({'clients_per_round': 0}, errors.ConfigError,
      'clients_per_round must be >= 1'),
     ({'learning_rate': 0.0}, errors.ConfigError, 'learning rate must be > 0'),
-    ({'distill_config': CONFIG._replace(steps=0)}, errors.ConfigError,
+    ({'distill_config': CONFIG.replace(steps=0)}, errors.ConfigError,
      'distill.steps must be an integer >= 1'),
 ])
 def test_bad_settings_fail_before_building(data, pool, overrides, error,

@@ -499,10 +499,7 @@ def _check_arguments(classifier_fn, num_clients: int, clients_per_round: int,
   if clients_per_round > num_clients:
     fail(f'clients_per_round={clients_per_round} is more than '
          f'num_clients={num_clients}')
-  if not learning_rate > 0:
-    fail(f'learning_rate must be > 0, got {learning_rate!r}')
-  if not 0 < learning_rate_decay <= 1:
-    fail(f'learning_rate_decay must be in (0, 1], got {learning_rate_decay!r}')
+  learning.check_schedule(learning_rate, learning_rate_decay)
 
 
 def build_dafkd_process(

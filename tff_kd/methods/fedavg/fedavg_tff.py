@@ -42,21 +42,11 @@ def build_fedavg_process(
   Returns:
     A `tff.learning.templates.LearningProcess`.
   """
-  check_schedule(learning_rate, learning_rate_decay)
+  learning.check_schedule(learning_rate, learning_rate_decay)
   return learning.build_keras_learning_process(
       model_fn, element_spec, client_optimizer=client_optimizer,
       server_optimizer=server_optimizer, learning_rate=learning_rate,
       learning_rate_decay=learning_rate_decay, dataset_fn=dataset_fn)
-
-
-def check_schedule(learning_rate: float, decay: float) -> None:
-  """Raises `ConfigError` unless lr > 0 and the decay is in (0, 1]."""
-  if not learning_rate > 0:
-    raise errors.ConfigError(
-        f'client learning rate must be > 0, got {learning_rate}')
-  if not 0 < decay <= 1:
-    raise errors.ConfigError(
-        f'client learning-rate decay must be in (0, 1], got {decay}')
 
 
 def build_from_config(

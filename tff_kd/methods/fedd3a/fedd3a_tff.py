@@ -544,12 +544,7 @@ def build_fedd3a_process(
   """
   hparams.validate()
   distill_config.check_labeled(server_data.val_size)
-  if not 0 < learning_rate:
-    raise errors.ConfigError(
-        f'client learning rate must be > 0, got {learning_rate}')
-  if not 0 < learning_rate_decay <= 1:
-    raise errors.ConfigError('client learning-rate decay must be in (0, 1], '
-                             f'got {learning_rate_decay}')
+  learning.check_schedule(learning_rate, learning_rate_decay)
   if (isinstance(clients_per_round, bool) or
       not isinstance(clients_per_round, int) or clients_per_round < 1):
     raise errors.ConfigError(

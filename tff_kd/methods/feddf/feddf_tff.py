@@ -313,12 +313,7 @@ def build_feddf_process(
   model_fns = tuple(model_fns)
   if not model_fns:
     raise errors.ConfigError('feddf needs at least one model prototype')
-  if not 0 < learning_rate:
-    raise errors.ConfigError(
-        f'client learning rate must be > 0, got {learning_rate}')
-  if not 0 < learning_rate_decay <= 1:
-    raise errors.ConfigError('client learning-rate decay must be in (0, 1], '
-                             f'got {learning_rate_decay}')
+  learning.check_schedule(learning_rate, learning_rate_decay)
   if not isinstance(clients_per_round, int) or clients_per_round < 1:
     raise errors.ConfigError(
         f'clients_per_round must be >= 1, got {clients_per_round!r}')

@@ -30,7 +30,6 @@ by `lr_decay` per round (reference 0.998).
 """
 
 import collections
-import math
 from typing import Callable, NamedTuple, Optional
 
 import ml_collections
@@ -291,12 +290,7 @@ def build_fedftg_process(
       isinstance(clients_per_round, bool) or clients_per_round < 1):
     fail(f'clients_per_round must be an integer >= 1, got '
          f'{clients_per_round!r}')
-  if not learning_rate > 0:
-    fail(f'client learning rate must be > 0, got {learning_rate!r}')
-  if not (math.isfinite(learning_rate_decay) and
-          0 < learning_rate_decay <= 1):
-    fail(f'learning_rate_decay must be in (0, 1], got '
-         f'{learning_rate_decay!r}')
+  learning.check_schedule(learning_rate, learning_rate_decay)
   config = distillation.DistillConfig.plain(
       steps=h.student_steps, batch_size=h.batch_size,
       temperature=h.temperature, eval_every=h.student_steps, seed=seed,

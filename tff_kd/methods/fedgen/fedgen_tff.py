@@ -40,7 +40,6 @@ clients (`tff_kd.federated.label_counts`).
 
 import collections
 import functools
-import math
 from typing import Callable, NamedTuple, Optional
 
 import ml_collections
@@ -454,16 +453,7 @@ def _check(**v) -> None:
   def fail(message):
     raise errors.ConfigError(f'fedgen {message}')
 
-  def finite(x):
-    return isinstance(x, (int, float)) and not isinstance(
-        x, bool) and math.isfinite(x)
-
-  if not (finite(v['learning_rate']) and v['learning_rate'] > 0):
-    fail(f"client learning rate must be > 0, got {v['learning_rate']!r}")
-  if not (finite(v['learning_rate_decay']) and
-          0 < v['learning_rate_decay'] <= 1):
-    fail('client learning-rate decay must be in (0, 1], got '
-         f"{v['learning_rate_decay']!r}")
+  learning.check_schedule(v['learning_rate'], v['learning_rate_decay'])
   for name in ('clients_per_round', 'local_batch_size'):
     if not isinstance(v[name], int) or isinstance(v[name], bool) or (
         v[name] < 1):

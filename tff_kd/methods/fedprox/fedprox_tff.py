@@ -50,7 +50,7 @@ def build_fedprox_process(
     ConfigError: a bad hyper-parameter.
   """
   hparams.validate()
-  fedavg_tff.check_schedule(learning_rate, learning_rate_decay)
+  learning.check_schedule(learning_rate, learning_rate_decay)
   return learning.build_keras_learning_process(
       model_fn, element_spec, client_optimizer=client_optimizer,
       server_optimizer=server_optimizer, learning_rate=learning_rate,
