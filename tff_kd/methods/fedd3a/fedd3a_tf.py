@@ -52,7 +52,8 @@ in program order also inside a TFF computation's graph; everything runs
 eagerly as well (tests compare the TFF process with these functions).
 """
 
-from typing import TYPE_CHECKING, Callable, NamedTuple, Optional, Sequence, Union
+from typing import (TYPE_CHECKING, Callable, NamedTuple, Optional, Sequence,
+                    Union)
 
 import tensorflow as tf
 import tensorflow_federated as tff
