@@ -196,11 +196,15 @@ def _eager_round(client_updates, score_backbone='broadcast'):
       _classifier_fn(), _classifier_fn().model,
       tff.learning.optimizers.build_adam(DISTILL_LR),
       global_weights=ModelWeights([tf.constant(w) for w in W0.trainable], []),
-      deltas=ModelWeights([tf.constant(d) for d in stacked.trainable], []),
-      projections=tf.constant(projections), valid=tf.constant([True, True]),
       start_weights=ModelWeights([tf.constant(m, tf.float32) for m in mean],
                                  []),
-      pool=tf.constant(POOL), config=CONFIG, score_backbone=score_backbone)
+      uploads=fedd3a_tf.Uploads(
+          ModelWeights([tf.constant(d) for d in stacked.trainable], []),
+          tf.constant(projections), tf.constant([True, True])),
+      samples=fedd3a_tf.ServerSamples(tf.constant(POOL)),
+      settings=fedd3a_tf.ServerSettings(
+          fedd3a_hparams.FedD3AHparams(score_backbone=score_backbone),
+          CONFIG))
   return result, mean, stacked, projections
 
 

@@ -236,11 +236,13 @@ def eager_server(client_updates):
   result = fedd3a_tf.hetero_server_round(
       _classifier_fn(), [fn() for fn in MODEL_FNS],
       tff.learning.optimizers.build_adam(DISTILL_LR),
-      client_weights=stacked, architectures=tf.constant([0, 1]),
-      projections=tf.constant(np.stack([u['projection'] for u in ups])),
-      valid=tf.constant([True, True]),
       start_weights=ModelWeights([tf.constant(w) for w in W0.trainable], []),
-      pool=tf.constant(POOL), config=CONFIG)
+      uploads=fedd3a_tf.Uploads(
+          stacked, tf.constant(np.stack([u['projection'] for u in ups])),
+          tf.constant([True, True]), architectures=tf.constant([0, 1])),
+      samples=fedd3a_tf.ServerSamples(tf.constant(POOL)),
+      settings=fedd3a_tf.ServerSettings(fedd3a_hparams.FedD3AHparams(),
+                                        CONFIG))
   return result, ups
 
 
@@ -309,7 +311,8 @@ def test_local_models_persist_in_the_store(rounds, client_updates, data):
       [ModelWeights([tf.constant(rows_a[1][0][0])], []),
        ModelWeights([tf.constant(w[0]) for w in rows_b[1]], [])],
       data.dataset_fn(LOCAL)(tf.constant(key)), tf.constant(LR),
-      architecture=0, alpha=ALPHA, kd_weight=KD_WEIGHT, temperature=KD_T)
+      architecture=0, hparams=fedd3a_hparams.FedD3AHparams(
+          alpha=ALPHA, kd_weight=KD_WEIGHT, kd_temperature=KD_T))
   np.testing.assert_allclose(rows_a[2][0][0], want.weights[0].trainable[0],
                              rtol=1e-5, atol=1e-6)
   assert np.abs(rows_a[2][0][0] - rows_a[1][0][0]).max() > 1e-4

@@ -49,9 +49,12 @@ def _generator_fn():
 def _training():
   return fedgen_tff.GeneratorTraining(
       generator_fn=_generator_fn,
-      optimizer=tff.learning.optimizers.build_adam(1e-2), steps=4,
-      batch_size=8, noise_dim=4, noise='gaussian', teacher_weight=1.0,
-      diversity_weight=1.0, ensemble='per_head', seed=7)
+      optimizer=tff.learning.optimizers.build_adam(1e-2),
+      hparams=fedgen_hparams.FedGenHparams(
+          generator_steps=4, generator_batch_size=8, noise_dim=4,
+          noise='gaussian', teacher_weight=1.0, diversity_weight=1.0,
+          teacher_ensemble='per_head'),
+      seed=7)
 
 
 @pytest.fixture(scope='module')
@@ -266,9 +269,12 @@ def test_long_rounds_scale_the_regulariser_to_its_reference_steps(tmp_path):
 
   def update(alpha, beta, reference_steps):
     reg = fedgen_tff.LocalRegularizer(
-        generator_fn=_generator_fn, noise_dim=4, alpha=alpha, beta=beta,
-        decay=0.98, floor=1e-4, gen_batch_size=4, batch_size=8,
-        noise='gaussian', start_round=0, reference_steps=reference_steps)
+        generator_fn=_generator_fn,
+        hparams=fedgen_hparams.FedGenHparams(
+            noise_dim=4, local_alpha=alpha, local_beta=beta,
+            coefficient_decay=0.98, local_gen_batch_size=4, noise='gaussian',
+            start_round=0, reference_steps=reference_steps),
+        batch_size=8, floor=1e-4)
     work = fedgen_tff.build_client_work(
         toy_kd.classifier_fn, data.element_spec,
         tff.learning.optimizers.build_sgdm(toy_kd.LR), num_classes=3,

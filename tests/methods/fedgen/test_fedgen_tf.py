@@ -9,6 +9,7 @@ from tff_kd.core import data_free
 from tff_kd.core import distillation
 from tff_kd.methods.fedftg import fedftg_tf as fedftg
 from tff_kd.methods.fedgen import fedgen_tf as fedgen
+from tff_kd.methods.fedgen import hparams as fedgen_hparams
 from tff_kd.models import classifiers
 from tff_kd.models import generators
 
@@ -91,7 +92,8 @@ def test_generator_step_learns_the_heads_labels():
   def step(state, seed):
     return fedgen.generator_step(
         gen, lambda z: fedgen.linear_heads_logits(z, kernels, biases), counts,
-        adam, state, batch_size=32, noise_dim=4, seed=seed)
+        adam, state, seed=seed, hparams=fedgen_hparams.FedGenHparams(
+            generator_batch_size=32, noise_dim=4))
 
   results = []
   for i in range(50):
@@ -119,10 +121,13 @@ def test_regularized_local_loss_terms():
   x = tf.random.stateless_uniform([6, 8, 8, 1], [1, 1], minval=-1)
   y = tf.constant([0, 1, 2, 0, 1, 2])
   probs = tf.constant([1.0, 1.0, 0.0])
-  kwargs = dict(label_probs=probs, noise_dim=4, seed=[3, 4], training=False)
+  kwargs = dict(label_probs=probs, seed=[3, 4], training=False,
+                hparams=fedgen_hparams.FedGenHparams(noise_dim=4,
+                                                     local_gen_batch_size=6))
+  batch = {'x': x, 'y': y}
   with tf.GradientTape() as tape:
-    terms = fedgen.regularized_local_loss(clf, gen, x, y, alpha=1.0, beta=2.0,
-                                          **kwargs)
+    terms = fedgen.regularized_local_loss(
+        clf, gen, batch, coefficients=fedgen.Coefficients(1.0, 2.0), **kwargs)
   grads = tape.gradient(terms.total, gen.trainable_weights + [
       clf.head.trainable_weights[0]])
   assert all(g is None for g in grads[:-1])  # The generator is frozen.
@@ -133,8 +138,8 @@ def test_regularized_local_loss_terms():
   assert float(terms.total) == pytest.approx(
       float(terms.ce + terms.teacher + terms.latent), rel=1e-6)
   assert float(terms.teacher) > 0 and float(terms.latent) > 0
-  double = fedgen.regularized_local_loss(clf, gen, x, y, alpha=2.0, beta=0.0,
-                                         **kwargs)
+  double = fedgen.regularized_local_loss(
+      clf, gen, batch, coefficients=fedgen.Coefficients(2.0, 0.0), **kwargs)
   assert float(double.teacher) == pytest.approx(2 * float(terms.teacher),
                                                 rel=1e-6)
   assert float(double.latent) == 0.0

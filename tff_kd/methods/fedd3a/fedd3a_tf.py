@@ -52,7 +52,8 @@ in program order also inside a TFF computation's graph; everything runs
 eagerly as well (tests compare the TFF process with these functions).
 """
 
-from typing import Callable, NamedTuple, Optional, Sequence, Union
+from typing import (TYPE_CHECKING, Callable, NamedTuple, Optional, Sequence,
+                    Union)
 
 import tensorflow as tf
 import tensorflow_federated as tff
@@ -63,6 +64,9 @@ from tff_kd.core import distillation
 from tff_kd.core import local_training
 from tff_kd.core import teachers as teachers_tf
 from tff_kd.methods.fedd3a import projection_tf as projection
+
+if TYPE_CHECKING:  # hparams imports this module for its choices.
+  from tff_kd.methods.fedd3a import hparams as hparams_lib
 
 ModelWeights = tff.learning.models.ModelWeights
 WEIGHTINGS = projection.STRATEGIES
@@ -191,10 +195,8 @@ def hetero_client_round(global_classifier: models.Classifier,
                         learning_rate: tf.Tensor,
                         *,
                         architecture: Union[int, tf.Tensor],
-                        alpha: float,
-                        kd_weight: float,
-                        temperature: float,
-                        projection_batches: int = 0) -> HeteroClientRound:
+                        hparams: 'hparams_lib.FedD3AHparams'
+                        ) -> HeteroClientRound:
   """P with the received global backbone, then CE + KD local training.
 
   Args:
@@ -209,20 +211,19 @@ def hetero_client_round(global_classifier: models.Classifier,
     dataset: The round's local batches `{'x', 'y'}`.
     learning_rate: This round's client learning rate.
     architecture: The client's architecture index (int32 scalar).
-    alpha: Ridge of eq. 5, > 0.
-    kd_weight: Weight of the KD term (0: cross-entropy only).
-    temperature: KD temperature T > 0.
-    projection_batches: Cap on the batches P is built from; 0 = all.
+    hparams: `config.fedd3a`: the ridge `alpha` of eq. 5, the
+      `projection_batches` P is built from (0: all), and the KD term's
+      `kd_weight` (0: cross-entropy only) and `kd_temperature`.
 
   Returns:
     A `HeteroClientRound`.
   """
-  p, num_batches = client_projection(global_classifier, global_weights,
-                                     dataset, alpha=alpha,
-                                     projection_batches=projection_batches)
-  regularizer = global_kd_regularizer(global_classifier.model,
-                                      weight=kd_weight,
-                                      temperature=temperature)
+  p, num_batches = client_projection(
+      global_classifier, global_weights, dataset, alpha=float(hparams.alpha),
+      projection_batches=hparams.projection_batches)
+  regularizer = global_kd_regularizer(
+      global_classifier.model, weight=float(hparams.kd_weight),
+      temperature=float(hparams.kd_temperature))
   results, weights = [], []
   for a, (model, start) in enumerate(zip(local_models, local_weights)):
     # take(-1) is the whole dataset, take(0) none (FedDF's prototypes).
@@ -314,24 +315,68 @@ class ServerRound(NamedTuple):
   uniform_accuracy: tf.Tensor | float = -1.0
 
 
+class ServerSettings(NamedTuple):
+  """The server round's settings, fixed for a process.
+
+  Attributes:
+    hparams: `config.fedd3a`: its `weighting` ('soft', eq. 6, or Table 1's
+      'onehot', 'avg', 'random'), `ensemble` ('probs', eq. 7, or 'logits':
+      softmax of the weighted logits) and `score_backbone` (`server_round`).
+    distill: A `distillation.DistillConfig`; its temperature is also the
+      teachers'.
+    batch_size: Forward-pass batch size.
+  """
+
+  hparams: 'hparams_lib.FedD3AHparams'
+  distill: distillation.DistillConfig
+  batch_size: int = 256
+
+
+class Uploads(NamedTuple):
+  """What the server received this round, stacked in [M, ...] rows.
+
+  Attributes:
+    models: Homogeneous clients: the stacked client deltas (see
+      `tff_kd.core.stacking.average_update`). Heterogeneous ones: per
+      architecture, the stacked whole client `ModelWeights` (rows of other
+      architectures unused).
+    projections: [M, d, d] client projections.
+    valid: [M] bool, rows holding a client.
+    architectures: Heterogeneous clients: [M] int32 architecture index of
+      each row; None otherwise.
+  """
+
+  models: ModelWeights | Sequence[ModelWeights]
+  projections: tf.Tensor
+  valid: tf.Tensor
+  architectures: Optional[tf.Tensor] = None
+
+
+class ServerSamples(NamedTuple):
+  """The server's data.
+
+  Attributes:
+    pool: Unlabeled server samples [N, ...].
+    labeled: The server's labeled validation set (images, labels), or
+      None: the ensembles' accuracies on it are reported, and
+      `DistillConfig.validation` / `accept` may use it.
+  """
+
+  pool: tf.Tensor
+  labeled: Optional[tuple[tf.Tensor, tf.Tensor]] = None
+
+
 @tf.function
 def server_round(student: models.Classifier,
                  teacher: tf.keras.Model,
                  optimizer: tff.learning.optimizers.Optimizer,
                  *,
                  global_weights: ModelWeights,
-                 deltas: ModelWeights,
-                 projections: tf.Tensor,
-                 valid: tf.Tensor,
                  start_weights: ModelWeights,
-                 pool: tf.Tensor,
-                 config: distillation.DistillConfig,
-                 weighting: str = 'soft',
-                 ensemble: str = 'probs',
-                 seed: Optional[Union[int, tf.Tensor]] = None,
-                 batch_size: int = 256,
-                 score_backbone: str = 'broadcast',
-                 labeled: Optional[tuple[tf.Tensor, tf.Tensor]] = None
+                 uploads: Uploads,
+                 samples: ServerSamples,
+                 settings: ServerSettings,
+                 seed: Optional[Union[int, tf.Tensor]] = None
                  ) -> ServerRound:
   """FedD3A's server side of one round (eq. 6-8).
 
@@ -341,39 +386,30 @@ def server_round(student: models.Classifier,
       client row (overwritten).
     optimizer: Distillation optimiser, fresh state.
     global_weights: This round's broadcast global `ModelWeights`.
-    deltas: Stacked client results ([M, ...] leaves; see
-      `tff_kd.core.stacking.average_update`).
-    projections: [M, d, d] client projections.
-    valid: [M] bool, rows holding a client.
     start_weights: The student's start, the clients' average (Algorithm 1
       line 7).
-    pool: Unlabeled server samples [N, ...].
-    config: A `DistillConfig`; its temperature is also the teachers'.
-    weighting: 'soft' (eq. 6), 'onehot', 'avg' or 'random'.
-    ensemble: 'probs' (eq. 7) or 'logits' (softmax of the weighted logits).
+    uploads: `Uploads` with the stacked client deltas as `models`.
+    samples: The server's `ServerSamples`.
+    settings: `ServerSettings`. `hparams.score_backbone` says whose
+      backbone gives the features f of eq. 6: 'broadcast' (w_t, the one
+      every client built its P_k with: server and client features then
+      live in the same space) or 'aggregated' (the averaged model after
+      local training, the student's start).
     seed: Stateless seed of the 'random' weighting.
-    batch_size: Forward-pass batch size.
-    score_backbone: Whose backbone gives the features f of eq. 6:
-      'broadcast' (w_t, the one every client built its P_k with: server and
-      client features then live in the same space) or 'aggregated' (the
-      averaged model after local training, the student's start).
-    labeled: The server's labeled validation set (images, labels): the
-      ensembles' accuracies on it are reported, and `config.validation` /
-      `config.accept` may use it.
 
   Returns:
     A `ServerRound`.
   """
-  feature_weights = (global_weights if score_backbone == 'broadcast' else
+  feature_weights = (global_weights
+                     if settings.hparams.score_backbone == 'broadcast' else
                      start_weights)
   return _weighted_distill(
       student, optimizer, start_weights=start_weights,
-      feature_weights=feature_weights, pool=pool, projections=projections,
-      valid=valid,
+      feature_weights=feature_weights, uploads=uploads,
       teacher_logits_fn=lambda x: teachers_tf.stacked_logits(
-          teacher, global_weights, deltas, valid, x, batch_size),
-      config=config, weighting=weighting, ensemble=ensemble, seed=seed,
-      batch_size=batch_size, labeled=labeled)
+          teacher, global_weights, uploads.models, uploads.valid, x,
+          settings.batch_size),
+      samples=samples, settings=settings, seed=seed)
 
 
 @tf.function
@@ -381,47 +417,35 @@ def hetero_server_round(student: models.Classifier,
                         teachers: Sequence[tf.keras.Model],
                         optimizer: tff.learning.optimizers.Optimizer,
                         *,
-                        client_weights: Sequence[ModelWeights],
-                        architectures: tf.Tensor,
-                        projections: tf.Tensor,
-                        valid: tf.Tensor,
                         start_weights: ModelWeights,
-                        pool: tf.Tensor,
-                        config: distillation.DistillConfig,
-                        weighting: str = 'soft',
-                        ensemble: str = 'probs',
-                        seed: Optional[Union[int, tf.Tensor]] = None,
-                        batch_size: int = 256,
-                        labeled: Optional[tuple[tf.Tensor, tf.Tensor]] = None
+                        uploads: Uploads,
+                        samples: ServerSamples,
+                        settings: ServerSettings,
+                        seed: Optional[Union[int, tf.Tensor]] = None
                         ) -> ServerRound:
   """The server round with heterogeneous client models (eq. 6-8).
 
   The student starts from the previous global model (`start_weights`):
   client models of other architectures cannot be averaged. Its backbone
-  gives the features of eq. 6; teacher k is client k's own model h_k.
+  gives the features of eq. 6 (`hparams.score_backbone` is unused); teacher
+  k is client k's own model h_k.
 
   Args:
     student: Built `Classifier` of the global architecture (overwritten).
     teachers: One built Keras model per client architecture (overwritten).
     optimizer: Distillation optimiser, fresh state.
-    client_weights: Per architecture, the stacked whole client
-      `ModelWeights` ([M, ...] leaves; rows of other architectures unused).
-    architectures: [M] int32 architecture index of each row.
-    projections: [M, d, d] client projections.
-    valid: [M] bool, rows holding a client.
     start_weights: The previous global `ModelWeights`.
-    pool: Unlabeled server samples [N, ...].
-    config: A `DistillConfig`; its temperature is also the teachers'.
-    weighting: 'soft' (eq. 6), 'onehot', 'avg' or 'random'.
-    ensemble: 'probs' (eq. 7) or 'logits'.
+    uploads: `Uploads` with the per-architecture stacked whole client
+      weights as `models` and their `architectures`.
+    samples: As in `server_round`.
+    settings: As in `server_round`.
     seed: Stateless seed of the 'random' weighting.
-    batch_size: Forward-pass batch size.
-    labeled: As in `server_round`.
 
   Returns:
     A `ServerRound`.
   """
-  architectures = tf.cast(architectures, tf.int32)
+  architectures = tf.cast(uploads.architectures, tf.int32)
+  valid = uploads.valid
 
   def teacher_logits(x):
     # Row k is valid for exactly one architecture; the others give zeros.
@@ -429,16 +453,15 @@ def hetero_server_round(student: models.Classifier,
         teachers_tf.stacked_logits(
             model, None, weights,
             tf.logical_and(valid, tf.equal(architectures, a)), x,
-            batch_size)
-        for a, (model, weights) in enumerate(zip(teachers, client_weights))])
+            settings.batch_size)
+        for a, (model, weights) in enumerate(zip(teachers, uploads.models))])
 
   # The previous global model is both the student's start and w_t.
   return _weighted_distill(
       student, optimizer, start_weights=start_weights,
-      feature_weights=start_weights, pool=pool, projections=projections,
-      valid=valid, teacher_logits_fn=teacher_logits, config=config,
-      weighting=weighting, ensemble=ensemble, seed=seed,
-      batch_size=batch_size, labeled=labeled)
+      feature_weights=start_weights, uploads=uploads,
+      teacher_logits_fn=teacher_logits, samples=samples, settings=settings,
+      seed=seed)
 
 
 def _weighted_distill(student: models.Classifier,
@@ -446,23 +469,22 @@ def _weighted_distill(student: models.Classifier,
                       *,
                       start_weights: ModelWeights,
                       feature_weights: ModelWeights,
-                      pool: tf.Tensor,
-                      projections: tf.Tensor,
-                      valid: tf.Tensor,
+                      uploads: Uploads,
                       teacher_logits_fn: Callable[[tf.Tensor], tf.Tensor],
-                      config: distillation.DistillConfig,
-                      weighting: str,
-                      ensemble: str,
-                      seed: Optional[Union[int, tf.Tensor]],
-                      batch_size: int,
-                      labeled: Optional[tuple[tf.Tensor, tf.Tensor]] = None
-                      ) -> ServerRound:
+                      samples: ServerSamples,
+                      settings: ServerSettings,
+                      seed: Optional[Union[int, tf.Tensor]]) -> ServerRound:
   """Eq. 6-8 from the student's start: features, weights, target, distill.
 
   Runs inside the calling round's `tf.function`; `teacher_logits_fn(x)`
   returns the [M, N, C] teacher logits on `x` (zeros in invalid rows). The
   features of eq. 6 come from the backbone of `feature_weights`.
   """
+  projections, valid = uploads.projections, uploads.valid
+  weighting = settings.hparams.weighting
+  ensemble = settings.hparams.ensemble
+  config, batch_size = settings.distill, settings.batch_size
+  pool, labeled = samples.pool, samples.labeled
   t0 = tf.timestamp()
   variables = local_training.model_weights(student.model)
   with tf.control_dependencies([t0]):  # Timestamps follow no data flow.

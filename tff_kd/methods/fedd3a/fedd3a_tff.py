@@ -202,6 +202,7 @@ def build_finalizer(
   trainable_specs = tuple(weights_specs.trainable)
   num_slots = int(stack_type[1].shape[0])
   seed = int(config.seed)
+  settings = fedd3a_tf.ServerSettings(hparams, config)
 
   @tff.tensorflow.computation
   def init_tf():
@@ -221,14 +222,14 @@ def build_finalizer(
         stacking_tf.example_weights(stack.weights, valid))
     result = fedd3a_tf.server_round(
         classifier_fn(), model_fn(), distill_optimizer,
-        global_weights=global_weights, deltas=values['delta'],
-        projections=values['projection'], valid=valid,
-        start_weights=start, pool=server_data.read_pool(), config=config,
-        weighting=hparams.weighting, ensemble=hparams.ensemble,
+        global_weights=global_weights, start_weights=start,
+        uploads=fedd3a_tf.Uploads(values['delta'], values['projection'],
+                                  valid),
+        samples=fedd3a_tf.ServerSamples(server_data.read_pool(),
+                                        server_data.read_validation()),
+        settings=settings,
         seed=tf.stack([tf.constant(seed, tf.int64),
-                       tf.cast(round_num, tf.int64)]),
-        score_backbone=hparams.score_backbone,
-        labeled=server_data.read_validation())
+                       tf.cast(round_num, tf.int64)]))
     metrics = _round_metrics(result, stack, valid, num_clients,
                              bool(server_data.val_size))
     return (new_opt_state, round_num + 1), result.weights, metrics
@@ -390,10 +391,7 @@ def build_hetero_client_work(
     result = fedd3a_tf.hetero_client_round(
         classifier_fn(), [fn() for fn in client_model_fns], client_optimizer,
         global_weights, local_weights, client.dataset, lr,
-        architecture=architecture, alpha=float(hparams.alpha),
-        kd_weight=float(hparams.kd_weight),
-        temperature=float(hparams.kd_temperature),
-        projection_batches=hparams.projection_batches)
+        architecture=architecture, hparams=hparams)
     uploads = tuple(
         tf.nest.map_structure(lambda v, o=o: v * tf.cast(o, v.dtype), w)
         for w, o in zip(result.weights, own))
@@ -454,6 +452,7 @@ def build_hetero_finalizer(
   weights_type = learning.spec_to_type(weights_specs)
   num_slots = int(stack_type[1].shape[0])
   seed = int(config.seed)
+  settings = fedd3a_tf.ServerSettings(hparams, config)
 
   @tff.tensorflow.computation
   def init_tf():
@@ -466,15 +465,14 @@ def build_hetero_finalizer(
     values = stack.values
     result = fedd3a_tf.hetero_server_round(
         classifier_fn(), [fn() for fn in client_model_fns],
-        distill_optimizer, client_weights=values['models'],
-        architectures=values['architecture'],
-        projections=values['projection'], valid=valid,
-        start_weights=global_weights, pool=server_data.read_pool(),
-        config=config, weighting=hparams.weighting,
-        ensemble=hparams.ensemble,
+        distill_optimizer, start_weights=global_weights,
+        uploads=fedd3a_tf.Uploads(values['models'], values['projection'],
+                                  valid, values['architecture']),
+        samples=fedd3a_tf.ServerSamples(server_data.read_pool(),
+                                        server_data.read_validation()),
+        settings=settings,
         seed=tf.stack([tf.constant(seed, tf.int64),
-                       tf.cast(round_num, tf.int64)]),
-        labeled=server_data.read_validation())
+                       tf.cast(round_num, tf.int64)]))
     metrics = _round_metrics(result, stack, valid, num_clients,
                              bool(server_data.val_size))
     for a in range(len(client_model_fns)):

@@ -150,10 +150,12 @@ def build_fine_tune_finalizer(
         server_optimizer, state['server'], g, deltas,
         stacking_tf.example_weights(stack.weights, filled))
     result, student, generator = _server_round(
-        model_fn(), [model_fn() for _ in range(num_slots)],
-        tuning.generator_fn(), start, g, deltas, filled,
-        stack.values['label_counts'], state['generator'],
-        state['generator_optimizer'], state['round'], tuning)
+        fedftg_tf.FineTuneModels(
+            model_fn(), [model_fn() for _ in range(num_slots)],
+            tuning.generator_fn()),
+        start, g, _Uploads(deltas, filled, stack.values['label_counts']),
+        state['generator'], state['generator_optimizer'], state['round'],
+        tuning)
     new_state = collections.OrderedDict(
         server=server_state, generator=generator,
         generator_optimizer=result.generator_state,
@@ -208,12 +210,39 @@ def round_fine_tune(student: tf.keras.Model, teachers, label_counts,
       teacher_mask=teacher_mask, student_learning_rate=student_lr)
 
 
+class _Uploads(NamedTuple):
+  """The round's stacked client uploads, [M, ...] rows.
+
+  Attributes:
+    deltas: Stacked client model deltas.
+    filled: [M] bool, rows that hold a client.
+    label_counts: [M, C] the clients' label counts.
+  """
+
+  deltas: tff.learning.models.ModelWeights
+  filled: tf.Tensor
+  label_counts: tf.Tensor
+
+
 @tf.function
-def _server_round(student, teachers, generator, start, global_weights, deltas,
-                  filled, label_counts, generator_weights, generator_state,
-                  round_num, tuning):
+def _server_round(models: fedftg_tf.FineTuneModels,
+                  start: tff.learning.models.ModelWeights,
+                  global_weights: tff.learning.models.ModelWeights,
+                  uploads: _Uploads,
+                  generator_weights: tff.learning.models.ModelWeights,
+                  generator_state,
+                  round_num: tf.Tensor,
+                  tuning: FineTuning):
   """Sets every model's weights, fine-tunes; returns (result, student
-  weights, generator weights)."""
+  weights, generator weights).
+
+  `models` are built and overwritten: the student starts from `start` (the
+  FedAvg average), teacher k is `global_weights` plus delta k, and the
+  generator gets `generator_weights` (`generator_state` is its optimiser's
+  state).
+  """
+  student, teachers, generator = models
+  deltas, filled = uploads.deltas, uploads.filled
   assign = lambda v, t: v.assign(t)
   tf.nest.map_structure(assign, local_training.model_weights(student), start)
   tf.nest.map_structure(assign, local_training.model_weights(generator),
@@ -227,8 +256,8 @@ def _server_round(student, teachers, generator, start, global_weights, deltas,
     for v, g, d in zip(variables.non_trainable,
                        global_weights.non_trainable, deltas.non_trainable):
       v.assign(tf.where(filled[k], d[k], g))
-  result = round_fine_tune(student, teachers, label_counts, generator,
-                           generator_state, round_num, tuning,
+  result = round_fine_tune(student, teachers, uploads.label_counts,
+                           generator, generator_state, round_num, tuning,
                            teacher_mask=filled)
   return (result,
           tf.nest.map_structure(tf.identity,

@@ -55,7 +55,7 @@ Nothing here depends on a TFF placement; `generator_step` builds no
 variables and can run in a `tf.function` inside a TFF computation.
 """
 
-from typing import Callable, NamedTuple
+from typing import TYPE_CHECKING, Callable, NamedTuple
 
 import tensorflow as tf
 import tensorflow_federated as tff
@@ -65,6 +65,9 @@ from tff_kd.core import distillation
 from tff_kd.core import loops
 from tff_kd.models import classifiers
 from tff_kd.models import generators
+
+if TYPE_CHECKING:  # hparams imports this module for its choices.
+  from tff_kd.methods.fedgen import hparams as hparams_lib
 
 HeadsFn = Callable[[tf.Tensor], tf.Tensor]
 TEACHER_ENSEMBLES = ('per_head', 'logits')
@@ -158,14 +161,9 @@ def generator_step(generator: tf.keras.Model,
                    optimizer: tff.learning.optimizers.Optimizer,
                    optimizer_state,
                    *,
-                   batch_size: int,
-                   noise_dim: int,
                    seed,
-                   noise: str = 'gaussian',
+                   hparams: 'hparams_lib.FedGenHparams',
                    label_probs: tf.Tensor | None = None,
-                   teacher_weight: float = 1.0,
-                   diversity_weight: float = 1.0,
-                   ensemble: str = 'per_head',
                    diversity_metric: str = 'l1') -> GeneratorStepResult:
   """One FedGen server step on the generator's trainable variables.
 
@@ -177,33 +175,36 @@ def generator_step(generator: tf.keras.Model,
     optimizer: A `tff.learning.optimizers` optimizer (reference: Adam 3e-4
       on MNIST, 1e-4 in the paper's Table 8).
     optimizer_state: Its state over `generator.trainable_weights`.
-    batch_size: Generated samples per step (reference 128).
-    noise_dim: Generator noise size.
     seed: int or shape-[2] stateless seed; vary it per step.
-    noise: 'gaussian' (the paper, default) or 'uniform' (reference code).
+    hparams: `config.fedgen`: `generator_batch_size` samples per step
+      (reference 128), `noise_dim`, `noise` ('gaussian', the paper, or
+      'uniform', the reference code), the loss weights `teacher_weight`
+      and `diversity_weight` (the reference's ensemble_alpha and
+      ensemble_eta, 1 each) and `teacher_ensemble` (`teacher_loss`'s form).
     label_probs: [C] weights of the labels to draw; default uniform over
       `data_free.qualified_labels(label_counts)` (the reference).
-    teacher_weight: The reference's ensemble_alpha (1).
-    diversity_weight: The reference's ensemble_eta (1).
-    ensemble: `teacher_loss` form.
     diversity_metric: `diversity_loss` metric.
 
   Returns:
     A `GeneratorStepResult`.
   """
+  batch_size, noise_dim = hparams.generator_batch_size, hparams.noise_dim
   seeds = tf.random.experimental.stateless_split(
       generators._as_seed(seed), 2)  # pylint: disable=protected-access
   if label_probs is None:
     label_probs = tf.cast(data_free.qualified_labels(label_counts), tf.float32)
   labels = data_free.sample_labels(label_probs, batch_size, seeds[0])
-  eps = generators.sample_noise([batch_size, noise_dim], noise, seeds[1])
+  eps = generators.sample_noise([batch_size, noise_dim], hparams.noise,
+                                seeds[1])
   variables = generator.trainable_weights
   with tf.GradientTape() as tape:
     features = generator([eps, labels], training=True)
     logits = tf.cast(heads_fn(features), tf.float32)
-    t_loss = teacher_loss(logits, labels, label_counts, ensemble=ensemble)
+    t_loss = teacher_loss(logits, labels, label_counts,
+                          ensemble=hparams.teacher_ensemble)
     diversity = data_free.diversity_loss(eps, features, metric=diversity_metric)
-    loss = teacher_weight * t_loss + diversity_weight * diversity
+    loss = (hparams.teacher_weight * t_loss +
+            hparams.diversity_weight * diversity)
   grads = tape.gradient(loss, variables)
   optimizer_state, updated = optimizer.next(
       optimizer_state, tuple(variables), tuple(grads))
@@ -242,10 +243,10 @@ def train_generator(generator: tf.keras.Model,
                     optimizer: tff.learning.optimizers.Optimizer,
                     optimizer_state,
                     *,
-                    steps: int,
                     seed,
+                    hparams: 'hparams_lib.FedGenHparams',
                     **step_kwargs) -> GeneratorTrainingResult:
-  """FedGen's server round: `steps` `generator_step`s (reference: 50).
+  """FedGen's server round: `generator_steps` `generator_step`s (ref.: 50).
 
   Step i draws its labels and noise from `fold_in(seed, i)`, so a round is
   reproducible from (seed, round) and eager and graph runs agree.
@@ -256,23 +257,25 @@ def train_generator(generator: tf.keras.Model,
     label_counts: [K, C] counts of this round's clients.
     optimizer: Generator optimiser (reference: Adam, 3e-4 on MNIST).
     optimizer_state: Its state (carried across rounds by the caller).
-    steps: Number of steps, >= 1.
     seed: int or shape-[2] stateless seed of the round.
-    **step_kwargs: `generator_step`'s keyword options (batch_size,
-      noise_dim, noise, label_probs, weights, ensemble, diversity_metric).
+    hparams: `config.fedgen`: `generator_steps` (>= 1) and the steps'
+      settings (`generator_step`).
+    **step_kwargs: `generator_step`'s other keyword options (label_probs,
+      diversity_metric).
 
   Returns:
     A `GeneratorTrainingResult`.
 
   Raises:
-    ValueError: steps < 1.
+    ValueError: generator_steps < 1.
   """
+  steps = hparams.generator_steps
   if not isinstance(steps, int) or steps < 1:
     raise ValueError(f'generator steps must be an integer >= 1, got {steps!r}')
   return _train_generator(generator, heads_fn, label_counts, optimizer,
                           optimizer_state, steps,
                           generators._as_seed(seed),  # pylint: disable=protected-access
-                          step_kwargs)
+                          dict(step_kwargs, hparams=hparams))
 
 
 @tf.function(autograph=False)
@@ -312,19 +315,29 @@ class LocalLoss(NamedTuple):
   latent: tf.Tensor
 
 
+class Coefficients(NamedTuple):
+  """This round's weights of the local objective's generator terms.
+
+  Attributes:
+    alpha: Weight of the generated-feature CE (reference: max(1e-4,
+      10 * 0.98^t) * B'/B).
+    beta: Weight of the latent KL term (reference: max(1e-4, 10 * 0.98^t);
+      the paper: 0). A Python 0 keeps the term out of the graph.
+  """
+
+  alpha: float | tf.Tensor
+  beta: float | tf.Tensor = 0.0
+
+
 @tf.autograph.experimental.do_not_convert
 def regularized_local_loss(classifier: classifiers.Classifier,
                            generator: tf.keras.Model,
-                           x: tf.Tensor,
-                           y: tf.Tensor,
+                           batch: dict,
                            *,
                            label_probs: tf.Tensor,
-                           noise_dim: int,
                            seed,
-                           alpha: float | tf.Tensor,
-                           beta: float | tf.Tensor = 0.0,
-                           gen_batch_size: int | None = None,
-                           noise: str = 'gaussian',
+                           coefficients: Coefficients,
+                           hparams: 'hparams_lib.FedGenHparams',
                            training: bool = True,
                            logits: tf.Tensor | None = None) -> LocalLoss:
   """FedGen's client objective J_k on one batch (see module docstring).
@@ -335,18 +348,13 @@ def regularized_local_loss(classifier: classifiers.Classifier,
   Args:
     classifier: The client's `Classifier` (the head consumes G's features).
     generator: The broadcast generator `[noise, labels] -> features`.
-    x: Real images [B, ...].
-    y: Real int labels [B].
+    batch: `{'x': real images [B, ...], 'y': real int labels [B]}`.
     label_probs: [C] weights of the sampled labels y_hat (reference: uniform
       over the labels available; the paper: p_hat(y)).
-    noise_dim: Generator noise size.
     seed: int or shape-[2] stateless seed; vary it per step.
-    alpha: Weight of the generated-feature CE (reference: max(1e-4,
-      10 * 0.98^t) * B'/B).
-    beta: Weight of the latent KL term (reference: max(1e-4, 10 * 0.98^t);
-      the paper: 0).
-    gen_batch_size: B' (default B).
-    noise: 'gaussian' (the paper, default) or 'uniform' (reference code).
+    coefficients: The terms' `Coefficients`.
+    hparams: `config.fedgen`: `noise_dim`, `noise` ('gaussian', the paper,
+      or 'uniform', the reference code) and `local_gen_batch_size` B'.
     training: Classifier mode.
     logits: The classifier's logits on `x` if already computed (e.g. by
       `local_training.train_locally`, which passes them to its
@@ -355,11 +363,14 @@ def regularized_local_loss(classifier: classifiers.Classifier,
   Returns:
     A `LocalLoss` (each term already multiplied by its weight).
   """
+  x, y = batch['x'], batch['y']
+  alpha, beta = coefficients
+  noise_dim, noise = hparams.noise_dim, hparams.noise
   seeds = tf.random.experimental.stateless_split(
       generators._as_seed(seed), 3)  # pylint: disable=protected-access
   y = tf.cast(y, tf.int32)
-  batch = tf.shape(y)[0]
-  gen_batch = batch if gen_batch_size is None else gen_batch_size
+  batch_size = tf.shape(y)[0]
+  gen_batch = hparams.local_gen_batch_size
   if logits is None:
     logits = classifier.model(x, training=training)
   ce = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
@@ -376,7 +387,8 @@ def regularized_local_loss(classifier: classifiers.Classifier,
   if isinstance(beta, (int, float)) and beta == 0:
     latent = tf.constant(0.0)
   else:
-    eps_y = generators.sample_noise([batch, noise_dim], noise, seeds[2])
+    eps_y = generators.sample_noise([batch_size, noise_dim], noise,
+                                   seeds[2])
     z_y = tf.stop_gradient(generator([eps_y, y], training=False))
     target = tf.stop_gradient(tf.nn.softmax(
         classifier.head(z_y, training=training)))

@@ -69,35 +69,27 @@ class LocalRegularizer(NamedTuple):
 
   Attributes:
     generator_fn: Builds the feature generator (same as the server's).
-    noise_dim: Generator noise size.
-    alpha: c0 of the generated-feature CE (reference: 10 on MNIST).
-    beta: c0 of the latent KL term (reference: 10; the paper: 0).
-    decay: Per-round decay of both coefficients (reference 0.98).
-    floor: Lower bound of the decayed coefficients (reference 1e-4).
-    gen_batch_size: B', generated labels per step (reference: 32, = B).
+    hparams: `config.fedgen`: `noise_dim`, `noise`, the coefficients' c0
+      `local_alpha` (generated-feature CE, reference: 10 on MNIST) and
+      `local_beta` (latent KL term, reference: 10; the paper: 0), their
+      per-round `coefficient_decay` (reference 0.98), B' =
+      `local_gen_batch_size` (reference: 32, = B), `start_round` (first
+      round with the regulariser on, reference: 1) and `reference_steps`:
+      the local steps the coefficients were tuned for (the reference: 20
+      steps of batch 32). A client round of S > that many steps scales both
+      coefficients by reference_steps / S, so the regulariser's total pull
+      over a round stays the reference's however long the local work is
+      (10 local epochs on compare_mnist are ~290 steps: unscaled, the round
+      after it switches on drove the 3-seed mean accuracy to 0.10). 0:
+      never scale.
     batch_size: B, the local batch size (alpha is scaled by B'/B).
-    noise: 'gaussian' or 'uniform'.
-    start_round: First round with the regulariser on (reference: 1).
-    reference_steps: The local steps the coefficients were tuned for (the
-      reference: 20 steps of batch 32). A client round of S > that many
-      steps scales both coefficients by reference_steps / S, so the
-      regulariser's total pull over a round stays the reference's however
-      long the local work is (10 local epochs on compare_mnist are ~290
-      steps: unscaled, the round after it switches on drove the 3-seed mean
-      accuracy to 0.10). 0: never scale.
+    floor: Lower bound of the decayed coefficients (reference 1e-4).
   """
 
   generator_fn: GeneratorFn
-  noise_dim: int
-  alpha: float
-  beta: float
-  decay: float
-  floor: float
-  gen_batch_size: int
+  hparams: hparams_lib.FedGenHparams
   batch_size: int
-  noise: str
-  start_round: int
-  reference_steps: int = 20
+  floor: float = 1e-4
 
 
 def initial_weights_fn(classifier_fn: ClassifierFn,
@@ -165,28 +157,28 @@ def _train_regularized(classifier, generator, optimizer, classifier_weights,
   tf.nest.map_structure(lambda v, t: v.assign(t),
                         local_training.model_weights(generator),
                         generator_weights)
-  active = tf.cast(round_num >= reg.start_round, tf.float32)
+  h = reg.hparams
+  active = tf.cast(round_num >= h.start_round, tf.float32)
   alpha = active * fedgen_tf.decayed_coefficient(
-      reg.alpha, round_num, decay=reg.decay, floor=reg.floor) * (
-          reg.gen_batch_size / reg.batch_size)
-  beta = 0.0 if reg.beta == 0 else active * fedgen_tf.decayed_coefficient(
-      reg.beta, round_num, decay=reg.decay, floor=reg.floor)
-  if reg.reference_steps:
+      h.local_alpha, round_num, decay=h.coefficient_decay,
+      floor=reg.floor) * (h.local_gen_batch_size / reg.batch_size)
+  beta = 0.0 if h.local_beta == 0 else active * fedgen_tf.decayed_coefficient(
+      h.local_beta, round_num, decay=h.coefficient_decay, floor=reg.floor)
+  if h.reference_steps:
     # Unknown (-2) or infinite (-1) cardinality: no scaling.
     steps = tf.cast(dataset.cardinality(), tf.float32)
-    scale = tf.where(steps > reg.reference_steps,
-                     reg.reference_steps / tf.maximum(steps, 1.0), 1.0)
+    scale = tf.where(steps > h.reference_steps,
+                     h.reference_steps / tf.maximum(steps, 1.0), 1.0)
     alpha *= scale
-    if reg.beta != 0:  # A Python 0 keeps the latent term out of the graph.
+    if h.local_beta != 0:  # A Python 0 keeps the latent term out of the graph.
       beta *= scale
   available = tf.cast(counts > 0, tf.float32)
 
   def regularizer(batch, logits, step):
     terms = fedgen_tf.regularized_local_loss(
-        classifier, generator, batch['x'], batch['y'], logits=logits,
-        label_probs=available, noise_dim=reg.noise_dim,
-        seed=tf.stack([key_hash, tf.cast(step, tf.int64)]), alpha=alpha,
-        beta=beta, gen_batch_size=reg.gen_batch_size, noise=reg.noise)
+        classifier, generator, batch, logits=logits, label_probs=available,
+        seed=tf.stack([key_hash, tf.cast(step, tf.int64)]),
+        coefficients=fedgen_tf.Coefficients(alpha, beta), hparams=h)
     return terms.teacher + terms.latent
 
   return local_training.train_locally(
@@ -217,25 +209,18 @@ class GeneratorTraining(NamedTuple):
   Attributes:
     generator_fn: Builds the feature generator.
     optimizer: Generator optimiser (reference: Adam, 3e-4 on MNIST).
-    steps: Steps per round (reference 50).
-    batch_size: Generated features per step (reference 32).
-    noise_dim: Generator noise size.
-    noise: 'gaussian' or 'uniform'.
-    teacher_weight: The reference's ensemble_alpha (1).
-    diversity_weight: The reference's ensemble_eta (1).
-    ensemble: 'per_head' (reference) or 'logits' (the paper).
+    hparams: `config.fedgen`: `generator_steps` per round (reference 50),
+      `generator_batch_size` generated features per step (reference 32),
+      `noise_dim`, `noise`, `teacher_weight` and `diversity_weight` (the
+      reference's ensemble_alpha and ensemble_eta, 1 each) and
+      `teacher_ensemble` ('per_head', the reference, or 'logits', the
+      paper).
     seed: Seed of the generated labels and noise (with the round number).
   """
 
   generator_fn: GeneratorFn
   optimizer: tff.learning.optimizers.Optimizer
-  steps: int
-  batch_size: int
-  noise_dim: int
-  noise: str
-  teacher_weight: float
-  diversity_weight: float
-  ensemble: str
+  hparams: hparams_lib.FedGenHparams
   seed: int
 
 
@@ -326,13 +311,9 @@ def generator_round(generator: tf.keras.Model, kernels: tf.Tensor,
       generator,
       lambda z: fedgen_tf.linear_heads_logits(z, kernels, biases),
       label_counts, training.optimizer, optimizer_state,
-      steps=training.steps,
       seed=tf.stack([tf.constant(training.seed, tf.int64),
                      tf.cast(round_num, tf.int64)]),
-      batch_size=training.batch_size, noise_dim=training.noise_dim,
-      noise=training.noise, teacher_weight=training.teacher_weight,
-      diversity_weight=training.diversity_weight,
-      ensemble=training.ensemble)
+      hparams=training.hparams)
 
 
 @tf.function(autograph=False)
@@ -413,12 +394,7 @@ def build_fedgen_process(
         feature_dim=feature_dim, hidden=h.hidden,
         output_activation=h.output_activation or None, seed=seed)
 
-  regularizer = LocalRegularizer(
-      generator_fn=generator_fn, noise_dim=h.noise_dim, alpha=h.local_alpha,
-      beta=h.local_beta, decay=h.coefficient_decay, floor=1e-4,
-      gen_batch_size=h.local_gen_batch_size, batch_size=local_batch_size,
-      noise=h.noise, start_round=h.start_round,
-      reference_steps=h.reference_steps)
+  regularizer = LocalRegularizer(generator_fn, h, local_batch_size)
   client_work = build_client_work(
       classifier_fn, element_spec, client_optimizer, num_classes=num_classes,
       learning_rate=learning_rate, learning_rate_decay=learning_rate_decay,
@@ -427,13 +403,7 @@ def build_fedgen_process(
       client_work, clients_per_round)
   finalizer = build_generator_finalizer(
       classifier_fn, stack_type, server_optimizer,
-      GeneratorTraining(
-          generator_fn=generator_fn, optimizer=generator_optimizer,
-          steps=h.generator_steps, batch_size=h.generator_batch_size,
-          noise_dim=h.noise_dim, noise=h.noise,
-          teacher_weight=h.teacher_weight,
-          diversity_weight=h.diversity_weight, ensemble=h.teacher_ensemble,
-          seed=seed))
+      GeneratorTraining(generator_fn, generator_optimizer, h, seed))
   initial = initial_weights_fn(classifier_fn, generator_fn)
   process = composer.compose_learning_process(
       initial,
