@@ -195,6 +195,7 @@ class Hparams:
     """The dotted config key of field `name`, e.g. 'fedgen.noise'."""
     return f'{cls.SECTION}.{name}' if cls.SECTION else name
 
+  @tf.autograph.experimental.do_not_convert
   def validate(self) -> None:
     """Raises `errors.ConfigError` naming the first bad key and its value."""
     for f in dataclasses.fields(self):  # pytype: disable=wrong-arg-types
