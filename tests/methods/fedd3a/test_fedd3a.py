@@ -255,8 +255,10 @@ def test_process_round_equals_eager_server_round(eager_round, round_output):
   np.testing.assert_allclose(
       _per_client(fin, 'score'), np.mean(expected.scores, axis=1), atol=1e-6)
   assert fin['num_teachers'] == 2.0 and fin['steps'] == CONFIG.steps
+  # A small KL loss (~3e-4) in float32: graph and eager round-off differ by
+  # ~2e-8 on some CPUs (8e-5 relative, measured on an AMD EPYC).
   np.testing.assert_allclose(fin['first_loss'], expected.distill.first_loss,
-                             rtol=1e-5)
+                             rtol=1e-5, atol=1e-7)
   # The distillation moved the student away from the average.
   assert np.abs(new.trainable[1] - mean[1]).max() > 1e-3
 
