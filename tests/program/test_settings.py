@@ -13,6 +13,7 @@ from tff_kd import errors
 from tff_kd import hparams as hp
 from tff_kd.core import distillation
 from tff_kd.methods import registry
+from tff_kd.program import checkpoints
 from tff_kd.program import settings
 
 
@@ -158,3 +159,26 @@ def test_every_key_is_documented(cls):
   missing = [f.name for f in dataclasses.fields(cls)
              if f'\n    {f.name}:' not in attributes]
   assert not missing, (cls.__name__, missing)
+
+
+def test_a_run_folder_written_with_the_old_names_resumes(tmp_path):
+  # config.json as the library wrote it before the renames.
+  old = _config(method='dafkd').to_dict()
+  del old['dafkd']['shared_extractor']
+  old['dafkd']['no_sharing'] = True
+  del old['feddf']['client_models']
+  old['feddf']['prototypes'] = ''
+  with open(tmp_path / 'config.json', 'w') as f:
+    json.dump(old, f)
+  checkpoints.check_resumable(
+      _config(method='dafkd', **{'dafkd.shared_extractor': False}),
+      str(tmp_path))
+  # Written back under the new names; the same setting still resumes and a
+  # different one is refused.
+  with open(tmp_path / 'config.json') as f:
+    assert json.load(f)['dafkd']['shared_extractor'] is False
+  checkpoints.check_resumable(
+      _config(method='dafkd', **{'dafkd.no_sharing': True}), str(tmp_path))
+  with pytest.raises(errors.CheckpointError,
+                     match="different 'dafkd.shared_extractor'"):
+    checkpoints.check_resumable(_config(method='dafkd'), str(tmp_path))
