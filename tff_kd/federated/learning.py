@@ -476,18 +476,37 @@ def server_computation(*parameter_types) -> Callable[..., ServerComputation]:
   return wrap
 
 
+class ServerFinalizer(tff.templates.MeasuredProcess):
+  """A finalizer whose server step is one TF computation, kept with it.
+
+  Built by `build_server_finalizer`; `server_step` lets
+  `tff_kd.program.server_stage.DriverServerProcess` run the same step
+  outside the TFF runtime.
+  """
+
+  def __init__(self, initialize_fn: tff.Computation, next_fn: tff.Computation,
+               server_step: ServerComputation):
+    super().__init__(initialize_fn, next_fn)
+    self._server_step = server_step
+
+  @property
+  def server_step(self) -> ServerComputation:
+    """The step's TFF computation and the Python function it traces."""
+    return self._server_step
+
+
 def build_server_finalizer(
     init_tf: tff.Computation,
-    finalize: ServerComputation) -> tff.templates.MeasuredProcess:
+    finalize: ServerComputation) -> ServerFinalizer:
   """A finalizer process that runs one TF computation at the server.
 
   Every KD method's server stage has this shape: its state comes from
   `init_tf()`, and `finalize(state, global_weights, aggregate)` returns
   `(new_state, new_global_weights, metrics)`, all placed at the server.
 
-  The returned process carries `finalize` as its attribute `server_step`,
-  so that `tff_kd.program.server_stage.DriverServerProcess` can run the
-  same step outside the TFF runtime.
+  The returned `ServerFinalizer` keeps `finalize` as its `server_step`, so
+  that `tff_kd.program.server_stage.DriverServerProcess` can run the same
+  step outside the TFF runtime.
 
   Args:
     init_tf: No-arg TF computation returning the initial finalizer state.
@@ -495,7 +514,8 @@ def build_server_finalizer(
       weights, metrics)` (see `server_computation`).
 
   Returns:
-    A `tff.templates.MeasuredProcess` with the finalizer signature.
+    A `ServerFinalizer` (a `tff.templates.MeasuredProcess` with the
+    finalizer signature).
   """
   finalize_tf = finalize.computation
   state_type, weights_type, aggregate_type = (
@@ -515,9 +535,7 @@ def build_server_finalizer(
     return tff.templates.MeasuredProcessOutput(
         state=new_state, result=new_weights, measurements=metrics)
 
-  process = tff.templates.MeasuredProcess(init_fn, next_fn)
-  process.server_step = finalize
-  return process
+  return ServerFinalizer(init_fn, next_fn, finalize)
 
 
 def build_keras_learning_process(

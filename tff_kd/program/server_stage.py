@@ -33,6 +33,7 @@ import tensorflow_federated as tff
 
 from tff_kd import errors
 from tff_kd.federated import composer
+from tff_kd.federated import learning
 
 IN_RUNTIME = 'runtime'
 DRIVER = 'driver'
@@ -61,8 +62,7 @@ def has_server_step(process: tff.learning.templates.LearningProcess) -> bool:
   """Whether the process's server step can move to the driver: it was
   composed by `tff_kd.federated.composer` around a finalizer built by
   `tff_kd.federated.learning.build_server_finalizer`."""
-  finalizer = composer.finalizer_of(process)
-  return getattr(finalizer, 'server_step', None) is not None
+  return isinstance(composer.finalizer_of(process), learning.ServerFinalizer)
 
 
 def _passthrough(
