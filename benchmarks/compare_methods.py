@@ -38,6 +38,7 @@ from tff_kd.program import context  # pylint: disable=g-import-not-at-top
 context.install()  # The program opts in to tff_kd's process set-up.
 from tff_kd.program import experiment
 from tff_kd.program import plots
+from tff_kd.program import settings
 
 from absl import app  # pylint: disable=g-bad-import-order
 from absl import flags
@@ -106,16 +107,6 @@ def _parse(value: str):
   return {'true': True, 'false': False}.get(value.lower(), value)
 
 
-def _set(config, dotted: str, value) -> None:
-  *path, key = dotted.split('.')
-  node = config
-  for p in path:
-    node = node[p]
-  if key not in node:
-    raise KeyError(f'config key {dotted!r} does not exist')
-  node[key] = value
-
-
 def make_config(variant: str, seed: int, rounds=None, overrides=()):
   """The config of one (variant, seed) run."""
   method, own = VARIANTS[variant]
@@ -127,11 +118,10 @@ def make_config(variant: str, seed: int, rounds=None, overrides=()):
     c.checkpoint_every = rounds
   c.dataset.manual_dir = _MANUAL_DIR.value
   c.dataset.data_dir = _DATA_DIR.value
-  for key, value in own.items():
-    _set(c, key, value)
+  settings.with_overrides(c, own)
   for item in overrides:
     key, _, value = item.partition('=')
-    _set(c, key, _parse(value))
+    settings.with_overrides(c, {key: _parse(value)})
   return c
 
 

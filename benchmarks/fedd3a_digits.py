@@ -43,6 +43,7 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 from tff_kd.program import context  # pylint: disable=g-import-not-at-top
 context.install()  # The program opts in to tff_kd's process set-up.
 from tff_kd.program import experiment
+from tff_kd.program import settings
 
 from absl import app  # pylint: disable=g-bad-import-order
 from absl import flags
@@ -143,10 +144,7 @@ def _config(variant: str, seed: int):
   c.server_data.val_size = _VAL_SIZE.value
   c.checkpoint_every = c.rounds
   c.export = False
-  for key, value in overrides.items():
-    section, name = key.split('.')
-    c[section][name] = value
-  return c
+  return settings.with_overrides(c, overrides)
 
 
 def _mean(values) -> float:

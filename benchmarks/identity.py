@@ -38,6 +38,7 @@ from configs import digits
 from tff_kd.program import context
 context.install()  # The program opts in to tff_kd's process set-up.
 from tff_kd.program import experiment
+from tff_kd.program import settings
 
 _OUT = flags.DEFINE_string('out', '', 'JSON file to write the fingerprints to.')
 _CASES = flags.DEFINE_list('cases', [], 'Cases to run (default: all).')
@@ -90,13 +91,7 @@ def config_for(overrides: dict[str, Any]):
   c.partition.num_clients = 6
   c.clients_per_round = 3
   c.local.amount = 2
-  for key, value in overrides.items():
-    node = c
-    *path, leaf = key.split('.')
-    for part in path:
-      node = node[part]
-    node[leaf] = value
-  return c
+  return settings.with_overrides(c, overrides)
 
 
 def _is_timing(key: str) -> bool:

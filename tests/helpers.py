@@ -15,6 +15,7 @@ import ml_collections
 
 from configs import digits
 from tff_kd.methods import registry
+from tff_kd.program import settings
 
 
 def digits_config(**overrides: Any) -> ml_collections.ConfigDict:
@@ -24,13 +25,7 @@ def digits_config(**overrides: Any) -> ml_collections.ConfigDict:
   c.partition.num_clients = 6
   c.clients_per_round = 3
   c.local.amount = 1
-  for key, value in overrides.items():
-    node = c
-    *path, leaf = key.split('.')
-    for part in path:
-      node = node[part]
-    node[leaf] = value
-  return c
+  return settings.with_overrides(c, overrides)
 
 
 # What every contract run shares: one local step, nothing exported.

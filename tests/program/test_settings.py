@@ -4,7 +4,6 @@ import dataclasses
 import json
 
 from absl import logging
-import ml_collections
 import pytest
 
 from configs import base
@@ -15,16 +14,6 @@ from tff_kd.core import distillation
 from tff_kd.methods import registry
 from tff_kd.program import checkpoints
 from tff_kd.program import settings
-
-
-def _with(config: ml_collections.ConfigDict, **overrides):
-  for key, value in overrides.items():
-    node = config
-    *path, leaf = key.split('.')
-    for part in path:
-      node = node[part]
-    node[leaf] = value
-  return config
 
 
 def test_base_config_is_the_tree():
@@ -89,7 +78,7 @@ def test_bad_values_are_named(key, value, match):
   config = _config(method='feddf', **{'server_data.proxy': 'split',
                                       'server_data.proxy_size': 50})
   with pytest.raises(errors.ConfigError, match=match):
-    settings.from_config(_with(config, **{key: value}))
+    settings.from_config(settings.with_overrides(config, {key: value}))
 
 
 def test_unknown_keys_are_refused_in_every_section():
@@ -182,3 +171,13 @@ def test_a_run_folder_written_with_the_old_names_resumes(tmp_path):
   with pytest.raises(errors.CheckpointError,
                      match="different 'dafkd.shared_extractor'"):
     checkpoints.check_resumable(_config(method='dafkd'), str(tmp_path))
+
+
+def test_with_overrides_sets_dotted_keys_and_names_unknown_ones():
+  config = settings.with_overrides(settings.default_config(), {
+      'rounds': 5, 'dafkd.pool_size': 32, 'dafkd.no_sharing': True})
+  assert config.rounds == 5 and config.dafkd.pool_size == 32
+  for key in ('nokey', 'dafkd.nokey', 'nosection.key', 'rounds.deeper'):
+    with pytest.raises(errors.ConfigError,
+                       match=f"config key '{key}' does not exist"):
+      settings.with_overrides(settings.default_config(), {key: 1})

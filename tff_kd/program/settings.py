@@ -63,13 +63,6 @@ def _at_least_minus_one(key: str, value: Any) -> None:
         f'got {value!r}')
 
 
-def _dataset_name(key: str, value: Any) -> None:
-  if value not in data_lib.DATASETS:
-    raise errors.ConfigError(
-        f'{key} {value!r} is unknown; choose one of '
-        f"{', '.join(data_lib.DATASETS)}")
-
-
 @dataclasses.dataclass(frozen=True)
 class DatasetSettings(hp.Hparams):
   """The data, `config.dataset`.
@@ -118,7 +111,7 @@ class DatasetSettings(hp.Hparams):
   def _check_combinations(self) -> None:
     names = self.domain_names
     if not names:
-      _dataset_name('dataset', self.name)
+      hp.one_of(*data_lib.DATASETS)('dataset', self.name)
       return
     unknown = [n for n in names if n not in data_lib.DATASETS]
     if unknown:
@@ -367,13 +360,6 @@ class RuntimeSettings(hp.Hparams):
           "optimizer step); use 'runtime'")
 
 
-def _method_name(key: str, value: Any) -> None:
-  if value not in registry.METHODS:
-    raise errors.ConfigError(
-        f"{key} {value!r} is unknown; choose one of "
-        f"{', '.join(registry.METHODS)}")
-
-
 @dataclasses.dataclass(frozen=True)
 class RunSettings(hp.Hparams):
   """The top-level keys of an experiment config.
@@ -395,7 +381,7 @@ class RunSettings(hp.Hparams):
 
   SECTION: ClassVar[str] = ''
 
-  method: str = hp.field('fedavg', _method_name)
+  method: str = hp.field('fedavg', hp.one_of(*registry.METHODS))
   seed: int = hp.field(0, hp.non_negative_int)
   rounds: int = hp.field(30, hp.positive_int)
   clients_per_round: int = hp.field(8, hp.positive_int)
@@ -529,6 +515,31 @@ def needs_secure_sum(config: ml_collections.ConfigDict) -> bool:
   simulates (`tff_kd.program.context.set_context_for`)."""
   secure_sum = registry.get_method(config.method).secure_sum
   return secure_sum is not None and secure_sum(config)
+
+
+def with_overrides(config: ml_collections.ConfigDict,
+                   overrides: Mapping[str, Any]) -> ml_collections.ConfigDict:
+  """`config` with dotted-key `overrides` set in place, e.g.
+  `{'rounds': 5, 'dafkd.pool_size': 32}` (what `--config.<key>=<value>`
+  does on the command line).
+
+  Returns:
+    `config`.
+
+  Raises:
+    ConfigError: a key the config does not have.
+  """
+  for key, value in overrides.items():
+    node = config
+    *path, leaf = key.split('.')
+    for part in path:
+      node = node[part] if part in node else None
+      if not isinstance(node, ml_collections.ConfigDict):
+        raise errors.ConfigError(f"config key '{key}' does not exist")
+    if leaf not in node:
+      raise errors.ConfigError(f"config key '{key}' does not exist")
+    node[leaf] = value
+  return config
 
 
 def canonical_dict(config: Mapping[str, Any]) -> dict[str, Any]:
