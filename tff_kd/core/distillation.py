@@ -299,7 +299,9 @@ class DistillConfig(hp.Hparams):
   Attributes:
     steps: Maximum optimiser steps (>= 1). FedDF: 10,000; DaFKD: 1,600.
     batch_size: Minibatch size (>= 1); capped at the training part's size.
-    learning_rate: The distillation optimiser's learning rate (Adam).
+    learning_rate: The distillation optimiser's learning rate (Adam); 0
+      leaves the student where it is (the mechanism tests' switched-off
+      twin).
     temperature: T > 0 of the student's softmax and the T^2 scaling; build
       tensor targets with the same T.
     clip_norm: Global-norm gradient clipping threshold; 0 disables it. FedDF
@@ -341,7 +343,7 @@ class DistillConfig(hp.Hparams):
 
   steps: int = hp.field(200, hp.positive_int)
   batch_size: int = hp.field(128, hp.positive_int)
-  learning_rate: float = hp.field(1e-3, hp.positive_number)
+  learning_rate: float = hp.field(1e-3, hp.non_negative_number)
   temperature: float = hp.field(1.0, hp.positive_number)
   clip_norm: float = hp.field(5.0, hp.non_negative_number)
   val_fraction: float = hp.field(0.1, hp.unit_fraction)
