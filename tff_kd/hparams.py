@@ -26,7 +26,8 @@ the experiment config are `check_config`'s.
 
 import dataclasses
 import math
-from typing import Any, Callable, ClassVar, Mapping, NamedTuple, Optional, TypeVar
+from typing import (Any, Callable, ClassVar, Mapping, NamedTuple, Optional,
+                    TypeVar)
 
 from absl import logging
 import ml_collections

@@ -12,7 +12,6 @@ from typing import Optional
 import ml_collections
 import tensorflow_federated as tff
 
-from tff_kd import errors
 from tff_kd.federated import learning
 from tff_kd.methods import common
 

@@ -15,7 +15,6 @@ import tensorflow_federated as tff
 from tff_kd import hparams as hp
 from tff_kd.federated import learning
 from tff_kd.methods import common
-from tff_kd.methods.fedavg import fedavg_tff
 from tff_kd.methods.fedprox import hparams as hparams_lib
 
 
