@@ -67,18 +67,24 @@ ALL_HPARAMS = tuple(m.hparams for m in registry.METHODS.values()
                     if m.hparams is not None)
 
 
-@pytest.mark.parametrize('method,overrides,match', BAD,
-                         ids=[next(iter(o)) for _, o, _ in BAD])
-def test_bad_setting_fails_before_data_is_touched(tmp_path, method, overrides,
-                                                  match):
-  config = _config(method=method, **overrides)
+def _refused_before_compute(config, match: str, tmp_path) -> None:
+  """`validate_config` and `run` both raise a `ConfigError` matching `match`,
+  and `run` writes nothing (it writes client data under root_dir first thing
+  after validation)."""
   with pytest.raises(errors.ConfigError, match=match):
     experiment.validate_config(config)
   root_dir = tmp_path / 'run'
   with pytest.raises(errors.ConfigError, match=match):
     experiment.run(config, str(root_dir), progress=False)
-  # `run` writes client data under root_dir first thing after validation.
   assert not os.path.exists(root_dir)
+
+
+@pytest.mark.parametrize('method,overrides,match', BAD,
+                         ids=[next(iter(o)) for _, o, _ in BAD])
+def test_bad_setting_fails_before_data_is_touched(tmp_path, method, overrides,
+                                                  match):
+  _refused_before_compute(_config(method=method, **overrides), match,
+                          tmp_path)
 
 
 @pytest.mark.parametrize('method', sorted(registry.METHODS))
@@ -182,10 +188,4 @@ def test_every_field_refuses_a_wrong_typed_value(tmp_path, method, name):
   section = config[key.split('.')[0]]
   with section.ignore_type():
     section[name] = _wrong_typed(section[name])
-  match = re.escape(key) + r'\b'
-  with pytest.raises(errors.ConfigError, match=match):
-    experiment.validate_config(config)
-  root_dir = tmp_path / 'run'
-  with pytest.raises(errors.ConfigError, match=match):
-    experiment.run(config, str(root_dir), progress=False)
-  assert not os.path.exists(root_dir)
+  _refused_before_compute(config, re.escape(key) + r'\b', tmp_path)
