@@ -165,11 +165,9 @@ def test_client_delta_is_a_numpy_sgd_epoch(data, client_updates):
   results, _ = client_updates
   for client, result in enumerate(results):
     key = data.keys([client], seed=0, round_num=0)[0]
-    # The client's shuffled order, read from its round's dataset: its first
-    # pass builds P, local training is its second (reshuffled) pass.
-    dataset = data.dataset_fn(LOCAL)(tf.constant(key))
-    list(dataset)
-    batches = list(dataset)
+    # The client's shuffled order, read from its round's dataset: local
+    # training is its first pass, as FedAvg's (P has a dataset of its own).
+    batches = list(data.dataset_fn(LOCAL)(tf.constant(key)))
     x = np.concatenate([b['x'].numpy() for b in batches])
     y = np.concatenate([b['y'].numpy() for b in batches])
     wf, wh = _np_sgd_epoch(x, y, WF, WH, LR)

@@ -8,14 +8,26 @@ strings it together with local training and the shared server distillation.
 
 Client (`client_round`, Algorithm 1 lines 4-5):
 
-1. copy the received global weights into the client's classifier and run its
-   backbone B (inference mode) over the round's local batches: one mean
-   feature z_i per batch;
-2. P = Z^T Z (alpha I + Z^T Z)^-1 by the recursion of eq. 5
+1. local training from the received global weights
+   (`local_training.train_locally`) on the first pass over the round's
+   batches, so the upload is FedAvg's delta (the same batches in the same
+   order as FedAvg's and FedDF's clients) plus P;
+2. copy the received global weights back into the client's classifier and
+   run its backbone B (inference mode) over the round's local batches: one
+   mean feature z_i per batch;
+3. P = Z^T Z (alpha I + Z^T Z)^-1 by the recursion of eq. 5
    (`projection.recursive_projection`; on its normalised form see there and
-   BUILD_NOTES.md);
-3. local training from the same global weights
-   (`local_training.train_locally`), so the upload is FedAvg's delta plus P.
+   BUILD_NOTES.md).
+
+P depends only on the received weights and the batches, so computing it
+after training is the paper's step 1 (Algorithm 1 computes it "before"
+training only in the listing's order). Which batches: a tf.data dataset
+with `shuffle(reshuffle_each_iteration=True)` (the clients' datasets)
+gives a *new* order on a second pass inside one graph, so the process gives
+the projection its own dataset built from the client's key (the same
+batches as training's). Clients that receive a dataset as a value (no key)
+read it twice, and their P uses the second pass's batches (the same
+examples in other batches).
 
 Server (`server_round`, Algorithm 1 lines 7-10), given the stacked client
 models and projections and the student's starting point (their average):
@@ -102,8 +114,10 @@ def client_round(classifier: models.Classifier,
                  learning_rate: tf.Tensor,
                  *,
                  alpha: float,
-                 projection_batches: int = 0) -> ClientRound:
-  """P from the global backbone's features, then local training.
+                 projection_batches: int = 0,
+                 projection_dataset: Optional[tf.data.Dataset] = None
+                 ) -> ClientRound:
+  """Local training, and P from the received global backbone's features.
 
   Args:
     classifier: A built `Classifier` (its `features` share variables with
@@ -111,20 +125,25 @@ def client_round(classifier: models.Classifier,
     optimizer: Client `tff.learning.optimizers` optimizer.
     initial_weights: The received global `ModelWeights` of
       `classifier.model`.
-    dataset: The round's local batches `{'x', 'y'}`; P uses their means (the
-      first `projection_batches` of them if > 0), training all of them.
+    dataset: The round's local batches `{'x', 'y'}`, trained on in its
+      first pass (so the training order is FedAvg's and FedDF's).
     learning_rate: This round's client learning rate.
     alpha: Ridge of eq. 5, > 0.
     projection_batches: Cap on the batches P is built from; 0 = all.
+    projection_dataset: The batches P uses the means of (the first
+      `projection_batches` if > 0): a second dataset built from the same key
+      (so the same batches as training's), or None to read `dataset` a
+      second time (see `PROJECTION_PASS`).
 
   Returns:
     A `ClientRound`.
   """
-  p, num_batches = client_projection(classifier, initial_weights, dataset,
-                                     alpha=alpha,
-                                     projection_batches=projection_batches)
   local = local_training.train_locally(classifier.model, optimizer,
                                        initial_weights, dataset, learning_rate)
+  p, num_batches = client_projection(
+      classifier, initial_weights,
+      dataset if projection_dataset is None else projection_dataset,
+      alpha=alpha, projection_batches=projection_batches)
   return ClientRound(local, p, num_batches)
 
 
@@ -195,9 +214,10 @@ def hetero_client_round(global_classifier: models.Classifier,
                         learning_rate: tf.Tensor,
                         *,
                         architecture: Union[int, tf.Tensor],
-                        hparams: 'hparams_lib.FedD3AHparams'
+                        hparams: 'hparams_lib.FedD3AHparams',
+                        projection_dataset: Optional[tf.data.Dataset] = None
                         ) -> HeteroClientRound:
-  """P with the received global backbone, then CE + KD local training.
+  """CE + KD local training, and P with the received global backbone.
 
   Args:
     global_classifier: Built `Classifier` of the global architecture
@@ -214,13 +234,15 @@ def hetero_client_round(global_classifier: models.Classifier,
     hparams: `config.fedd3a`: the ridge `alpha` of eq. 5, the
       `projection_batches` P is built from (0: all), and the KD term's
       `kd_weight` (0: cross-entropy only) and `kd_temperature`.
+    projection_dataset: As in `client_round`.
 
   Returns:
     A `HeteroClientRound`.
   """
-  p, num_batches = client_projection(
-      global_classifier, global_weights, dataset, alpha=float(hparams.alpha),
-      projection_batches=hparams.projection_batches)
+  # The KD teacher is the received global model.
+  tf.nest.map_structure(lambda v, w: v.assign(w),
+                        local_training.model_weights(global_classifier.model),
+                        global_weights)
   regularizer = global_kd_regularizer(
       global_classifier.model, weight=float(hparams.kd_weight),
       temperature=float(hparams.kd_temperature))
@@ -239,6 +261,11 @@ def hetero_client_round(global_classifier: models.Classifier,
       num_examples=tf.add_n([r.num_examples for r in results]),
       loss_sum=tf.add_n([r.loss_sum for r in results]),
       num_steps=tf.add_n([r.num_steps for r in results]))
+  p, num_batches = client_projection(
+      global_classifier, global_weights,
+      dataset if projection_dataset is None else projection_dataset,
+      alpha=float(hparams.alpha),
+      projection_batches=hparams.projection_batches)
   return HeteroClientRound(local, tuple(weights), p, num_batches)
 
 

@@ -95,6 +95,13 @@ def classifier_specs(classifier_fn: ClassifierFn):
           tuple(classifier.model.input_shape[1:]))
 
 
+def _second_pass(data, dataset_fn: Optional[learning.DatasetFn]
+                 ) -> Optional[tf.data.Dataset]:
+  """The projection's own dataset: a keyed client builds its batches again
+  from the key (the same batches as training's; `fedd3a_tf.client_round`)."""
+  return None if dataset_fn is None else dataset_fn(data)
+
+
 def build_client_work(
     classifier_fn: ClassifierFn,
     element_spec: collections.OrderedDict,
@@ -105,7 +112,7 @@ def build_client_work(
     learning_rate_decay: float = 1.0,
     dataset_fn: Optional[learning.DatasetFn] = None,
 ) -> tff.templates.MeasuredProcess:
-  """FedD3A's client work: P with the received backbone, then local SGD.
+  """FedD3A's client work: local SGD, and P with the received backbone.
 
   Same schedule, state and measurements as
   `tff_kd.federated.learning.build_client_work`; `bytes_up` includes P.
@@ -138,7 +145,8 @@ def build_client_work(
     result = fedd3a_tf.client_round(
         classifier_fn(), client_optimizer, weights, dataset, lr,
         alpha=float(hparams.alpha),
-        projection_batches=hparams.projection_batches)
+        projection_batches=hparams.projection_batches,
+        projection_dataset=_second_pass(data, dataset_fn))
     update = collections.OrderedDict(
         delta=result.local.weights_delta, projection=result.projection,
         client_id=client_id)
@@ -391,7 +399,8 @@ def build_hetero_client_work(
     result = fedd3a_tf.hetero_client_round(
         classifier_fn(), [fn() for fn in client_model_fns], client_optimizer,
         global_weights, local_weights, client.dataset, lr,
-        architecture=architecture, hparams=hparams)
+        architecture=architecture, hparams=hparams,
+        projection_dataset=_second_pass(data, dataset_fn))
     uploads = tuple(
         tf.nest.map_structure(lambda v, o=o: v * tf.cast(o, v.dtype), w)
         for w, o in zip(result.weights, own))
