@@ -87,6 +87,12 @@ VARIANTS = {
     'feddf_bn_update': ('feddf', {'distill.student_training': True}),
     'fedd3a': ('fedd3a', {}),
     'fedd3a_avg': ('fedd3a', {'fedd3a.weighting': 'avg'}),
+    # FedDF's logit average instead of eq. 7's probability average: with avg
+    # weights, FedD3A is then FedDF bit for bit
+    # (tests/methods/fedd3a/test_fedd3a_vs_feddf.py).
+    'fedd3a_avg_logits': ('fedd3a', {'fedd3a.weighting': 'avg',
+                                     'fedd3a.ensemble': 'logits'}),
+    'fedd3a_logits': ('fedd3a', {'fedd3a.ensemble': 'logits'}),
     'fedd3a_aggregated': ('fedd3a', {'fedd3a.score_backbone': 'aggregated'}),
     'fedd3a_bn_update': ('fedd3a', {'distill.student_training': True}),
     # The labeled guard: keep the student only if its accuracy on the
