@@ -56,6 +56,8 @@ def test_dafkd_run_reports_its_mechanism(tmp_path):
       assert f'distill/{key}' in row, key
     for key in ('client/disc_real_accuracy', 'client/generator_loss'):
       assert key in row, key
+    # Share of G(z, y) the averaged model labels y (issue: the pool's labels).
+    assert 0.0 <= row['distill/label_fidelity'] <= 1.0
 
 
 @pytest.mark.parametrize('overrides,match', [

@@ -33,3 +33,5 @@ def test_dafkd_oracle_pool_weights_the_holders(run):
                              rtol=1e-6)
   ratio = _metric(method, 'distill/holder_ratio')
   assert ratio.mean() > 1.1 and ratio[-1] > 1.2, ratio
+  # A real pool has no pseudo labels to be faithful to.
+  np.testing.assert_array_equal(_metric(method, 'distill/label_fidelity'), -1)

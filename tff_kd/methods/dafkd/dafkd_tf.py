@@ -78,15 +78,18 @@ def discriminator_variables(
 
 
 def pseudo_pool(generator: tf.keras.Model, size: int, *, noise_dim: int,
-                num_classes: int, seed: tf.Tensor) -> tf.Tensor:
+                num_classes: int, seed: tf.Tensor,
+                with_labels: bool = False):
   """The distillation pool D^g (Algorithm 1, line 11): `size` generated images.
 
   Uniform pseudo labels, Gaussian noise, generator in inference mode.
+  Returns the images, or (images, their pseudo labels y of G(z, y)) with
+  `with_labels`.
   """
-  images, _, _ = gan.generate(generator, size, noise_dim=noise_dim,
-                              num_classes=num_classes, seed=seed,
-                              training=False)
-  return images
+  images, _, labels = gan.generate(generator, size, noise_dim=noise_dim,
+                                   num_classes=num_classes, seed=seed,
+                                   training=False)
+  return (images, labels) if with_labels else images
 
 
 def argmax_agreement(logits_or_probs: tf.Tensor, reference) -> tf.Tensor:
@@ -504,6 +507,9 @@ class ServerRoundResult(NamedTuple):
     agreement_before: Fraction of the pool where the averaged classifier's
       argmax (inference mode) equals the target's, before distillation.
     agreement_after: The same for the distilled student.
+    label_fidelity: Fraction of the generated pool G(z, y) that the averaged
+      classifier (before distillation) classifies as its pseudo label y;
+      -1 for a real pool. About 1/C when the generator ignores its label.
     diagnostics: `Diagnostics`, or None (private mode, or no validation).
   """
 
@@ -515,6 +521,7 @@ class ServerRoundResult(NamedTuple):
   mean_score: tf.Tensor
   agreement_before: tf.Tensor
   agreement_after: tf.Tensor
+  label_fidelity: tf.Tensor
   diagnostics: Optional[Diagnostics] = None
 
 
@@ -635,12 +642,12 @@ def server_round(models: gan.GanModels,
     tf.nest.map_structure(
         lambda v, t: v.assign(t), gen_vars,
         global_weights[1] if settings.pool_from_broadcast else new_generator)
-    pool = pseudo_pool(generator, settings.pool_size,
-                       noise_dim=settings.gan.noise_dim,
-                       num_classes=settings.gan.num_classes,
-                       seed=pool_seed_value)
+    pool, pool_labels = pseudo_pool(generator, settings.pool_size,
+                                    noise_dim=settings.gan.noise_dim,
+                                    num_classes=settings.gan.num_classes,
+                                    seed=pool_seed_value, with_labels=True)
   else:
-    pool = real_pool
+    pool, pool_labels = real_pool, None
   num_clients = tf.maximum(tf.reduce_sum(tf.cast(valid, tf.float32)), 1.0)
   diagnostics = None
   if uploads.private_sums is None:
@@ -669,14 +676,17 @@ def server_round(models: gan.GanModels,
                         local_training.model_weights(classifier.model),
                         new_classifier)
 
-  def agreement():
-    return argmax_agreement(
-        distillation.teacher_logits([classifier.model], pool)[0], target)
+  def student_logits():
+    return distillation.teacher_logits([classifier.model], pool)[0]
 
-  before = agreement()
+  logits_before = student_logits()
+  before = argmax_agreement(logits_before, target)
+  fidelity = (tf.constant(-1.0) if pool_labels is None else
+              argmax_agreement(logits_before, pool_labels))
   labeled = None if validation is None else (validation.x, validation.y)
   result = distillation.distill(classifier.model, distill_optimizer, pool,
                                 target, config, labeled=labeled)
   return ServerRoundResult(result.weights, new_generator, result, entropy,
-                           sum_error, mean_score, before, agreement(),
-                           diagnostics)
+                           sum_error, mean_score, before,
+                           argmax_agreement(student_logits(), target),
+                           fidelity, diagnostics)

@@ -390,7 +390,9 @@ def build_finalizer(
   Measurements: `num_teachers`, `alpha_entropy` (mean entropy of eq. 7's
   weights; -1 in private mode), `alpha_sum_error`, `mean_disc_score`,
   `agreement_before` / `agreement_after` (classifier argmax = target argmax
-  on the pool, before / after distillation), the distillation's `steps`,
+  on the pool, before / after distillation), `label_fidelity` (the share of
+  the generated pool the averaged classifier labels as G's pseudo label; -1
+  for a real pool), the distillation's `steps`,
   `first_loss`, `last_loss` and `pool_size`. With a labeled validation set
   (`server_data.val_size` > 0): `labeled_accuracy_before` / `_after` and
   `accepted` (`DistillConfig.accept`), and in plain mode the mechanism
@@ -460,6 +462,7 @@ def build_finalizer(
         mean_disc_score=r.mean_score,
         agreement_before=r.agreement_before,
         agreement_after=r.agreement_after,
+        label_fidelity=r.label_fidelity,
         steps=tf.cast(r.distill.steps_run, tf.float32),
         first_loss=r.distill.first_loss,
         last_loss=r.distill.last_loss,
