@@ -29,7 +29,6 @@ structure takes an `element_fn(element) -> (x, y)` that returns a float32
 HWC image already normalised that way and an integer label.
 """
 
-import collections
 import hashlib
 import json
 from typing import Any, Callable, Optional, Sequence
@@ -277,8 +276,8 @@ def open_source(source: str) -> client_data_lib.FileClientData:
   return _OPENED[identity]
 
 
-def test_arrays(test_data: Any, clients: TFFClientData) -> tuple[np.ndarray,
-                                                                 np.ndarray]:
+def central_test_set(test_data: Any,
+                     clients: TFFClientData) -> tuple[np.ndarray, np.ndarray]:
   """A central test set as `(x, y)` arrays, read whole.
 
   Args:
@@ -331,4 +330,4 @@ def test_arrays(test_data: Any, clients: TFFClientData) -> tuple[np.ndarray,
 
 
 __all__ = ['TFFClientData', 'pixels_and_label', 'source_of', 'open_source',
-           'test_arrays', 'ElementFn']
+           'central_test_set', 'ElementFn']

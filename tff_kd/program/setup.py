@@ -358,7 +358,7 @@ def _prepare_federated(config: ml_collections.ConfigDict, root_dir: str,
   clients, proxy, val_x, val_y = _hold_out_clients(config, clients)
   config.partition.num_clients = len(clients.client_ids)
   validation.validate_config(config)
-  x_test, y_test = tff_client_data.test_arrays(test_data, clients)
+  x_test, y_test = tff_client_data.central_test_set(test_data, clients)
   dataset = data_lib.Dataset(
       clients.name, np.zeros([0, *clients.image_shape], np.float32),
       np.zeros([0], np.int32), x_test, y_test, clients.num_classes)
