@@ -223,3 +223,22 @@ def test_tff_dataset_settings():
                                           'dataset.train_limit': 10}))
   with pytest.raises(errors.ConfigError, match="dataset 'tff:nope' is unknown"):
     experiment.validate_config(_config(**{'dataset.name': 'tff:nope'}))
+
+
+def test_test_set_forms_give_the_same_arrays(tmp_path):
+  folder = str(tmp_path / 'clients')
+  _write(folder, keep={0, 1, 2})
+  clients = _wrap(folder)
+  test_clients = _client_data(folder, num_clients=3)
+  x, y = tff_client_data.central_test_set(test_clients, clients)
+  assert x.shape == (15, 8, 8, 1) and y.dtype == np.int32
+  assert x.min() >= -1.0 and x.max() <= 1.0 and x.min() < 0.0
+  for other in ((x, y), tf.data.Dataset.from_tensor_slices((x, y)),
+                tf.data.Dataset.from_tensor_slices((x, y)).batch(4)):
+    got = tff_client_data.central_test_set(other, clients)
+    np.testing.assert_array_equal(got[0], x)
+    np.testing.assert_array_equal(got[1], y)
+  # The keyed path reads the same examples: one client's arrays.
+  cx, cy = clients.read_arrays(tf.constant('1'))
+  np.testing.assert_array_equal(cx.numpy(), x[5:10])
+  np.testing.assert_array_equal(cy.numpy(), y[5:10])
