@@ -238,7 +238,14 @@ def test_test_set_forms_give_the_same_arrays(tmp_path):
     got = tff_client_data.central_test_set(other, clients)
     np.testing.assert_array_equal(got[0], x)
     np.testing.assert_array_equal(got[1], y)
-  # The keyed path reads the same examples: one client's arrays.
-  cx, cy = clients.read_arrays(tf.constant('1'))
-  np.testing.assert_array_equal(cx.numpy(), x[5:10])
-  np.testing.assert_array_equal(cy.numpy(), y[5:10])
+  # The keyed path reads the same examples, client by client (the
+  # ClientData's all-clients dataset shuffles the clients' order).
+  def rows(x, y):
+    return sorted(xi.tobytes() + yi.tobytes() for xi, yi in zip(x, y))
+
+  keyed = [clients.read_arrays(tf.constant(str(k))) for k in range(3)]
+  assert rows(x, y) == rows(np.concatenate([k[0].numpy() for k in keyed]),
+                            np.concatenate([k[1].numpy() for k in keyed]))
+  d = datasets.load_digits()
+  np.testing.assert_array_equal(
+      keyed[1][0].numpy(), data_lib.normalise(d.images[5:10] / 16.0)[..., None])
