@@ -107,7 +107,7 @@ def test_console_shows_header_progress_and_summary_only(tmp_path):
   assert out[0] == ('train: fedavg on digits, 6 clients (3 per round), 2 '
                     f'rounds, seed 0; outputs in {root}')
   assert out[1].startswith('final test accuracy ') and '(best ' in out[1]
-  for name in ('metrics.csv', 'tb', 'checkpoints', 'export/saved_model',
+  for name in ('metrics.csv', 'tb', 'checkpoints', 'export/tff_kd/1',
                'curves.png', 'logs'):
     assert any(line.strip().endswith(str(root / name)) for line in out), name
   assert os.path.exists(root / 'curves.png')

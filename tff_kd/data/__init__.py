@@ -4,8 +4,10 @@ from tff_kd.data.datasets import DATASETS
 from tff_kd.data.datasets import Dataset
 from tff_kd.data.datasets import load_dataset
 from tff_kd.data.datasets import load_domains
+from tff_kd.data.datasets import load_tff
 from tff_kd.data.datasets import normalise
 from tff_kd.data.datasets import resize_images
+from tff_kd.data.datasets import TFF_DATASETS
 from tff_kd.data.partition import dirichlet_partition
 from tff_kd.data.partition import domain_partition
 from tff_kd.data.partition import fedgen_partition

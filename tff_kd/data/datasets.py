@@ -17,6 +17,13 @@ files of the prepared tfds dataset): MNIST then loads in ~0.1 s instead of
 * `digits`: scikit-learn's bundled 8x8 digits (1,797 images), which need no
   download: the quick start uses it.
 
+* `tff:<name>`: TFF's federated simulation datasets (`tff:emnist`,
+  `tff:emnist_digits_only`, `tff:cifar100`), split by writer / by TFF's
+  client partition: `load_tff` returns their train and test
+  `tff.simulation.datasets.ClientData` (the program wraps them with
+  `tff_kd.federated.tff_client_data`). They download once into
+  `<data_dir>/tff` when the machine is online.
+
 Every loader returns pixels scaled to [0, 1] and then normalised as
 (p - 0.5) / 0.5, float32 NHWC, and int32 labels. The test split is never
 split across clients: evaluation always uses all of it.
@@ -423,6 +430,113 @@ def load_domains(names: Sequence[str], image_shape: Sequence[int], *,
       classes.pop(), dom('train'), dom('test'), tuple(names))
 
 
+class TFFSource(NamedTuple):
+  """One of TFF's simulation datasets (`TFF_DATASETS`).
+
+  Attributes:
+    loader: Its `tff.simulation.datasets` module's name.
+    kwargs: `load_data`'s keyword arguments besides `cache_dir`.
+    origin: The LZMA file TFF downloads; its name less `.lzma` is the
+      file kept in the cache folder.
+    num_classes: Number of labels.
+    x_key: The image's key in an element.
+    y_key: The label's key.
+    pixel_max: The image's white value.
+  """
+
+  loader: str
+  kwargs: dict
+  origin: str
+  num_classes: int
+  x_key: str
+  y_key: str
+  pixel_max: float
+
+  @property
+  def file_name(self) -> str:
+    """The decompressed file `load_data` reads from the cache folder."""
+    return os.path.splitext(self.origin.rsplit('/', 1)[-1])[0]
+
+
+_TFF_BUCKET = 'https://storage.googleapis.com/tff-datasets-public/'
+TFF_DATASETS: dict[str, TFFSource] = {
+    'tff:emnist': TFFSource('emnist', dict(only_digits=False),
+                            _TFF_BUCKET + 'emnist_all.sqlite.lzma', 62,
+                            'pixels', 'label', 1.0),
+    'tff:emnist_digits_only': TFFSource(
+        'emnist', dict(only_digits=True),
+        _TFF_BUCKET + 'emnist_all.sqlite.lzma', 10, 'pixels', 'label', 1.0),
+    'tff:cifar100': TFFSource('cifar100', {},
+                              _TFF_BUCKET + 'cifar100.sqlite.lzma', 100,
+                              'image', 'label', 255.0),
+}
+# Seconds a download may wait on the network (connecting or reading):
+# offline, loading fails within this instead of hanging.
+TFF_DOWNLOAD_TIMEOUT_S = 20.0
+
+
+def tff_cache_dir(data_dir: Optional[str]) -> str:
+  """Where `load_tff` keeps TFF's dataset files: `<data_dir>/tff`."""
+  return os.path.join(_tfds_root(data_dir), 'tff')
+
+
+def load_tff(name: str, *, data_dir: Optional[str] = None):
+  """TFF's federated train and test `ClientData` of a `TFF_DATASETS` name.
+
+  Reads `<data_dir>/tff/<file>` (`TFFSource.file_name`), downloading it
+  first if it is missing: TFF downloads and decompresses the LZMA file
+  (hundreds of MB for EMNIST). Nothing else is read here: the clients'
+  examples are read when they are used.
+
+  Args:
+    name: A key of `TFF_DATASETS`.
+    data_dir: The data folder (default `~/tensorflow_datasets`).
+
+  Returns:
+    (train ClientData, test ClientData, its `TFFSource`).
+
+  Raises:
+    DataError: an unknown name, or the file is missing and cannot be
+      downloaded (offline): the message names the folder to fill.
+  """
+  if name not in TFF_DATASETS:
+    raise errors.DataError(
+        f"dataset {name!r} is unknown; choose one of "
+        f"{', '.join(TFF_DATASETS)}")
+  # pylint: disable=g-import-not-at-top
+  import importlib
+  import socket
+  from tensorflow_federated.python.simulation.datasets import download
+  # pylint: enable=g-import-not-at-top
+  source = TFF_DATASETS[name]
+  cache = tff_cache_dir(data_dir)
+  path = os.path.join(cache, source.file_name)
+  if not os.path.isfile(path):
+    previous = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(TFF_DOWNLOAD_TIMEOUT_S)
+    try:
+      download.get_compressed_file(origin=source.origin, cache_dir=cache)
+    except Exception as e:  # pylint: disable=broad-except
+      # urllib, socket, LZMA and file errors; a partial file is no cache.
+      if os.path.exists(path):
+        os.remove(path)
+      raise errors.DataError(
+          f'{name} needs {source.file_name} in {cache} and could not '
+          f'download it ({_first_line(e)}); offline, put the file there '
+          f'(from {source.origin}, decompressed with unxz)') from None
+    finally:
+      socket.setdefaulttimeout(previous)
+  module = importlib.import_module(
+      f'tensorflow_federated.python.simulation.datasets.{source.loader}')
+  try:
+    train, test = module.load_data(cache_dir=cache, **source.kwargs)
+  except Exception as e:  # pylint: disable=broad-except
+    raise errors.DataError(
+        f'could not read {name} from {path}: {_first_line(e)}; delete the '
+        'file to download it again') from None
+  return train, test, source
+
+
 def sha256(path: str) -> str:
   """Hex sha256 of a file (to check raw files against published sums)."""
   h = hashlib.sha256()
@@ -433,4 +547,5 @@ def sha256(path: str) -> str:
 
 
 __all__ = ['Dataset', 'DATASETS', 'load_dataset', 'load_domains',
-           'normalise', 'resize_images', 'sha256']
+           'load_tff', 'normalise', 'resize_images', 'sha256',
+           'tff_cache_dir', 'TFF_DATASETS', 'TFFSource']

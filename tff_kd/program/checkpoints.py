@@ -195,7 +195,8 @@ def _set_aside(manager: CheckpointManager, versions: list[int]) -> None:
     os.replace(path, dest)
 
 
-def load_state(config: ml_collections.ConfigDict, root_dir: str):
+def load_state(config: ml_collections.ConfigDict, root_dir: str, *,
+               client_data: Any = None, test_data: Any = None):
   """The newest checkpointed process state of a run, and its round.
 
   For notebooks and checks: e.g. the global model is
@@ -205,6 +206,8 @@ def load_state(config: ml_collections.ConfigDict, root_dir: str):
   Args:
     config: The run's config.
     root_dir: The run's folder.
+    client_data: The run's `ClientData`, if it had one (`setup.prepare`).
+    test_data: Its test set.
 
   Returns:
     (state, completed rounds); (the initial state, 0) when nothing is saved.
@@ -212,5 +215,6 @@ def load_state(config: ml_collections.ConfigDict, root_dir: str):
   Raises:
     UserError: a bad config or data, or an unreadable checkpoint.
   """
-  exp = setup.prepare(config, root_dir)
+  exp = setup.prepare(config, root_dir, client_data=client_data,
+                      test_data=test_data)
   return load_or_initialize(exp, manager_for(config, root_dir))

@@ -9,7 +9,9 @@ do one job each, so that callers keep one import:
   (`set_context`);
 * `tff_kd.program.setup`: loads, holds out and partitions the data, writes
   the clients' and server's arrays, builds the method's process and the
-  evaluations (`prepare`, `Experiment`, `build_dataset_process`);
+  evaluations (`prepare`, `Experiment`, `build_dataset_process`); or takes
+  a TFF `ClientData`'s own clients instead (`prepare(config, root_dir,
+  client_data=..., test_data=...)`, `tff_kd.federated.tff_client_data`);
 * `tff_kd.program.checkpoints`: the run folder's config check and its
   checkpoints (`load_state`);
 * `tff_kd.program.loop`: the rounds (`run`, `RunResult`, `warm_up`,

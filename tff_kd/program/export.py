@@ -1,29 +1,57 @@
 """Export of the global model for serving without TFF.
 
-The SavedModel's `serving_default` signature takes a float32 batch of images
-already normalised like the training data (pixels scaled to [0, 1], then
-`(p - 0.5) / 0.5`) and returns `logits` and `probabilities`. Plain
-TensorFlow loads it with `tf.saved_model.load(path)`; Keras with
-`tf.keras.models.load_model(path)`.
+The export folder follows TF Serving's model base path layout:
+
+    <export_root>/<model_name>/<version>/saved_model.pb, variables/, ...
+                                        metadata.json
+
+one numbered version folder per export (1, 2, ...: each export of the same
+run folder, e.g. after a resumed run, adds the next version), so
+`tensorflow/serving` with `--model_base_path=<export_root>/<model_name>`
+serves the newest and picks up new ones as they appear. A version is
+written under a hidden temporary name and renamed into place when complete,
+so a server never sees half of one.
+
+Every version's `serving_default` signature is the same: it takes `images`,
+a float32 batch [N, H, W, C] already normalised like the training data
+(pixels scaled to [0, 1], then `(p - 0.5) / 0.5`), and returns `logits` and
+`probabilities` [N, num_classes]. Plain TensorFlow loads a version with
+`tf.saved_model.load(path)`; Keras with `tf.keras.models.load_model(path)`.
 """
 
 import json
 import os
+import shutil
 
 import tensorflow as tf
 
-SERVING_DIR = 'saved_model'
+# The model name of the export layout (TF Serving's MODEL_NAME).
+MODEL_NAME = 'tff_kd'
+METADATA = 'metadata.json'
 
 
-def export_saved_model(model: tf.keras.Model, export_root: str) -> str:
-  """Saves `model` (images -> logits) with a serving signature.
+def versions(model_dir: str) -> list[int]:
+  """The version numbers exported under `<export_root>/<model_name>`."""
+  if not os.path.isdir(model_dir):
+    return []
+  return sorted(int(name) for name in os.listdir(model_dir)
+                if name.isdigit() and os.path.isdir(
+                    os.path.join(model_dir, name)))
+
+
+def export_saved_model(model: tf.keras.Model, export_root: str, *,
+                       model_name: str = MODEL_NAME) -> str:
+  """Saves `model` (images -> logits) as the next serving version.
 
   Args:
     model: The trained Keras classifier.
-    export_root: Folder to write `saved_model/` and `metadata.json` into.
+    export_root: The export folder (TF Serving's model base paths are its
+      sub-folders).
+    model_name: The model's folder under `export_root`.
 
   Returns:
-    The SavedModel directory.
+    The new version's SavedModel directory,
+    `<export_root>/<model_name>/<version>`.
   """
   inputs = tf.keras.Input(model.input_shape[1:], name='images')
   logits = model(inputs, training=False)
@@ -32,10 +60,17 @@ def export_saved_model(model: tf.keras.Model, export_root: str) -> str:
       'probabilities': tf.keras.layers.Softmax(name='probabilities')(logits),
   }
   serving = tf.keras.Model(inputs, outputs, name='tff_kd_classifier')
-  path = os.path.join(export_root, SERVING_DIR)
-  serving.save(path, save_format='tf', include_optimizer=False)
-  with open(os.path.join(export_root, 'metadata.json'), 'w') as f:
-    json.dump(dict(input_shape=list(model.input_shape[1:]),
+  model_dir = os.path.join(export_root, model_name)
+  version = (versions(model_dir) or [0])[-1] + 1
+  path = os.path.join(model_dir, str(version))
+  partial = os.path.join(model_dir, f'.writing-{version}')
+  shutil.rmtree(partial, ignore_errors=True)
+  serving.save(partial, save_format='tf', include_optimizer=False)
+  with open(os.path.join(partial, METADATA), 'w') as f:
+    json.dump(dict(model_name=model_name, version=version,
+                   input_shape=list(model.input_shape[1:]),
                    normalisation='pixels in [0,1], then (p - 0.5) / 0.5',
+                   signature='serving_default', inputs=['images'],
                    outputs=sorted(outputs)), f, indent=2)
+  os.rename(partial, path)
   return path

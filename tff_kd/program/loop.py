@@ -162,13 +162,18 @@ def _release(manager: tff.program.ReleaseManager, value: dict,
 
 
 def run(config: ml_collections.ConfigDict, root_dir: str, *,
-        progress: bool = True) -> RunResult:
+        progress: bool = True, client_data: Any = None,
+        test_data: Any = None) -> RunResult:
   """Trains, evaluates, checkpoints and exports one experiment.
 
   Args:
     config: Experiment config (see `configs/base.py`).
     root_dir: Output folder; restarting with the same folder resumes.
     progress: Show a tqdm progress bar.
+    client_data: Optional federated training clients (a
+      `tff_kd.federated.tff_client_data.TFFClientData`) instead of the
+      config's partition; see `setup.prepare`.
+    test_data: Their central test set; see `setup.prepare`.
 
   Returns:
     A `RunResult` with the per-round metrics of the rounds run in this call,
@@ -177,7 +182,9 @@ def run(config: ml_collections.ConfigDict, root_dir: str, *,
   Raises:
     UserError: for bad input (before any training) or a non-finite loss.
   """
-  exp = setup.prepare(config, root_dir)
+  exp = setup.prepare(config, root_dir, client_data=client_data,
+                      test_data=test_data)
+  config = exp.config  # With a ClientData: its identity and client count.
   os.makedirs(root_dir, exist_ok=True)
   checkpoints.check_resumable(config, root_dir)
   warm = warm_up(exp)

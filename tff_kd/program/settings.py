@@ -69,7 +69,8 @@ class DatasetSettings(hp.Hparams):
 
   Attributes:
     name: A dataset of `tff_kd.data.DATASETS` (ignored when `domains` is
-      set).
+      set), or one of TFF's federated datasets, `tff_kd.data.TFF_DATASETS`
+      (e.g. 'tff:emnist'), whose clients are its writers.
     data_dir: The tfds data_dir, also holding decoded caches.
     manual_dir: Raw files for offline tfds builds (MNIST, Fashion-MNIST),
       USPS and MNIST-M.
@@ -79,6 +80,11 @@ class DatasetSettings(hp.Hparams):
       channel-matched to `image_shape`. Clients then come from
       `partition.kind='domain'`.
     image_shape: 'H,W,C' (C 1 or 3) of multi-domain data.
+    client_data: Set by `tff_kd.program.experiment.prepare`, not by hand:
+      the identity ('<name>:<digest of its client ids>') of the federated
+      `ClientData` the clients come from (a 'tff:' name or the `client_data`
+      argument); '' for a partitioned central dataset. A run folder resumes
+      only with the same one.
   """
 
   SECTION: ClassVar[str] = 'dataset'
@@ -89,6 +95,12 @@ class DatasetSettings(hp.Hparams):
   train_limit: int = hp.field(0, hp.non_negative_int)
   domains: str = hp.field('', _text)
   image_shape: str = hp.field('32,32,3', _text)
+  client_data: str = hp.field('', _text)
+
+  @property
+  def is_federated(self) -> bool:
+    """Whether the clients come from a `ClientData`, not a partition."""
+    return bool(self.client_data) or self.name in data_lib.TFF_DATASETS
 
   @property
   def domain_names(self) -> list[str]:
@@ -110,8 +122,16 @@ class DatasetSettings(hp.Hparams):
 
   def _check_combinations(self) -> None:
     names = self.domain_names
+    if self.is_federated:
+      if names or self.train_limit:
+        raise errors.ConfigError(
+            'dataset.domains and dataset.train_limit do not apply to a '
+            f'ClientData ({self.client_data or self.name}): its clients are '
+            'its own')
+      return
     if not names:
-      hp.one_of(*data_lib.DATASETS)('dataset', self.name)
+      hp.one_of(*data_lib.DATASETS, *data_lib.TFF_DATASETS)(
+          'dataset', self.name)
       return
     unknown = [n for n in names if n not in data_lib.DATASETS]
     if unknown:

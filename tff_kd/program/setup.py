@@ -10,13 +10,29 @@ server's under `root_dir/server_data/<fingerprint>`; and composes the
 method's learning process with the dataset computation that reads them
 (`tff_kd.federated.client_data`, `.server_data`). The data and the method
 contribute the evaluations of the global model (`tff_kd.program.evaluation`).
+
+Federated data: with `prepare(config, root_dir, client_data=...,
+test_data=...)`, or a `dataset.name` of TFF's simulation datasets
+('tff:emnist'), the clients are a `tff.simulation.datasets.ClientData`'s own
+(`tff_kd.federated.tff_client_data`), read per round inside the TFF
+computation: nothing of theirs is written or read here, and the config's
+`partition` section is not used (`partition.num_clients` becomes the
+number of clients). The test set is read whole. `server_data` works as
+with central data, except that 'split' holds out whole clients: a seeded
+permutation of the clients is read, client by client, until the clients
+read hold `val_size + proxy_size` examples; their first `val_size`
+examples are the labeled validation set, the next `proxy_size` the
+unlabeled pool (the rest are unused), and those clients leave the
+federation. The returned `Experiment.config` records the `ClientData`'s
+identity (`dataset.client_data`), which a resumed run must match.
 """
 
+import copy
 import functools
 import hashlib
 import json
 import os
-from typing import Mapping, NamedTuple, Optional, Union
+from typing import Any, Mapping, NamedTuple, Optional, Union
 
 import ml_collections
 import numpy as np
@@ -28,6 +44,7 @@ from tff_kd import models
 from tff_kd.federated import client_data as client_data_lib
 from tff_kd.federated import learning
 from tff_kd.federated import server_data as server_data_lib
+from tff_kd.federated import tff_client_data
 from tff_kd.methods import common
 from tff_kd.methods import registry
 from tff_kd.program import evaluation
@@ -39,9 +56,13 @@ class Experiment(NamedTuple):
   """Everything a round loop needs, built by `prepare`.
 
   Attributes:
-    config: The validated config.
-    dataset: The loaded `tff_kd.data.Dataset`.
-    client_data: The clients' on-disk data.
+    config: The validated config (with federated data, a copy that records
+      the `ClientData`'s identity and client count).
+    dataset: The loaded `tff_kd.data.Dataset` (with federated data, the
+      training arrays are empty: the clients' examples stay in their
+      `ClientData`).
+    client_data: The clients' on-disk data, or a
+      `tff_client_data.TFFClientData` (the same interface).
     process: The method's `LearningProcess`, composed with the dataset
       computation, so `next` takes `(state, keys)`; with
       `runtime.server_device` other than 'runtime', a
@@ -106,6 +127,8 @@ def _fingerprint(config: ml_collections.ConfigDict) -> str:
   sd = config.server_data
   if sd.proxy or sd.val_size:  # Keeps older fingerprints unchanged.
     key['server_data'] = sd.to_dict()
+  if not key['dataset'].get('client_data'):  # Keeps older ones unchanged.
+    key['dataset'].pop('client_data', None)
   key = json.dumps(key, sort_keys=True)
   return hashlib.sha256(key.encode()).hexdigest()[:16]
 
@@ -225,12 +248,141 @@ def _load(config: ml_collections.ConfigDict) -> data_lib.Dataset:
       train_limit=config.dataset.train_limit or None)
 
 
-def prepare(config: ml_collections.ConfigDict, root_dir: str) -> Experiment:
+def _is_federated(config: ml_collections.ConfigDict) -> bool:
+  """Whether the config names a `ClientData` (a 'tff:' dataset, or the
+  identity `prepare` recorded) rather than a dataset to partition."""
+  dataset = config.get('dataset') or {}
+  return (dataset.get('name') in data_lib.TFF_DATASETS or
+          bool(dataset.get('client_data')))
+
+
+def _hold_out_clients(config: ml_collections.ConfigDict,
+                      clients: tff_client_data.TFFClientData):
+  """Removes the server's slices from a `ClientData`: whole clients.
+
+  Returns:
+    (the remaining clients, unlabeled proxy images or None, val images, val
+    labels): a seeded permutation of the clients is read until the clients
+    read hold the held-out examples; they all leave the federation.
+  """
+  sd = config.server_data
+  n_proxy = sd.proxy_size if sd.proxy == 'split' else 0
+  n_held = n_proxy + sd.val_size
+  if not n_held:
+    return clients, None, None, None
+  ids = clients.client_ids
+  order = np.random.default_rng([config.seed, 7]).permutation(len(ids))
+  xs, ys, held = [], [], 0
+  for count, i in enumerate(order[:-1], start=1):
+    x, y = clients.arrays([ids[i]])
+    xs.append(x)
+    ys.append(y)
+    held += len(y)
+    if held >= n_held:
+      break
+  else:
+    raise errors.ConfigError(
+        f'server_data holds out {n_held} training examples but all clients '
+        f'of {clients.name} but one hold only {held}')
+  x, y = np.concatenate(xs), np.concatenate(ys)
+  rest = clients.subset([ids[i] for i in sorted(order[count:])])
+  proxy = x[sd.val_size:n_held] if n_proxy else None
+  val_x = x[:sd.val_size] if sd.val_size else None
+  val_y = y[:sd.val_size] if sd.val_size else None
+  return rest, proxy, val_x, val_y
+
+
+def _federated_clients(
+    config: ml_collections.ConfigDict, client_data: Any, test_data: Any
+) -> tuple[ml_collections.ConfigDict, tff_client_data.TFFClientData, Any]:
+  """The config's or the caller's `ClientData`, with its test set.
+
+  Validates the whole config first (its client count aside, unknown
+  before the `ClientData` is opened), so that no bad setting costs a
+  download.
+
+  Returns:
+    (a copy of the config recording the `ClientData`'s identity, the
+    wrapped training clients, the test data).
+  """
+  config = copy.deepcopy(config)
+  name = config.dataset.name
+  num_clients = config.partition.num_clients
+  if isinstance(config.get('clients_per_round'), int):
+    config.partition.num_clients = max(1, config.clients_per_round)
+  validation.validate_config(config)
+  config.partition.num_clients = num_clients
+  if client_data is None:
+    if test_data is not None:
+      raise errors.ConfigError('prepare got test_data without client_data')
+    if name not in data_lib.TFF_DATASETS:
+      raise errors.ConfigError(
+          f'dataset.client_data={config.dataset.client_data!r} is recorded '
+          'by prepare: pass that ClientData as prepare(..., client_data=...)')
+    train, test_data, source = data_lib.load_tff(
+        name, data_dir=os.path.expanduser(config.dataset.data_dir) or None)
+    client_data = tff_client_data.TFFClientData(
+        train, name=name, num_classes=source.num_classes,
+        x_key=source.x_key, y_key=source.y_key, pixel_max=source.pixel_max)
+  else:
+    if name in data_lib.TFF_DATASETS:
+      raise errors.ConfigError(
+          f'dataset.name={name!r} and a client_data argument: give one')
+    if isinstance(client_data, tff.simulation.datasets.ClientData):
+      raise errors.ConfigError(
+          'wrap the ClientData first: tff_kd.federated.tff_client_data.'
+          "TFFClientData(client_data, name='...', num_classes=N, ...)")
+    if not isinstance(client_data, tff_client_data.TFFClientData):
+      raise errors.ConfigError(
+          'client_data must be a tff_client_data.TFFClientData, got '
+          f'{type(client_data).__name__}')
+    if test_data is None:
+      raise errors.ConfigError(
+          'prepare(client_data=...) needs test_data=: (x, y) arrays, a '
+          'tf.data.Dataset of (x, y) or a test ClientData')
+  recorded = config.dataset.client_data
+  if recorded and recorded != client_data.identity:
+    raise errors.ConfigError(
+        f'dataset.client_data is {recorded!r} but the given ClientData is '
+        f'{client_data.identity!r}')
+  config.dataset.client_data = client_data.identity
+  return config, client_data, test_data
+
+
+def _prepare_federated(config: ml_collections.ConfigDict, root_dir: str,
+                       client_data: Any, test_data: Any):
+  """`prepare`'s data with a `ClientData`: (config, dataset, clients,
+  server data); see the module docstring."""
+  config, clients, test_data = _federated_clients(config, client_data,
+                                                  test_data)
+  clients, proxy, val_x, val_y = _hold_out_clients(config, clients)
+  config.partition.num_clients = len(clients.client_ids)
+  validation.validate_config(config)
+  x_test, y_test = tff_client_data.central_test_set(test_data, clients)
+  dataset = data_lib.Dataset(
+      clients.name, np.zeros([0, *clients.image_shape], np.float32),
+      np.zeros([0], np.int32), x_test, y_test, clients.num_classes)
+  server = _server_data(
+      config, dataset, proxy, val_x, val_y,
+      os.path.join(root_dir, 'server_data', _fingerprint(config)))
+  return config, dataset, clients, server
+
+
+def prepare(config: ml_collections.ConfigDict, root_dir: str, *,
+            client_data: Optional[tff_client_data.TFFClientData] = None,
+            test_data: Any = None) -> Experiment:
   """Validates, loads and partitions data, and builds the process.
 
   Args:
     config: Experiment config.
     root_dir: Output folder of the run.
+    client_data: Federated training clients: a
+      `tff_kd.federated.tff_client_data.TFFClientData` wrapping a
+      `tff.simulation.datasets.ClientData`; its clients replace the
+      partition of `config.dataset` (see the module docstring).
+    test_data: With `client_data`, the central test set: `(x, y)` arrays
+      normalised like the training images, a `tf.data.Dataset` of `(x, y)`,
+      or a test `ClientData` (mapped like the training clients).
 
   Returns:
     An `Experiment`.
@@ -238,21 +390,27 @@ def prepare(config: ml_collections.ConfigDict, root_dir: str) -> Experiment:
   Raises:
     UserError: for any bad setting, data file or partition request.
   """
-  validation.validate_config(config)
-  method = registry.get_method(config.method)
-  dataset = _load(config)
-  dataset, proxy, val_x, val_y = _hold_out(config, dataset)
-  parts, test_slices = _partition(config, dataset)
-
-  data_dir = os.path.join(root_dir, 'client_data', _fingerprint(config))
-  server = _server_data(
-      config, dataset, proxy, val_x, val_y,
-      os.path.join(root_dir, 'server_data', _fingerprint(config)))
-  if os.path.exists(os.path.join(data_dir, 'manifest.json')):
-    clients = client_data_lib.FileClientData(data_dir)
+  if client_data is not None or test_data is not None or _is_federated(
+      config):
+    config, dataset, clients, server = _prepare_federated(
+        config, root_dir, client_data, test_data)
+    test_slices = None
   else:
-    clients = client_data_lib.FileClientData.create(
-        data_dir, dataset.x_train, dataset.y_train, parts)
+    validation.validate_config(config)
+    dataset = _load(config)
+    dataset, proxy, val_x, val_y = _hold_out(config, dataset)
+    parts, test_slices = _partition(config, dataset)
+
+    data_dir = os.path.join(root_dir, 'client_data', _fingerprint(config))
+    server = _server_data(
+        config, dataset, proxy, val_x, val_y,
+        os.path.join(root_dir, 'server_data', _fingerprint(config)))
+    if os.path.exists(os.path.join(data_dir, 'manifest.json')):
+      clients = client_data_lib.FileClientData(data_dir)
+    else:
+      clients = client_data_lib.FileClientData.create(
+          data_dir, dataset.x_train, dataset.y_train, parts)
+  method = registry.get_method(config.method)
 
   protos = validation.prototypes(config)
   model_fns = tuple(

@@ -8,10 +8,12 @@ manager. What a TFF 0.87 user needs for that and does not get from TFF:
 * `ClientDataSource`: TFF's `tff.program.DatasetDataSource` fails under
   TF 2.14, because `train_model` deep-copies its iterator every round and a
   `tf.data.Dataset` cannot be copied ("cannot pickle 'Graph' object"). This
-  source's iterator holds only the folder of a `FileClientData`, the local
-  work and a (seed, round) pair, so it copies and serialises (program state)
-  cheaply, and it samples the same clients, with the same shuffles, as
-  `tff_kd.program.experiment.run` (`tff_kd.program.sampling`).
+  source's iterator holds only the folder of a `FileClientData` (or the
+  identity of a `tff_client_data.TFFClientData`, a wrapped TFF
+  `ClientData`, which then reads only the sampled clients, per round), the
+  local work and a (seed, round) pair, so it copies and serialises (program
+  state) cheaply, and it samples the same clients, with the same shuffles,
+  as `tff_kd.program.experiment.run` (`tff_kd.program.sampling`).
 * `native_context`: `train_model` awaits value references, so it needs a
   `tff.program.NativeFederatedContext` around an async execution context,
   not the synchronous one `set_local_context` installs; TFF 0.87's own also
@@ -45,6 +47,7 @@ from tensorflow_federated.python.program import native_platform
 
 from tff_kd.federated import client_data as client_data_lib
 from tff_kd.federated import learning
+from tff_kd.federated import tff_client_data
 from tff_kd.program import context
 from tff_kd.program import experiment as experiment_lib
 from tff_kd.program import sampling
@@ -56,11 +59,21 @@ class ClientDataSourceIterator(tff.program.FederatedDataSourceIterator):
   The k-th call of `select` returns the datasets of the clients that
   `sampling.sample_clients` draws for (seed, round k), each with the batches
   of `FileClientData.dataset_from_key` for (seed, round k), on every pass
-  (`FileClientData.replayable_dataset`).
+  (`FileClientData.replayable_dataset`). A `TFFClientData` (same interface)
+  is read the same way: only the selected clients.
   """
 
   def __init__(self, directory: str, local: client_data_lib.LocalWork, *,
                seed: int, with_ids: bool = False, round_num: int = 0):
+    """Args:
+      directory: `tff_client_data.source_of` the clients: a
+        `FileClientData`'s folder or a `TFFClientData`'s identity (which
+        must be open in this process).
+      local: The local work.
+      seed: The sampling and shuffle seed.
+      with_ids: Yield (client_id, data) per client.
+      round_num: Rounds already selected.
+    """
     self._directory = directory
     self._local = client_data_lib.LocalWork(*local).validate()
     self._seed = int(seed)
@@ -70,7 +83,7 @@ class ClientDataSourceIterator(tff.program.FederatedDataSourceIterator):
 
   def _client_data(self) -> client_data_lib.FileClientData:
     if self._clients is None:
-      self._clients = client_data_lib.FileClientData(self._directory)
+      self._clients = tff_client_data.open_source(self._directory)
     return self._clients
 
   def _fields(self) -> dict[str, Any]:
@@ -139,8 +152,9 @@ class ClientDataSource(tff.program.FederatedDataSource):
       with_ids: Yield `OrderedDict(client_id, data)` per client, for
         processes whose clients take ids (`for_process` decides).
     """
-    self._iterator = ClientDataSourceIterator(client_data.directory, local,
-                                              seed=seed, with_ids=with_ids)
+    self._iterator = ClientDataSourceIterator(
+        tff_client_data.source_of(client_data), local, seed=seed,
+        with_ids=with_ids)
 
   @classmethod
   def for_process(cls, process: tff.learning.templates.LearningProcess,
