@@ -12,7 +12,6 @@ method's learning process with the dataset computation that reads them
 contribute the evaluations of the global model (`tff_kd.program.evaluation`).
 """
 
-import functools
 import hashlib
 import json
 import os
@@ -254,18 +253,20 @@ def prepare(config: ml_collections.ConfigDict, root_dir: str) -> Experiment:
     clients = client_data_lib.FileClientData.create(
         data_dir, dataset.x_train, dataset.y_train, parts)
 
-  protos = validation.prototypes(config)
-  model_fns = tuple(
-      functools.partial(
-          lambda **kw: models.build_classifier(**kw).model,
-          name=name, input_shape=dataset.x_train.shape[1:],
-          num_classes=dataset.num_classes, norm=norm, seed=config.seed)
-      for name, norm in protos)
+  # One seeded builder per global model; pretrained weights (`model.weights`
+  # or the prototypes' `client_weights`) are read and checked here, before
+  # any computation is built.
+  builders = [
+      models.classifier_builder(
+          name, input_shape=dataset.x_train.shape[1:],
+          num_classes=dataset.num_classes, norm=norm, seed=config.seed,
+          weights=weights, what=what)
+      for (name, norm), (weights, what) in zip(
+          validation.prototypes(config),
+          validation.prototype_weights(config))]
+  model_fns = tuple(models.model_fn_of(b) for b in builders)
   model_fn = model_fns[0]
-  classifier_fn = functools.partial(
-      models.build_classifier, protos[0][0],
-      input_shape=dataset.x_train.shape[1:], num_classes=dataset.num_classes,
-      norm=protos[0][1], seed=config.seed)
+  classifier_fn = builders[0]
   inputs = common.ProcessInputs(
       model_fn, clients.element_spec, dataset.num_classes,
       dataset_fn=clients.dataset_fn(validation.local_work(config)),
