@@ -241,6 +241,20 @@ def prepare(config: ml_collections.ConfigDict, root_dir: str) -> Experiment:
   method = registry.get_method(config.method)
   dataset = _load(config)
   dataset, proxy, val_x, val_y = _hold_out(config, dataset)
+  # One seeded builder per global model; pretrained weights (`model.weights`
+  # or the prototypes' `client_weights`) are read and checked here, before
+  # anything is written or any computation is built.
+  builders = [
+      models.classifier_builder(
+          name, input_shape=dataset.x_train.shape[1:],
+          num_classes=dataset.num_classes, norm=norm, seed=config.seed,
+          weights=weights, what=what)
+      for (name, norm), (weights, what) in zip(
+          validation.prototypes(config),
+          validation.prototype_weights(config))]
+  model_fns = tuple(models.model_fn_of(b) for b in builders)
+  model_fn = model_fns[0]
+  classifier_fn = builders[0]
   parts, test_slices = _partition(config, dataset)
 
   data_dir = os.path.join(root_dir, 'client_data', _fingerprint(config))
@@ -253,20 +267,6 @@ def prepare(config: ml_collections.ConfigDict, root_dir: str) -> Experiment:
     clients = client_data_lib.FileClientData.create(
         data_dir, dataset.x_train, dataset.y_train, parts)
 
-  # One seeded builder per global model; pretrained weights (`model.weights`
-  # or the prototypes' `client_weights`) are read and checked here, before
-  # any computation is built.
-  builders = [
-      models.classifier_builder(
-          name, input_shape=dataset.x_train.shape[1:],
-          num_classes=dataset.num_classes, norm=norm, seed=config.seed,
-          weights=weights, what=what)
-      for (name, norm), (weights, what) in zip(
-          validation.prototypes(config),
-          validation.prototype_weights(config))]
-  model_fns = tuple(models.model_fn_of(b) for b in builders)
-  model_fn = model_fns[0]
-  classifier_fn = builders[0]
   inputs = common.ProcessInputs(
       model_fn, clients.element_spec, dataset.num_classes,
       dataset_fn=clients.dataset_fn(validation.local_work(config)),
