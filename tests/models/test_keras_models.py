@@ -84,22 +84,24 @@ def test_from_keras_errors():
   # A head that also reads a layer before the split.
   x = tf.keras.Input((4,))
   f = tf.keras.layers.Dense(3, name='f')(x)
-  skip = tf.keras.Model(x, tf.keras.layers.Add()(
+  skip = tf.keras.Model(x, tf.keras.layers.Add(name='add')(
       [tf.keras.layers.Dense(4)(f), x]))
-  with pytest.raises(errors.ConfigError, match='do not read only its output'):
+  with pytest.raises(errors.ConfigError, match="'add' reads several tensors"):
     models.from_keras(skip, 'f')
 
 
 @pytest.fixture(scope='module')
 def mobilenet():
-  """The smallest MobileNetV2 (alpha 0.35) on 8x8 grey digits."""
-  return models.build_classifier('keras:MobileNetV2', input_shape=(8, 8, 1),
-                                 num_classes=10, seed=3,
-                                 options={'alpha': 0.35})
+  """The smallest MobileNetV2 (alpha 0.35) on 8x8 grey digits, and its
+  initial values."""
+  clf = models.build_classifier('keras:MobileNetV2', input_shape=(8, 8, 1),
+                                num_classes=10, seed=3,
+                                options={'alpha': 0.35})
+  return clf, [v.numpy() for v in clf.model.weights]
 
 
 def test_application_builds_resized_rgb_and_trains_one_step(mobilenet):
-  clf = mobilenet
+  clf, _ = mobilenet
   assert clf.feature_dim == 1280 and clf.model.output_shape == (None, 10)
   resize = clf.features.get_layer('application_input')
   assert resize.size == (32, 32)  # MobileNetV2's minimum side.
@@ -125,21 +127,34 @@ def test_application_builds_resized_rgb_and_trains_one_step(mobilenet):
 
 
 def test_application_initial_weights_are_seeded(mobilenet):
-  """The same seed gives the same initial weights, eager or graph."""
   again = models.build_classifier('keras:MobileNetV2', input_shape=(8, 8, 1),
                                   num_classes=10, seed=3,
                                   options={'alpha': 0.35})
-  fresh = [v.numpy() for v in again.model.weights]
-  assert len(fresh) == len(mobilenet.model.weights)
+  initial = mobilenet[1]
+  assert len(initial) == len(again.model.weights)
+  for a, b in zip(initial, again.model.weights):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_unseeded_initialisers_are_reseeded_alike_in_eager_and_graph():
+  def build(seed):
+    with tf.variable_creator_scope(classifiers._SeededInitialisers(seed)):  # pylint: disable=protected-access
+      x = tf.keras.Input((4,))
+      return tf.keras.Model(x, tf.keras.layers.Dense(3)(
+          tf.keras.layers.Dense(5)(x)))
+
+  first = [v.numpy() for v in build(1).weights]
+  second = [v.numpy() for v in build(1).weights]
+  other = [v.numpy() for v in build(2).weights]
   with tf.Graph().as_default():
-    in_graph = models.build_classifier(
-        'keras:MobileNetV2', input_shape=(8, 8, 1), num_classes=10, seed=3,
-        options={'alpha': 0.35})
+    model = build(1)
     with tf.compat.v1.Session() as sess:
       sess.run(tf.compat.v1.global_variables_initializer())
-      graph_values = sess.run(in_graph.model.weights)
-  for a, b in zip(fresh, graph_values):
+      in_graph = sess.run(model.weights)
+  for a, b, c in zip(first, second, in_graph):
     np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(a, c)
+  assert not np.array_equal(first[0], other[0])
 
 
 @pytest.mark.parametrize('app,pixels', [

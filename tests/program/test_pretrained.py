@@ -7,12 +7,15 @@ import os
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from tests.helpers import smoke_config
 from tff_kd import errors
 from tff_kd import models
+from tff_kd.methods import registry
 from tff_kd.program import checkpoints
 from tff_kd.program import experiment
+from tff_kd.program import sampling
 
 
 def _weights_file(path: str, input_shape=(8, 8, 1)):
@@ -106,3 +109,36 @@ def test_heterogeneous_client_lists_take_keras_applications(tmp_path):
   assert experiment.prototype_weights(config) == [
       (path, 'feddf.client_weights entry 0'),
       ('imagenet', 'feddf.client_weights entry 1')]
+
+
+def _keras_model():
+  """A user's functional Keras classifier (seeded; softmax output)."""
+  init = tf.keras.initializers.GlorotUniform
+  images = tf.keras.Input((8, 8, 1))
+  h = tf.keras.layers.Conv2D(8, 3, activation='relu',
+                             kernel_initializer=init(1))(images)
+  h = tf.keras.layers.GlobalAveragePooling2D(name='pool')(h)
+  probs = tf.keras.layers.Dense(10, activation='softmax',
+                                kernel_initializer=init(2))(h)
+  return tf.keras.Model(images, probs)
+
+
+def test_a_from_keras_model_trains_through_a_method_builder(tmp_path):
+  config = smoke_config('fedavg', rounds=1)
+  exp = experiment.prepare(config, str(tmp_path))
+  classifier_fn = lambda: models.from_keras(  # noqa: E731
+      _keras_model(), feature_layer='pool', num_classes=10)
+  inputs = exp.inputs._replace(model_fn=lambda: classifier_fn().model,
+                               classifier_fn=classifier_fn)
+  process = registry.get_method(config.method).build(inputs, config)
+  state = process.initialize()
+  clients = sampling.sample_clients(config.partition.num_clients,
+                                    config.clients_per_round,
+                                    seed=config.seed, round_num=0)
+  output = process.next(state, exp.client_data.keys(
+      clients, seed=config.seed, round_num=0))
+  assert np.isfinite(output.metrics['client_work']['train']['train_loss_sum'])
+  before = process.get_model_weights(state).trainable
+  after = process.get_model_weights(output.state).trainable
+  assert [a.shape for a in after] == [(3, 3, 1, 8), (8,), (8, 10), (10,)]
+  assert not np.array_equal(before[0], after[0])

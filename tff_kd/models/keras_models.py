@@ -44,10 +44,6 @@ def _is_softmax(activation) -> bool:
   return getattr(activation, '__name__', '') == 'softmax'
 
 
-def _layer_of(tensor) -> tf.keras.layers.Layer:
-  return tensor._keras_history.layer  # pylint: disable=protected-access
-
-
 def _find_layer(model: tf.keras.Model,
                 feature_layer: Union[str, int]) -> tf.keras.layers.Layer:
   if isinstance(feature_layer, bool) or not isinstance(feature_layer,
@@ -68,22 +64,52 @@ def _find_layer(model: tf.keras.Model,
       f"its layers: {', '.join(l.name for l in model.layers)}")
 
 
-def _logits_tensor(model: tf.keras.Model):
-  """The model's output, or the logits under a final softmax."""
-  output = model.outputs[0]
-  layer = _layer_of(output)
-  if isinstance(layer, tf.keras.layers.Softmax) or (
-      isinstance(layer, tf.keras.layers.Activation) and
-      _is_softmax(layer.activation)):
-    return layer.input
-  if _is_softmax(getattr(layer, 'activation', None)):
-    if isinstance(layer, tf.keras.layers.Dense):
-      return DenseLogits(layer, name=f'{layer.name}_logits')(layer.input)
+def _head_chain(model: tf.keras.Model, layer: tf.keras.layers.Layer):
+  """The layers from just after `layer` to the output, in call order, and
+  `layer`'s output they read.
+
+  Walks back from the output through each layer's input. The head must be a
+  chain of one-input layers (what classifier heads are: Dense, Dropout,
+  activations); it is rebuilt on a new input by calling them in order,
+  which works in eager and graph mode alike.
+  """
+  chain = []
+  tensor = model.outputs[0]
+  while True:
+    history = tensor._keras_history  # pylint: disable=protected-access
+    current, node_index = history.layer, history.node_index
+    if current is layer:
+      return chain[::-1], tensor
+    if isinstance(current, tf.keras.layers.InputLayer):
+      raise errors.ConfigError(
+          f'feature_layer {layer.name!r} is not on the chain of one-input '
+          f'layers that ends at the output of {model.name!r}; split at a '
+          'layer the head reads')
+    inputs = current.get_input_at(node_index)
+    if isinstance(inputs, (list, tuple, dict)):
+      raise errors.ConfigError(
+          f'the head after feature_layer {layer.name!r} must be a chain of '
+          f'one-input layers, but {current.name!r} reads several tensors; '
+          'split at a later layer')
+    chain.append(current)
+    tensor = inputs
+
+
+def _logits_chain(model: tf.keras.Model, chain: list) -> list:
+  """The head's layers giving logits: a final softmax stripped."""
+  last = chain[-1] if chain else None
+  if isinstance(last, tf.keras.layers.Softmax) or (
+      isinstance(last, tf.keras.layers.Activation) and
+      _is_softmax(last.activation)):
+    return chain[:-1]
+  if _is_softmax(getattr(last, 'activation', None)):
+    if isinstance(last, tf.keras.layers.Dense):
+      return chain[:-1] + [DenseLogits(last, name=f'{last.name}_logits')]
     raise errors.ConfigError(
-        f'{model.name!r} ends in layer {layer.name!r} with a softmax '
+        f'{model.name!r} ends in layer {last.name!r} with a softmax '
         'activation; the library needs logits: build it with '
-        "activation=None, or end with a separate Softmax layer")
-  return output
+        'activation=None, or end with a separate Softmax layer')
+  return chain
 
 
 def from_keras(model: tf.keras.Model, feature_layer: Union[str, int],
@@ -97,7 +123,7 @@ def from_keras(model: tf.keras.Model, feature_layer: Union[str, int],
     feature_layer: The last layer of the feature extractor: its name, or
       its index in `model.layers`. Its output must be [batch, d] (add a
       pooling or Flatten layer before the head otherwise), and the layers
-      after it must read only its output.
+      after it must be a chain of one-input layers (Dense, Dropout, ...).
     num_classes: The logits the head must give; None: whatever it gives.
 
   Returns:
@@ -108,7 +134,8 @@ def from_keras(model: tf.keras.Model, feature_layer: Union[str, int],
   Raises:
     ConfigError: the model is not functional or has several inputs or
       outputs, the layer is missing, its output is not [batch, d], the head
-      reads other layers or does not map to [batch, num_classes].
+      is not a chain of one-input layers or does not map to
+      [batch, num_classes].
   """
   if not isinstance(model, tf.keras.Model) or not getattr(
       model, '_is_graph_network', False):
@@ -123,32 +150,24 @@ def from_keras(model: tf.keras.Model, feature_layer: Union[str, int],
   if isinstance(layer, tf.keras.layers.InputLayer):
     raise errors.ConfigError(
         f'feature_layer {layer.name!r} is the input; split after it')
-  try:
-    feature = layer.output
-  except (AttributeError, RuntimeError, ValueError):  # Several nodes.
-    feature = None
+  chain, feature = _head_chain(model, layer)
   shape = getattr(feature, 'shape', None)
-  if isinstance(feature, (list, tuple, dict)) or shape is None or (
-      shape.rank != 2 or shape[-1] is None):
+  if shape is None or shape.rank != 2 or shape[-1] is None:
     raise errors.ConfigError(
         f'feature_layer {layer.name!r} must output one [batch, d] tensor, '
-        f'got {shape if shape is not None else feature}; split at a pooling '
-        'or Flatten layer')
-  logits = _logits_tensor(model)
-  if _layer_of(logits) is layer:
+        f'got {shape}; split at a pooling or Flatten layer')
+  chain = _logits_chain(model, chain)
+  if not chain:
     raise errors.ConfigError(
         f'feature_layer {layer.name!r} leaves no head: it gives the '
         "model's output")
-  try:
-    head = tf.keras.Model(feature, logits, name=f'{model.name}_head')
-  except ValueError as e:
-    raise errors.ConfigError(
-        f'the layers after feature_layer {layer.name!r} do not read only its '
-        f'output ({str(e).strip().splitlines()[0]}); split at a later '
-        'layer') from None
-  out_shape = head.output_shape
-  if (not isinstance(out_shape, tuple) or len(out_shape) != 2 or
-      out_shape[-1] is None or
+  feature_in = tf.keras.Input((int(shape[-1]),), name='features')
+  logits = feature_in
+  for head_layer in chain:
+    logits = head_layer(logits)
+  head = tf.keras.Model(feature_in, logits, name=f'{model.name}_head')
+  out_shape = tuple(head.output_shape)
+  if (len(out_shape) != 2 or out_shape[-1] is None or
       (num_classes is not None and out_shape[-1] != num_classes)):
     want = f'[batch, {num_classes}]' if num_classes else '[batch, classes]'
     raise errors.ConfigError(
