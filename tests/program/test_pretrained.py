@@ -142,3 +142,13 @@ def test_a_from_keras_model_trains_through_a_method_builder(tmp_path):
   after = process.get_model_weights(output.state).trainable
   assert [a.shape for a in after] == [(3, 3, 1, 8), (8,), (8, 10), (10,)]
   assert not np.array_equal(before[0], after[0])
+
+
+def test_a_run_folder_is_not_resumed_with_other_weights(tmp_path):
+  path = str(tmp_path / 'cnn.h5')
+  _weights_file(path)
+  checkpoints.check_resumable(smoke_config('fedavg'), str(tmp_path))
+  with pytest.raises(errors.CheckpointError,
+                     match="different 'model.weights' \\(''"):
+    checkpoints.check_resumable(
+        smoke_config('fedavg', **{'model.weights': path}), str(tmp_path))
