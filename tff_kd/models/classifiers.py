@@ -29,14 +29,41 @@ Architectures:
   conv1x1 -> norm, plus the shortcut, then ReLU. The reference uses 3x32x32
   inputs; any HxWxC works.
 
+* `keras:<Application>` (e.g. `keras:ResNet50`, `keras:MobileNetV2`,
+  `keras:ResNet50V2`; any name of `APPLICATIONS`): a Keras Applications
+  backbone (`include_top=False, pooling='avg'`: its pooled features are the
+  feature vector) with a new seeded linear head over the classes. The
+  library's images are normalised to [-1, 1] (`(p - 0.5) / 0.5`,
+  `tff_kd.data.normalise`); the extractor maps them back to pixels in
+  [0, 255] and applies the Application's own `preprocess_input` (so
+  ResNet50's BGR mean subtraction, MobileNetV2's [-1, 1] scaling and
+  DenseNet's ImageNet standardisation are each what the Application expects;
+  EfficientNet, ConvNeXt, RegNet and MobileNetV3 scale inside the network).
+  Smaller inputs are resized (bilinear, inside the extractor) so that each
+  side is at least the Application's minimum (`min_input_size`: 32, 71 for
+  Xception, 75 for InceptionV3 and InceptionResNetV2), and 1-channel images
+  are made RGB by repeating the channel. `norm` does not apply: an
+  Application keeps its own normalisation layers, whose BatchNorm momentum
+  is set to 0.9 as in the library's models (Keras' 0.99 / 0.999 barely
+  move in a round of local steps). BatchNorm follows the `training` flag
+  of the call, like the library's models: training mode in local training,
+  inference mode in evaluation and as a teacher. Its initialisers are
+  reseeded from `seed` (`_SeededInitialisers`). Pretrained weights
+  (ImageNet or a file) come from `tff_kd.models.pretrained`.
+
 `norm` selects BatchNorm (`batch`), GroupNorm (`group`: the largest group
 count <= 8 that divides the channels, Hsieh et al. 2020 recommend it for
 non-IID FL) or none. Initialisers are seeded, so the same seed gives the same
 initial weights in eager and graph mode.
+
+Any functional Keras classifier becomes a `Classifier` with
+`tff_kd.models.keras_models.from_keras`.
 """
 
+import functools
 import math
-from typing import Callable, NamedTuple, Sequence
+import sys
+from typing import Callable, NamedTuple, Optional, Sequence
 
 import tensorflow as tf
 
@@ -138,34 +165,181 @@ _ARCHITECTURES: dict[str, _FeatureFn] = {
 }
 MODELS: tuple[str, ...] = tuple(_ARCHITECTURES)
 
+# Keras Applications, named `keras:<name>` in configs.
+KERAS_PREFIX = 'keras:'
+APPLICATIONS: tuple[str, ...] = tuple(sorted(
+    n for n in dir(tf.keras.applications)
+    if n[:1].isupper() and callable(getattr(tf.keras.applications, n))))
+# Keras' smallest accepted input side per Application (32 where unlisted).
+_MIN_INPUT_SIZE = {'Xception': 71, 'InceptionV3': 75, 'InceptionResNetV2': 75}
+
+
+def is_application(name: str) -> bool:
+  """Whether `name` is a `keras:<Application>` model name (known or not)."""
+  return isinstance(name, str) and name.startswith(KERAS_PREFIX)
+
+
+def application_of(name: str) -> str:
+  """The Keras Applications name of `keras:<name>`.
+
+  Raises:
+    ConfigError: not a known Application.
+  """
+  app = name[len(KERAS_PREFIX):] if is_application(name) else ''
+  if app not in APPLICATIONS:
+    raise errors.ConfigError(
+        f'model {name!r} is not a Keras Application; use keras:<name> with '
+        'a name of tf.keras.applications, e.g. keras:ResNet50, '
+        'keras:MobileNetV2, keras:ResNet50V2')
+  return app
+
+
+def check_model_name(key: str, value: object) -> None:
+  """A checker (`tff_kd.hparams`): one of `MODELS` or `keras:<App>`."""
+  if is_application(value):
+    try:
+      application_of(value)
+    except errors.ConfigError as e:
+      raise errors.ConfigError(f'{key}: {e}') from None
+  elif value not in _ARCHITECTURES:
+    raise errors.ConfigError(
+        f"{key} {value!r} is unknown; choose one of {', '.join(MODELS)} or "
+        'keras:<Application> (e.g. keras:MobileNetV2)')
+
+
+def min_input_size(app: str) -> int:
+  """The smallest input side Keras accepts for Application `app`."""
+  return _MIN_INPUT_SIZE.get(app, 32)
+
+
+class ApplicationInput(tf.keras.layers.Layer):
+  """The library's images -> an Application's expected input.
+
+  Resizes (bilinear) to `size` when given, repeats a single channel to RGB,
+  maps [-1, 1] back to pixels in [0, 255] and applies the Application's
+  `preprocess_input`. No variables.
+  """
+
+  def __init__(self, application: str, size: Optional[Sequence[int]] = None,
+               **kwargs):
+    super().__init__(**kwargs)
+    self.application = application
+    self.size = None if size is None else tuple(int(v) for v in size)
+    module = sys.modules[getattr(tf.keras.applications,
+                                 application).__module__]
+    self._preprocess = module.preprocess_input
+
+  def call(self, images: tf.Tensor) -> tf.Tensor:
+    x = images
+    if self.size is not None:
+      x = tf.image.resize(x, self.size, method='bilinear')
+    if x.shape[-1] == 1:
+      x = tf.repeat(x, 3, axis=-1)
+    return self._preprocess((x + 1.0) * 127.5)
+
+  def get_config(self) -> dict:
+    return {**super().get_config(), 'application': self.application,
+            'size': self.size}
+
+
+class _SeededInitialisers:
+  """A variable creator that reseeds Keras' initialisers deterministically.
+
+  Keras Applications build with unseeded initialisers; inside this scope the
+  k-th variable made from a seedable Keras initialiser gets seed
+  `seed * 100_003 + 50_000 + k` instead, so the same seed gives the same
+  initial weights in every build, eager or graph (as the library's own
+  models' `InitSeeds` do).
+  """
+
+  def __init__(self, seed: int):
+    self._base = int(seed) * 100_003 + 50_000
+    self._count = 0
+
+  def __call__(self, next_creator, **kwargs):
+    init = kwargs.get('initial_value')
+    if isinstance(init, functools.partial) and isinstance(
+        init.func, tf.keras.initializers.Initializer):
+      config = init.func.get_config()
+      if 'seed' in config:
+        self._count += 1
+        seeded = type(init.func).from_config(
+            {**config, 'seed': self._base + self._count})
+        kwargs['initial_value'] = functools.partial(seeded, *init.args,
+                                                    **init.keywords)
+    return next_creator(**kwargs)
+
+
+def _application_features(app: str, inputs: tf.Tensor,
+                          backbone_weights: Optional[str],
+                          options: dict) -> tf.Tensor:
+  """The pooled features of Application `app` on the library's images."""
+  h, w, c = (int(v) for v in inputs.shape[1:])
+  if c not in (1, 3):
+    raise errors.ConfigError(
+        f'keras:{app} needs 1- or 3-channel images, got {c} channels')
+  low = min_input_size(app)
+  size = (max(h, low), max(w, low))
+  x = ApplicationInput(app, size if size != (h, w) else None,
+                       name='application_input')(inputs)
+  try:
+    backbone = getattr(tf.keras.applications, app)(
+        include_top=False, weights=backbone_weights,
+        input_shape=size + (3,), pooling='avg', **options)
+  except ValueError as e:
+    raise errors.ConfigError(
+        f'keras:{app} cannot be built for {h}x{w}x{c} images: '
+        f'{str(e).strip().splitlines()[0]}') from None
+  for layer in backbone.submodules:
+    if isinstance(layer, tf.keras.layers.BatchNormalization):
+      layer.momentum = 0.9
+  return backbone(x)
+
 
 def build_classifier(name: str, *, input_shape: Sequence[int],
-                     num_classes: int, norm: str = 'batch',
-                     seed: int = 0) -> Classifier:
+                     num_classes: int, norm: str = 'batch', seed: int = 0,
+                     backbone_weights: Optional[str] = None,
+                     options: Optional[dict] = None) -> Classifier:
   """Builds a seeded classifier with separate feature extractor and head.
 
+  Pretrained weights: `tff_kd.models.pretrained.classifier_builder`.
+
   Args:
-    name: One of `MODELS`.
+    name: One of `MODELS`, or `keras:<Application>` (`APPLICATIONS`).
     input_shape: (H, W, C) of the images.
     num_classes: Number of logits.
-    norm: One of `NORMS`.
+    norm: One of `NORMS` (unused by Keras Applications).
     seed: Initialiser seed.
+    backbone_weights: Keras Applications only: Keras' `weights` argument of
+      the backbone (None: seeded random; 'imagenet': Keras' ImageNet
+      weights, downloaded by Keras).
+    options: Keras Applications only: further constructor arguments, e.g.
+      `{'alpha': 0.35}` for MobileNetV2.
 
   Returns:
     A `Classifier`.
 
   Raises:
-    ConfigError: unknown name or norm.
+    ConfigError: unknown name or norm, or an Application that cannot take
+      these images.
   """
-  if name not in _ARCHITECTURES:
+  if not is_application(name) and name not in _ARCHITECTURES:
     raise errors.ConfigError(
-        f"model {name!r} is unknown; choose one of {', '.join(MODELS)}")
+        f"model {name!r} is unknown; choose one of {', '.join(MODELS)} or "
+        'keras:<Application>')
   if norm not in NORMS:
     raise errors.ConfigError(
         f"model.norm {norm!r} is unknown; choose one of {', '.join(NORMS)}")
   seeds = InitSeeds(seed)
   inputs = tf.keras.Input(tuple(input_shape), name='images')
-  feature = _ARCHITECTURES[name](inputs, seeds, norm)
+  if is_application(name):
+    app = application_of(name)
+    with tf.variable_creator_scope(_SeededInitialisers(seed)):
+      feature = _application_features(app, inputs, backbone_weights,
+                                      dict(options or {}))
+    name = app
+  else:
+    feature = _ARCHITECTURES[name](inputs, seeds, norm)
   features = tf.keras.Model(inputs, feature, name=f'{name}_features')
   feature_dim = int(feature.shape[-1])
   feature_in = tf.keras.Input((feature_dim,), name='features')
@@ -181,8 +355,11 @@ def parse_model_list(spec: str, *, default_norm: str,
                      key: str) -> list[tuple[str, str]]:
   """(name, norm) of each entry of a comma list `name[:norm]`.
 
+  A `keras:<Application>` entry takes no norm (the Application keeps its
+  own normalisation layers): its pair carries `default_norm`, unused.
+
   Args:
-    spec: E.g. 'cnn,resnet11:group'; '' gives [].
+    spec: E.g. 'cnn,resnet11:group,keras:MobileNetV2'; '' gives [].
     default_norm: The norm of entries without one.
     key: The config key, for the error message.
 
@@ -191,12 +368,20 @@ def parse_model_list(spec: str, *, default_norm: str,
   """
   result = []
   for item in (i.strip() for i in spec.split(',')) if spec.strip() else ():
+    if is_application(item):
+      try:
+        application_of(item)
+      except errors.ConfigError as e:
+        raise errors.ConfigError(f'{key} entry {item!r}: {e}') from None
+      result.append((item, default_norm))
+      continue
     name, _, norm = item.partition(':')
     norm = norm or default_norm
     if name not in _ARCHITECTURES or norm not in NORMS:
       raise errors.ConfigError(
           f'{key} entry {item!r} is not model[:norm] with model in '
-          f"{', '.join(MODELS)} and norm in {', '.join(NORMS)}")
+          f"{', '.join(MODELS)} and norm in {', '.join(NORMS)}, nor "
+          'keras:<Application> (which takes no norm)')
     result.append((name, norm))
   return result
 

@@ -5,8 +5,8 @@ do one job each, so that callers keep one import:
 
 * `tff_kd.program.validation`: checks the config (`validate_config`) and
   reads settings from it (`domain_names`, `image_shape`, `prototypes`,
-  `local_work`, `needs_secure_sum`), and installs the TFF context it asks for
-  (`set_context`);
+  `prototype_weights`, `local_work`, `needs_secure_sum`), and installs the
+  TFF context it asks for (`set_context`);
 * `tff_kd.program.setup`: loads, holds out and partitions the data, writes
   the clients' and server's arrays, builds the method's process and the
   evaluations (`prepare`, `Experiment`, `build_dataset_process`); or takes
@@ -40,6 +40,7 @@ from tff_kd.program.validation import image_shape
 from tff_kd.program.validation import local_work
 from tff_kd.program.validation import needs_secure_sum
 from tff_kd.program.validation import PARTITIONS
+from tff_kd.program.validation import prototype_weights
 from tff_kd.program.validation import prototypes
 from tff_kd.program.validation import set_context
 from tff_kd.program.validation import validate_config

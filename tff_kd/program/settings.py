@@ -215,14 +215,38 @@ class ModelSettings(hp.Hparams):
   """The global model, `config.model`.
 
   Attributes:
-    name: An architecture of `tff_kd.models.MODELS`.
-    norm: Its normalisation layers, one of `tff_kd.models.NORMS`.
+    name: An architecture of `tff_kd.models.MODELS`, or
+      `keras:<Application>` for a Keras Applications backbone with a new
+      head (e.g. 'keras:ResNet50', 'keras:MobileNetV2'; small inputs are
+      resized, grey ones made RGB: `tff_kd.models.classifiers`).
+    norm: Its normalisation layers, one of `tff_kd.models.NORMS` (unused
+      by Keras Applications, which keep their own).
+    weights: Its initial weights: '' (seeded random), 'imagenet' (Keras
+      Applications only; downloaded by Keras when online), or a path to
+      Keras weights of the whole classifier (.h5 / .weights.h5, a
+      TensorFlow checkpoint prefix) or a Keras SavedModel
+      (`tff_kd.models.pretrained`). They are the round-0 weights of the
+      global model of every method; heterogeneous clients' models take
+      theirs from the method's `client_weights`.
   """
 
   SECTION: ClassVar[str] = 'model'
 
-  name: str = hp.field('cnn', hp.one_of(*models.MODELS))
+  name: str = hp.field('cnn', models.check_model_name)
   norm: str = hp.field('batch', hp.one_of(*models.NORMS))
+  weights: str = hp.field('', models.check_weights)
+
+  def _check_combinations(self) -> None:
+    models.check_weights('model.weights', self.weights, self.name)
+
+  def check_config(self, config: ml_collections.ConfigDict) -> None:
+    method = registry.get_method(config.method)
+    if self.weights and method.global_model_per_architecture and (
+        registry.method_hparams(config).client_models):
+      raise errors.ConfigError(
+          f'model.weights is set but {method.name}.client_models replaces '
+          f'the model by its prototypes: give their weights in '
+          f'{method.name}.client_weights')
 
 
 @dataclasses.dataclass(frozen=True)

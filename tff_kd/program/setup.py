@@ -28,7 +28,6 @@ identity (`dataset.client_data`), which a resumed run must match.
 """
 
 import copy
-import functools
 import hashlib
 import json
 import os
@@ -368,6 +367,21 @@ def _prepare_federated(config: ml_collections.ConfigDict, root_dir: str,
   return config, dataset, clients, server
 
 
+def _classifier_builders(config: ml_collections.ConfigDict,
+                         dataset: data_lib.Dataset) -> list:
+  """One seeded classifier builder per global model (`model`, or FedDF's
+  prototypes); pretrained weights (`model.weights`, the prototypes'
+  `client_weights`) are read and checked here, before any computation."""
+  return [
+      models.classifier_builder(
+          name, input_shape=dataset.x_train.shape[1:],
+          num_classes=dataset.num_classes, norm=norm, seed=config.seed,
+          weights=weights, what=what)
+      for (name, norm), (weights, what) in zip(
+          validation.prototypes(config),
+          validation.prototype_weights(config))]
+
+
 def prepare(config: ml_collections.ConfigDict, root_dir: str, *,
             client_data: Optional[tff_client_data.TFFClientData] = None,
             test_data: Any = None) -> Experiment:
@@ -395,10 +409,13 @@ def prepare(config: ml_collections.ConfigDict, root_dir: str, *,
     config, dataset, clients, server = _prepare_federated(
         config, root_dir, client_data, test_data)
     test_slices = None
+    builders = _classifier_builders(config, dataset)
   else:
     validation.validate_config(config)
     dataset = _load(config)
     dataset, proxy, val_x, val_y = _hold_out(config, dataset)
+    # Pretrained weights are read and checked before anything is written.
+    builders = _classifier_builders(config, dataset)
     parts, test_slices = _partition(config, dataset)
 
     data_dir = os.path.join(root_dir, 'client_data', _fingerprint(config))
@@ -411,19 +428,10 @@ def prepare(config: ml_collections.ConfigDict, root_dir: str, *,
       clients = client_data_lib.FileClientData.create(
           data_dir, dataset.x_train, dataset.y_train, parts)
   method = registry.get_method(config.method)
-
-  protos = validation.prototypes(config)
-  model_fns = tuple(
-      functools.partial(
-          lambda **kw: models.build_classifier(**kw).model,
-          name=name, input_shape=dataset.x_train.shape[1:],
-          num_classes=dataset.num_classes, norm=norm, seed=config.seed)
-      for name, norm in protos)
+  model_fns = tuple(models.model_fn_of(b) for b in builders)
   model_fn = model_fns[0]
-  classifier_fn = functools.partial(
-      models.build_classifier, protos[0][0],
-      input_shape=dataset.x_train.shape[1:], num_classes=dataset.num_classes,
-      norm=protos[0][1], seed=config.seed)
+  classifier_fn = builders[0]
+
   inputs = common.ProcessInputs(
       model_fn, clients.element_spec, dataset.num_classes,
       dataset_fn=clients.dataset_fn(validation.local_work(config)),

@@ -75,6 +75,23 @@ def prototypes(config: ml_collections.ConfigDict) -> list[tuple[str, str]]:
           (config.model.name, config.model.norm)]
 
 
+def prototype_weights(
+    config: ml_collections.ConfigDict) -> list[tuple[str, str]]:
+  """(initial weights setting, its config key) of each entry of
+  `prototypes(config)`: the method's `client_weights` where its
+  `client_models` are the global model prototypes (FedDF), else
+  `model.weights` ('' for seeded random; `tff_kd.models.pretrained`)."""
+  method = registry.get_method(config.method)
+  if method.global_model_per_architecture:
+    hparams = registry.method_hparams(config)
+    if hparams.client_models:
+      key = f'{method.name}.client_weights'
+      return [(w, f'{key} entry {i}') for i, w in enumerate(
+          models.parse_weights_list(hparams.client_weights,
+                                    hparams.client_models, key=key))]
+  return [(config.model.get('weights') or '', 'model.weights')]
+
+
 def local_work(config: ml_collections.ConfigDict) -> client_data_lib.LocalWork:
   """The config's local work (unit, amount, batch size)."""
   return settings_lib.LocalSettings.from_config(config.local).local_work()

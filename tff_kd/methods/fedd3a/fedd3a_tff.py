@@ -625,15 +625,20 @@ def build_from_config(
   f = hp.section_hparams(config, hparams_lib.FedD3AHparams)
   # Heterogeneous clients (`fedd3a.client_models` non-empty): client k uses
   # entry k % A; the global model stays `model`'s architecture.
+  # Entry i starts from `client_weights` entry i (pretrained weights are
+  # read and checked here, before the process is built).
   input_shape = tuple(inputs.element_spec['x'].shape[1:])
   client_model_fns = tuple(
-      functools.partial(
-          lambda **kw: models.build_classifier(**kw).model, name=name,
-          input_shape=input_shape, num_classes=inputs.num_classes,
-          norm=norm, seed=config.seed)
-      for name, norm in models.parse_model_list(
-          f.client_models, default_norm=config.model.norm,
-          key='fedd3a.client_models'))
+      models.model_fn_of(models.classifier_builder(
+          name, input_shape=input_shape, num_classes=inputs.num_classes,
+          norm=norm, seed=config.seed, weights=weights,
+          what=f'fedd3a.client_weights entry {i}'))
+      for i, ((name, norm), weights) in enumerate(zip(
+          models.parse_model_list(f.client_models,
+                                  default_norm=config.model.norm,
+                                  key='fedd3a.client_models'),
+          models.parse_weights_list(f.client_weights, f.client_models,
+                                    key='fedd3a.client_weights'))))
   return build_fedd3a_process(
       inputs.classifier_fn, inputs.element_spec,
       server_data=inputs.server_data,

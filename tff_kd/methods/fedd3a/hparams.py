@@ -7,6 +7,7 @@ import dataclasses
 from typing import ClassVar
 
 from tff_kd import hparams as hp
+from tff_kd import models
 from tff_kd.methods.fedd3a import fedd3a_tf
 
 
@@ -30,7 +31,11 @@ class FedD3AHparams(hp.Hparams):
       `model`. Otherwise a comma list `name[:norm]` (e.g. 'cnn,resnet11');
       client i keeps its own model of entry i % A across rounds, trained
       with CE + kd_weight * KD (temperature kd_temperature) from the
-      received global model.
+      received global model. `keras:<Application>` entries take no norm.
+    client_weights: The initial weights of each `client_models` entry: ''
+      (all seeded random) or a comma list parallel to `client_models`, each
+      entry '' (seeded), 'imagenet' (`keras:` entries) or a weights path
+      (as `model.weights`; paths with commas are not supported).
     kd_weight: Heterogeneous clients' weight of the KD term (>= 0).
     kd_temperature: Its temperature (> 0).
   """
@@ -44,5 +49,10 @@ class FedD3AHparams(hp.Hparams):
   score_backbone: str = hp.field('broadcast',
                                hp.one_of(*fedd3a_tf.SCORE_BACKBONES))
   client_models: str = hp.field('', hp.model_list)
+  client_weights: str = hp.field('', models.check_weights_list)
   kd_weight: float = hp.field(1.0, hp.non_negative_number)
   kd_temperature: float = hp.field(1.0, hp.positive_number)
+
+  def _check_combinations(self) -> None:
+    models.parse_weights_list(self.client_weights, self.client_models,
+                              key=self.key('client_weights'))

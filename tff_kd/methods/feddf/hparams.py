@@ -10,6 +10,7 @@ import ml_collections
 
 from tff_kd import errors
 from tff_kd import hparams as hp
+from tff_kd import models
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,7 +26,13 @@ class FedDFHparams(hp.Hparams):
       comma list of architecture prototypes `name[:norm]`, e.g.
       'cnn,resnet11'; client i trains prototype i % P, and the server keeps
       one global model per prototype. The same key as FedD3A's. Old name:
-      `prototypes`, read until the next release.
+      `prototypes`, read until the next release. `keras:<Application>`
+      entries take no norm.
+    client_weights: The initial weights of each `client_models` prototype
+      (`model.weights` must then be ''): '' (all seeded random) or a comma
+      list parallel to `client_models`, each entry '' (seeded), 'imagenet'
+      (`keras:` entries) or a weights path (as `model.weights`; paths with
+      commas are not supported).
   """
 
   SECTION: ClassVar[str] = 'feddf'
@@ -34,6 +41,11 @@ class FedDFHparams(hp.Hparams):
 
   drop_worst: bool = hp.field(False, hp.boolean)
   client_models: str = hp.field('', hp.model_list)
+  client_weights: str = hp.field('', models.check_weights_list)
+
+  def _check_combinations(self) -> None:
+    models.parse_weights_list(self.client_weights, self.client_models,
+                              key=self.key('client_weights'))
 
   def check_config(self, config: ml_collections.ConfigDict) -> None:
     if self.drop_worst and config.server_data.val_size < 1:

@@ -1,0 +1,154 @@
+"""Pretrained initial weights through the program: `model.weights` is the
+round-0 global model of a real FedDF run, a mismatched file is refused
+before anything is written, and heterogeneous FedDF / FedD3A take Keras
+Applications (and their weights) in their client model lists."""
+
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.helpers import smoke_config
+from tff_kd import errors
+from tff_kd import models
+from tff_kd.methods import registry
+from tff_kd.program import checkpoints
+from tff_kd.program import experiment
+from tff_kd.program import sampling
+
+
+def _weights_file(path: str, input_shape=(8, 8, 1)):
+  """A 'pretrained' CNN made on the fly (seed 7, every variable + 0.25) and
+  its values in `ModelWeights` order (trainable, then non-trainable)."""
+  model = models.build_classifier('cnn', input_shape=input_shape,
+                                  num_classes=10, seed=7).model
+  for v in model.weights:
+    v.assign(v + 0.25)
+  model.save_weights(path)
+  return [v.numpy() for v in model.trainable_weights +
+          model.non_trainable_weights]
+
+
+def _flat(weights):
+  return list(weights.trainable) + list(weights.non_trainable)
+
+
+def test_weights_file_is_the_round0_model_of_a_run(tmp_path):
+  path = str(tmp_path / 'cnn.h5')
+  expected = _weights_file(path)
+  config = smoke_config('feddf', rounds=1, **{'model.weights': path})
+  root = str(tmp_path / 'run')
+  experiment.run(config, root, progress=False)
+  exp = experiment.prepare(config, root)
+  # The process's own initial state (built in a TFF computation's graph)
+  # and the program's round 0 (`load_or_initialize` on a fresh folder).
+  for state in (exp.process.initialize(), checkpoints.load_or_initialize(
+      exp, checkpoints.manager_for(config, str(tmp_path / 'fresh')))[0]):
+    for a, b in zip(_flat(exp.process.get_model_weights(state)), expected):
+      np.testing.assert_array_equal(a, b)
+  # The run trained from there; resuming reads its checkpoint, not the file.
+  state, done = checkpoints.load_or_initialize(
+      exp, checkpoints.manager_for(config, root))
+  assert done == 1
+  trained = _flat(exp.process.get_model_weights(state))
+  assert not all(np.array_equal(a, b) for a, b in zip(trained, expected))
+
+
+def test_mismatched_file_is_refused_before_anything_is_written(tmp_path):
+  path = str(tmp_path / 'rgb.h5')
+  _weights_file(path, input_shape=(8, 8, 3))  # The digits are grey.
+  root = tmp_path / 'run'
+  config = smoke_config('fedavg', **{'model.weights': path})
+  with pytest.raises(errors.ConfigError) as e:
+    experiment.run(config, str(root), progress=False)
+  assert '\n' not in str(e.value)
+  assert e.match(rf'^model.weights: {path} does not fit the model: variable '
+                 r'0 is \S+ \(3, 3, 3, 6\) in the file but \S+ \(3, 3, 1, 6\)')
+  assert not root.exists() or not os.listdir(root)
+
+
+@pytest.mark.parametrize('overrides,match', [
+    ({'model.name': 'keras:ResNet18'}, "'keras:ResNet18' is not a Keras "
+                                       'Application'),
+    ({'model.weights': 'imagenet'}, "model.weights='imagenet' needs a keras:"),
+    ({'model.weights': '/no/such/w.h5'}, 'is not a weights file'),
+    ({'method': 'feddf', 'feddf.client_models': 'cnn,keras:MobileNetV2',
+      'model.weights': 'imagenet', 'model.name': 'keras:MobileNetV2'},
+     'feddf.client_models replaces the model'),
+    ({'method': 'feddf', 'feddf.client_models': 'cnn,keras:MobileNetV2',
+      'feddf.client_weights': 'imagenet'}, 'has 1 entries but'),
+    ({'method': 'fedd3a', 'fedd3a.client_models': 'cnn,keras:MobileNetV2',
+      'fedd3a.client_weights': 'imagenet,'}, "entry for 'cnn'"),
+])
+def test_bad_model_settings_fail_before_compute(tmp_path, overrides, match):
+  method = overrides.get('method', 'fedavg')
+  with pytest.raises(errors.ConfigError, match=match):
+    experiment.run(smoke_config(method, **overrides), str(tmp_path),
+                   progress=False)
+  assert not os.listdir(tmp_path)
+
+
+def test_heterogeneous_client_lists_take_keras_applications(tmp_path):
+  # Validation and the prototypes' settings only: tracing a MobileNetV2
+  # round takes minutes on 2 CPU cores (the README's runs do it).
+  path = str(tmp_path / 'cnn.h5')
+  _weights_file(path)
+  for method in ('feddf', 'fedd3a'):
+    config = smoke_config(method, **{
+        f'{method}.client_models': 'cnn,keras:MobileNetV2',
+        f'{method}.client_weights': f'{path},imagenet'})
+    experiment.validate_config(config)
+  assert experiment.prototypes(config) == [('cnn', 'batch')]
+  assert experiment.prototype_weights(config) == [('', 'model.weights')]
+  config = smoke_config('feddf', **{
+      'feddf.client_models': 'cnn,keras:MobileNetV2',
+      'feddf.client_weights': f'{path},imagenet'})
+  assert experiment.prototypes(config) == [('cnn', 'batch'),
+                                           ('keras:MobileNetV2', 'batch')]
+  assert experiment.prototype_weights(config) == [
+      (path, 'feddf.client_weights entry 0'),
+      ('imagenet', 'feddf.client_weights entry 1')]
+
+
+def _keras_model():
+  """A user's functional Keras classifier (seeded; softmax output)."""
+  init = tf.keras.initializers.GlorotUniform
+  images = tf.keras.Input((8, 8, 1))
+  h = tf.keras.layers.Conv2D(8, 3, activation='relu',
+                             kernel_initializer=init(1))(images)
+  h = tf.keras.layers.GlobalAveragePooling2D(name='pool')(h)
+  probs = tf.keras.layers.Dense(10, activation='softmax',
+                                kernel_initializer=init(2))(h)
+  return tf.keras.Model(images, probs)
+
+
+def test_a_from_keras_model_trains_through_a_method_builder(tmp_path):
+  config = smoke_config('fedavg', rounds=1)
+  exp = experiment.prepare(config, str(tmp_path))
+  classifier_fn = lambda: models.from_keras(  # noqa: E731
+      _keras_model(), feature_layer='pool', num_classes=10)
+  inputs = exp.inputs._replace(model_fn=lambda: classifier_fn().model,
+                               classifier_fn=classifier_fn)
+  process = registry.get_method(config.method).build(inputs, config)
+  state = process.initialize()
+  clients = sampling.sample_clients(config.partition.num_clients,
+                                    config.clients_per_round,
+                                    seed=config.seed, round_num=0)
+  output = process.next(state, exp.client_data.keys(
+      clients, seed=config.seed, round_num=0))
+  assert np.isfinite(output.metrics['client_work']['train']['train_loss_sum'])
+  before = process.get_model_weights(state).trainable
+  after = process.get_model_weights(output.state).trainable
+  assert [a.shape for a in after] == [(3, 3, 1, 8), (8,), (8, 10), (10,)]
+  assert not np.array_equal(before[0], after[0])
+
+
+def test_a_run_folder_is_not_resumed_with_other_weights(tmp_path):
+  path = str(tmp_path / 'cnn.h5')
+  _weights_file(path)
+  checkpoints.check_resumable(smoke_config('fedavg'), str(tmp_path))
+  with pytest.raises(errors.CheckpointError,
+                     match="different 'model.weights' \\(''"):
+    checkpoints.check_resumable(
+        smoke_config('fedavg', **{'model.weights': path}), str(tmp_path))

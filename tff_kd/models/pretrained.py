@@ -1,0 +1,411 @@
+"""Pretrained initial weights: `model.weights` and the `client_weights` lists.
+
+A model's weights setting is one of
+
+* `''` (or None): the seeded random initialisation;
+* `'imagenet'`: Keras' ImageNet weights of a `keras:<Application>` backbone
+  (Keras downloads them once into `$KERAS_HOME/models`, by default
+  `~/.keras/models`; offline, one `ConfigError` line says so and names the
+  folder to put the file in); the new head stays seeded;
+* a path: Keras weights of the *whole* classifier (`Classifier.model`,
+  e.g. `model.save_weights('w.weights.h5')` or `benchmarks/pretrain.py`'s
+  file): an `.h5` / `.weights.h5` / `.hdf5` file, a TensorFlow checkpoint
+  (the prefix whose `.index` file exists), or a Keras SavedModel folder
+  (e.g. a run's exported model).
+
+`classifier_builder(...)` reads the weights once, eagerly, into the
+classifier built for the experiment's image shape and classes, and refuses a
+file that does not fit in one line naming the file and the first
+mismatched variable (before any TFF computation is built). It returns a
+no-arg builder whose every build, eager or inside a TFF computation's
+graph, starts from those values: a variable creator hands each variable
+(in creation order, which is the same in every build) its pretrained value
+as its initial value. So the round-0 state of every method (the global
+model, FedDF's prototypes, FedD3A's per-client models) holds the
+pretrained weights without any method knowing; a resumed run reads its
+checkpoint over them as before. The values are constants in the graphs of
+the computations that build the model: fine for the models this library
+trains (an ImageNet ResNet50 adds about 100 MB per such graph).
+"""
+
+import functools
+import os
+import socket
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from tff_kd import errors
+from tff_kd.models import classifiers
+
+IMAGENET = 'imagenet'
+_H5_SUFFIXES = ('.h5', '.hdf5', '.keras')
+# Seconds Keras' download may wait on a silent network before giving up.
+_DOWNLOAD_TIMEOUT_S = 30.0
+
+ClassifierFn = Callable[[], classifiers.Classifier]
+
+
+def _first_line(e: BaseException) -> str:
+  text = str(e).strip()
+  return text.splitlines()[0] if text else type(e).__name__
+
+
+def weights_format(path: str) -> Optional[str]:
+  """'h5', 'checkpoint' or 'saved_model' for an existing weights path."""
+  path = os.path.expanduser(path)
+  if os.path.isdir(path):
+    if os.path.exists(os.path.join(path, 'saved_model.pb')):
+      return 'saved_model'
+    return None
+  if os.path.isfile(path) and path.endswith(_H5_SUFFIXES):
+    return 'h5'
+  if os.path.isfile(path + '.index'):
+    return 'checkpoint'
+  return None
+
+
+def check_weights(key: str, value: object, model: str = '') -> None:
+  """A checker: '' / None, 'imagenet' (with a `keras:` model) or a path.
+
+  Args:
+    key: The config key, for the message.
+    value: The setting.
+    model: The model it applies to ('' when not known yet).
+
+  Raises:
+    ConfigError: not a string, 'imagenet' for a model that is not a Keras
+      Application, or no weights file at the path.
+  """
+  if value is None or value == '':
+    return
+  if not isinstance(value, str):
+    raise errors.ConfigError(
+        f"{key} must be '', 'imagenet' or a weights path, got {value!r}")
+  if value == IMAGENET:
+    if model and not classifiers.is_application(model):
+      raise errors.ConfigError(
+          f"{key}='imagenet' needs a keras:<Application> model, not "
+          f'{model!r}; give a weights file instead')
+    return
+  if weights_format(value) is None:
+    raise errors.ConfigError(
+        f'{key} {value!r} is not a weights file: expected an existing .h5 / '
+        '.weights.h5 file, a TensorFlow checkpoint prefix (with its .index '
+        "file), a SavedModel folder, or 'imagenet'")
+
+
+def check_weights_list(key: str, value: object) -> None:
+  """A checker: '' or a comma list of weights settings (each as
+  `check_weights`); its length is checked against `client_models` by
+  `parse_weights_list`."""
+  if not isinstance(value, str):
+    raise errors.ConfigError(
+        f"{key} must be '' or a comma list of '', 'imagenet' or weights "
+        f'paths, got {value!r}')
+  if value.strip():
+    for entry in value.split(','):
+      check_weights(f'{key} entry', entry.strip())
+
+
+def parse_weights_list(spec: str, model_spec: str, *,
+                       key: str) -> list[str]:
+  """The weights setting of each entry of a `client_models` list.
+
+  Args:
+    spec: '' (none pretrained) or a comma list parallel to `model_spec`,
+      each entry '', 'imagenet' or a path (paths with commas are not
+      supported).
+    model_spec: The `client_models` list it goes with.
+    key: The config key, for the message.
+
+  Returns:
+    One setting per model entry ('' for none).
+
+  Raises:
+    ConfigError: a list of another length, or a bad entry.
+  """
+  names = [n.strip() for n in model_spec.split(',')] if (
+      model_spec.strip()) else []
+  if not isinstance(spec, str):
+    raise errors.ConfigError(
+        f'{key} must be a comma list of weights settings, got {spec!r}')
+  if not spec.strip():
+    return [''] * len(names)
+  entries = [w.strip() for w in spec.split(',')]
+  if len(entries) != len(names):
+    raise errors.ConfigError(
+        f'{key} has {len(entries)} entries but the client models list '
+        f'{model_spec!r} has {len(names)}: give one per model, empty for '
+        'none')
+  for name, entry in zip(names, entries):
+    check_weights(f'{key} entry for {name!r}', entry, name)
+  return entries
+
+
+def _stamp(path: str) -> tuple:
+  """A cache key part that changes when the weights file changes."""
+  path = os.path.expanduser(path)
+  fmt = weights_format(path)
+  target = {'saved_model': os.path.join(path, 'saved_model.pb'),
+            'checkpoint': path + '.index'}.get(fmt, path)
+  stat = os.stat(target)
+  return (os.path.abspath(path), stat.st_mtime_ns, stat.st_size)
+
+
+def _keras_cache_dir() -> str:
+  home = os.environ.get('KERAS_HOME',
+                        os.path.join(os.path.expanduser('~'), '.keras'))
+  return os.path.join(home, 'models')
+
+
+class _Recorder:
+  """A variable creator that lists the named variables it sees, in order.
+
+  Keras' `Model` also makes unnamed int64 counters in eager mode only; they
+  are not weights and are left out, so eager and graph builds line up.
+  """
+
+  def __init__(self):
+    self.created = []
+
+  def __call__(self, next_creator, **kwargs):
+    variable = next_creator(**kwargs)
+    if kwargs.get('name') is not None:
+      self.created.append(variable)
+    return variable
+
+
+class _InitialValues:
+  """A variable creator giving the i-th named variable `values[i]`."""
+
+  def __init__(self, values: Sequence[np.ndarray]):
+    self._values = values
+    self.count = 0
+
+  def __call__(self, next_creator, **kwargs):
+    if kwargs.get('name') is None:
+      return next_creator(**kwargs)
+    i = self.count
+    self.count += 1
+    if i >= len(self._values):
+      raise RuntimeError(
+          f'the model made more than the {len(self._values)} variables of '
+          'its pretrained build: its builder is not deterministic')
+    value = self._values[i]
+    shape = kwargs.get('shape')
+    if shape is not None and tf.TensorShape(shape) != value.shape:
+      raise RuntimeError(
+          f'variable {i} ({kwargs.get("name")}) has shape {shape}, but its '
+          f'pretrained value {value.shape}: the builder is not '
+          'deterministic')
+    kwargs['initial_value'] = value
+    return next_creator(**kwargs)
+
+
+def build_with_values(build: ClassifierFn,
+                      values: Sequence[np.ndarray]) -> classifiers.Classifier:
+  """`build()` with its variables' initial values taken from `values`."""
+  creator = _InitialValues(values)
+  with tf.variable_creator_scope(creator):
+    classifier = build()
+  if creator.count != len(values):
+    raise RuntimeError(
+        f'the model made {creator.count} variables, its pretrained build '
+        f'{len(values)}: the builder is not deterministic')
+  return classifier
+
+
+def _load_saved_model(model: tf.keras.Model, path: str, what: str) -> None:
+  try:
+    source = tf.keras.models.load_model(path, compile=False)
+  except Exception as e:  # pylint: disable=broad-except
+    # Keras raises a mix of IO, value and TF errors for unreadable folders.
+    raise errors.ConfigError(
+        f'{what}: {path} is not a Keras SavedModel ({_first_line(e)})'
+    ) from None
+  have, want = source.weights, model.weights
+  for i, (src, dst) in enumerate(zip(have, want)):
+    if tuple(src.shape) != tuple(dst.shape):
+      raise errors.ConfigError(
+          f'{what}: {path} does not fit the model: variable {i} '
+          f'{src.name} has shape {tuple(src.shape)}, the model\'s {dst.name} '
+          f'{tuple(dst.shape)}')
+  if len(have) != len(want):
+    raise errors.ConfigError(
+        f'{what}: {path} does not fit the model: it holds {len(have)} '
+        f'variables, the model {len(want)}')
+  model.set_weights([v.numpy() for v in have])
+
+
+def _legacy_h5_mismatch(model: tf.keras.Model, path: str) -> Optional[str]:
+  """The first variable where a Keras 2 (`.h5`) weights file and `model`
+  differ, or None (also for the newer `.weights.h5` layout, which Keras'
+  own loader checks)."""
+  import h5py  # pylint: disable=g-import-not-at-top
+  with h5py.File(path, 'r') as f:
+    group = f['model_weights'] if 'model_weights' in f else f
+    if 'layer_names' not in group.attrs:
+      return None
+    text = lambda v: v.decode('utf8') if isinstance(v, bytes) else str(v)  # noqa: E731
+    saved = [(text(w), tuple(group[text(layer)][text(w)].shape))
+             for layer in group.attrs['layer_names']
+             for w in group[text(layer)].attrs['weight_names']]
+  expected = [(w.name, tuple(w.shape)) for layer in model.layers
+              for w in layer.trainable_weights + layer.non_trainable_weights]
+  for i, ((saved_name, saved_shape), (name, shape)) in enumerate(
+      zip(saved, expected)):
+    if saved_shape != shape:
+      return (f'variable {i} is {saved_name} {saved_shape} in the file but '
+              f'{name} {shape} in the model')
+  if len(saved) != len(expected):
+    return (f'the file holds {len(saved)} variables, the model '
+            f'{len(expected)}')
+  return None
+
+
+def load_weights(model: tf.keras.Model, path: str, what: str) -> None:
+  """Reads a weights file into `model`, or one `ConfigError` line.
+
+  Args:
+    model: The whole classifier (`Classifier.model`).
+    path: An h5 file, a TF checkpoint prefix or a Keras SavedModel folder.
+    what: The setting's name for the message, e.g. 'model.weights'.
+  """
+  path = os.path.expanduser(path)
+  fmt = weights_format(path)
+  if fmt is None:
+    check_weights(what, path)
+  if fmt == 'saved_model':
+    _load_saved_model(model, path, what)
+    return
+  mismatch = _legacy_h5_mismatch(model, path) if fmt == 'h5' else None
+  if mismatch:
+    raise errors.ConfigError(
+        f'{what}: {path} does not fit the model: {mismatch}')
+  try:
+    status = model.load_weights(path)
+    if fmt == 'checkpoint':
+      status.assert_existing_objects_matched()
+  except (ValueError, AssertionError, KeyError, OSError,
+          tf.errors.OpError) as e:
+    raise errors.ConfigError(
+        f'{what}: {path} does not fit the model: {_first_line(e)}') from None
+
+
+def _imagenet_build(build_kwargs: dict, what: str) -> classifiers.Classifier:
+  """The classifier with Keras' ImageNet backbone weights (downloaded by
+  Keras if not cached), or one `ConfigError` line when they cannot be had."""
+  previous = socket.getdefaulttimeout()
+  socket.setdefaulttimeout(_DOWNLOAD_TIMEOUT_S)
+  try:
+    return classifiers.build_classifier(**build_kwargs,
+                                        backbone_weights=IMAGENET)
+  except errors.ConfigError:
+    raise
+  except Exception as e:  # pylint: disable=broad-except
+    # Keras' get_file raises a bare Exception for fetch failures.
+    raise errors.ConfigError(
+        f"{what}='imagenet': Keras could not get the ImageNet weights of "
+        f"{build_kwargs['name']} ({_first_line(e)}); offline, put Keras' "
+        f'weights file in {_keras_cache_dir()} (KERAS_HOME) or give a local '
+        'weights file') from None
+  finally:
+    socket.setdefaulttimeout(previous)
+
+
+# Pretrained values per (model, shape, classes, norm, seed, weights, file).
+_VALUES: dict[tuple, list[np.ndarray]] = {}
+
+
+def pretrained_values(name: str, *, input_shape: Sequence[int],
+                      num_classes: int, norm: str, seed: int, weights: str,
+                      what: str = 'model.weights',
+                      options: Optional[dict] = None) -> list[np.ndarray]:
+  """The initial values (named variables, in creation order) of the
+  classifier with `weights` applied; read once per file version. Eager only.
+
+  Raises:
+    ConfigError: bad setting, unreadable or mismatched file, or ImageNet
+      weights that cannot be downloaded.
+  """
+  check_weights(what, weights, name)
+  kwargs = dict(name=name, input_shape=tuple(int(v) for v in input_shape),
+                num_classes=int(num_classes), norm=norm, seed=int(seed),
+                options=dict(options or {}))
+  key = (tuple(sorted((k, repr(v)) for k, v in kwargs.items())),
+         weights if weights == IMAGENET else _stamp(weights))
+  if key in _VALUES:
+    return _VALUES[key]
+  if not tf.executing_eagerly():
+    raise RuntimeError(
+        'pretrained weights are read eagerly: call classifier_builder '
+        'outside of graph building')
+  recorder = _Recorder()
+  with tf.variable_creator_scope(recorder):
+    if weights == IMAGENET:
+      classifier = _imagenet_build(kwargs, what)
+    else:
+      classifier = classifiers.build_classifier(**kwargs)
+  if weights != IMAGENET:
+    load_weights(classifier.model, weights, what)
+  if {id(v) for v in recorder.created} != {
+      id(v) for v in classifier.model.weights} or len(recorder.created) != (
+          len(classifier.model.weights)):
+    raise RuntimeError(
+        f'{name}: the variables made while building are not the model\'s '
+        'weights; its pretrained values cannot be carried into other builds')
+  values = [v.numpy() for v in recorder.created]
+  _VALUES[key] = values
+  return values
+
+
+def classifier_builder(name: str, *, input_shape: Sequence[int],
+                       num_classes: int, norm: str = 'batch', seed: int = 0,
+                       weights: Optional[str] = '',
+                       what: str = 'model.weights',
+                       options: Optional[dict] = None) -> ClassifierFn:
+  """A no-arg builder of the classifier, starting from `weights`.
+
+  With no weights, `functools.partial(build_classifier, ...)`: the seeded
+  model, exactly as before pretrained weights existed. Otherwise the
+  weights are read now (eagerly; errors surface here, before any
+  computation) and every build starts from them, in eager and graph mode.
+
+  Args:
+    name: A model name (`tff_kd.models.MODELS` or `keras:<Application>`).
+    input_shape: (H, W, C) of the images.
+    num_classes: Number of logits.
+    norm: One of `NORMS` (unused by Keras Applications).
+    seed: Initialiser seed (of the seeded parts: all of them without
+      weights, the new head with 'imagenet').
+    weights: '' / None, 'imagenet' or a path (module docstring).
+    what: The setting's name, for messages.
+    options: Keras Applications' further constructor arguments.
+
+  Returns:
+    A no-arg callable returning a fresh `Classifier`.
+
+  Raises:
+    ConfigError: as `pretrained_values`, or a bad model name.
+  """
+  build = functools.partial(classifiers.build_classifier, name,
+                            input_shape=tuple(input_shape),
+                            num_classes=num_classes, norm=norm, seed=seed,
+                            **({'options': dict(options)} if options else {}))
+  if not weights:
+    return build
+  values = pretrained_values(name, input_shape=input_shape,
+                             num_classes=num_classes, norm=norm, seed=seed,
+                             weights=weights, what=what, options=options)
+  return functools.partial(build_with_values, build, values)
+
+
+def _model(builder: ClassifierFn) -> tf.keras.Model:
+  return builder().model
+
+
+def model_fn_of(builder: ClassifierFn) -> Callable[[], tf.keras.Model]:
+  """The no-arg logits-model builder of a classifier builder."""
+  return functools.partial(_model, builder)
