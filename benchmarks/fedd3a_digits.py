@@ -119,6 +119,10 @@ _T2_ALPHAS = flags.DEFINE_list('table2_alphas', ['1', '10', '100'],
                                'Eq. 5 alphas tried in Table 2.')
 _T2_BATCH = flags.DEFINE_integer('table2_batch', 32,
                                  'Batch size of the batch means (Table 2).')
+_WEIGHTS = flags.DEFINE_string(
+    'model_weights', '', "Every variant's initial weights (`model.weights`): "
+    "'' seeded; a weights file, e.g. benchmarks/pretrain.py's Fashion-MNIST "
+    'CNN (configs/fedd3a_digits_pretrained.py).')
 _ROOT = flags.DEFINE_string('root_dir', '', 'Run folders (default: temp).')
 _OUT = flags.DEFINE_string('out', 'benchmarks/results/fedd3a_digits',
                            'Result path prefix (.json and .md).')
@@ -148,6 +152,7 @@ def _config(variant: str, seed: int):
   c.distill.steps = _STEPS.value
   c.fedd3a.alpha = _ALPHA.value
   c.server_data.val_size = _VAL_SIZE.value
+  c.model.weights = os.path.expanduser(_WEIGHTS.value)
   c.checkpoint_every = c.rounds
   c.export = False
   return settings.with_overrides(c, overrides)
