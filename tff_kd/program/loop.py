@@ -221,8 +221,9 @@ def _writing(path: str, root_dir: str, last_saved: int) -> Iterator[None]:
     if isinstance(e, OSError):
       reason = e.strerror or str(e) or type(e).__name__
       path = e.filename or path
-    else:
+    else:  # TF's file errors read '<path>; <strerror>'.
       reason = (e.message or type(e).__name__).strip().splitlines()[0]
+      reason = reason.rsplit('; ', 1)[-1]
     raise errors.StorageError(
         f'cannot write {path}: {reason}; the last good state (round '
         f'{last_saved}) stays in {os.path.join(root_dir, "checkpoints")}; '
