@@ -273,6 +273,9 @@ def main(argv: list[str]) -> None:
       _train(config, _ROOT_DIR.value)
   except errors.UserError as e:
     _fail(str(e))
+  except OSError as e:  # E.g. the log folder, on a disk that is full.
+    _fail(f'cannot write {e.filename or _ROOT_DIR.value}: '
+          f'{e.strerror or type(e).__name__}')
 
 
 def run() -> None:

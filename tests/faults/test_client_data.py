@@ -181,7 +181,8 @@ def test_a_round_of_only_unreadable_clients_is_one_line(tmp_path):
   assert message.startswith(
       'round 1: every client (3 of 3) was excluded; unreadable client data: ')
   assert any(f'{p}: Could not parse' in message for p in paths), message
-  assert 'and 2 more; the last good state (round 0)' in message, message
+  assert ('and 2 more (in the log); the last good state (round 0) stays in '
+          f'{root}; check the client data') in message, message
 
 
 def test_a_round_of_only_bad_clients_stops_with_a_clear_error(tmp_path):

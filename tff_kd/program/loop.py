@@ -105,13 +105,18 @@ def _excluded_clients(exp: setup.Experiment, metrics: dict,
     return []
   check = getattr(exp.client_data, 'problem', None)
   problems = [p for p in (check(int(c)) for c in clients) if p] if check else []
+  excluded = int(metrics['client/num_excluded'])
+  # A round without any client left stops with one line (`_check_round`);
+  # its files then go to the log only.
+  log = (logging.info if excluded >= metrics.get('client/num_clients',
+                                                 math.inf)
+         else logging.warning)
   for problem in problems:
-    logging.warning('round %d: a client is excluded for its data: %s',
-                    round_num + 1, problem)
-  if len(problems) < metrics['client/num_excluded']:
-    logging.warning('round %d: %d client(s) excluded for a non-finite update',
-                    round_num + 1,
-                    int(metrics['client/num_excluded']) - len(problems))
+    log('round %d: a client is excluded for its data: %s', round_num + 1,
+        problem)
+  if len(problems) < excluded:
+    log('round %d: %d client(s) excluded for a non-finite update',
+        round_num + 1, excluded - len(problems))
   return problems
 
 
@@ -125,10 +130,13 @@ def _check_round(metrics: dict, round_num: int, last_saved: int,
   """
   excluded = metrics.get('client/num_excluded', 0.0)
   num_clients = metrics.get('client/num_clients', math.inf)
+  advice = 'lower the learning rate or check the client data'
   if excluded >= num_clients and problems:
-    more = f' and {len(problems) - 1} more' if len(problems) > 1 else ''
+    more = (f' and {len(problems) - 1} more (in the log)'
+            if len(problems) > 1 else '')
     reason = (f'every client ({int(excluded)} of {int(num_clients)}) was '
               f'excluded; unreadable client data: {problems[0]}{more}')
+    advice = 'check the client data'
   elif excluded >= num_clients:
     reason = (f'every client\'s update ({int(excluded)} of '
               f'{int(num_clients)}) was non-finite')
@@ -138,8 +146,7 @@ def _check_round(metrics: dict, round_num: int, last_saved: int,
     return
   raise errors.TrainingError(
       f'round {round_num + 1}: {reason}; the last good state (round '
-      f'{last_saved}) stays in {root_dir}; lower the learning rate or '
-      'check the client data')
+      f'{last_saved}) stays in {root_dir}; {advice}')
 
 
 _STANDARD_CLIENT_METRICS = frozenset((
