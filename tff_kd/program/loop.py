@@ -46,6 +46,7 @@ from tff_kd.program import run_folder
 from tff_kd.program import sampling
 from tff_kd.program import server_stage
 from tff_kd.program import setup
+from tff_kd.program import validation
 
 
 class RunResult(NamedTuple):
@@ -259,6 +260,7 @@ def run(config: ml_collections.ConfigDict, root_dir: str, *,
       another run, a round without a usable client or with a non-finite
       loss, or a write that failed mid-run (`StorageError`).
   """
+  validation.validate_config(config)  # Before the folder is created.
   with run_folder.locked(root_dir):
     run_folder.remove_debris(root_dir, 'checkpoints')
     return _run(config, root_dir, progress)
