@@ -3,12 +3,19 @@ r"""Trains one federated method: `train --method=fedavg --config=configs/mnist.p
 Kept short on purpose: everything lives in `tff_kd.program.experiment`, so a
 notebook runs the same code. Restarting with the same --root_dir resumes
 from the last checkpoint. Bad input (an unknown method, dataset or config
-key, an impossible setting, a missing or corrupt data file or checkpoint)
-ends the program with a one-line error and exit code 2 before any training.
+key, an impossible setting, a missing or corrupt data file or checkpoint, a
+--root_dir that is not a writable folder or that another run holds) ends
+the program with a one-line error and exit code 2 before any training.
+Faults mid-run end it the same way, with the last good round and how to
+resume: a full disk or a folder turned read-only (naming the path), Ctrl-C
+or SIGTERM (naming the signal; a second one ends it at once), a round
+without a usable client, an unreachable worker. The traceback of a fault
+goes to <root_dir>/logs.
 """
 
 import logging as std_logging
 import os
+import signal
 import sys
 import time
 
@@ -25,8 +32,10 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 from tff_kd.program import context  # pylint: disable=g-import-not-at-top
 context.install()
 from tff_kd import errors  # pylint: disable=g-import-not-at-top,g-bad-import-order
+from tff_kd.program import checkpoints  # pylint: disable=g-import-not-at-top
 from tff_kd.program import experiment  # pylint: disable=g-import-not-at-top
-from tff_kd.program import plots
+from tff_kd.program import plots  # pylint: disable=g-import-not-at-top
+from tff_kd.program import run_folder  # pylint: disable=g-import-not-at-top
 
 from absl import app  # pylint: disable=g-bad-import-order
 from absl import flags
@@ -59,22 +68,54 @@ def _fail(message: str) -> None:
 
 
 def _parse_flags(argv: list[str]) -> list[str]:
-  """absl's parser, with config-override errors as one-line messages."""
+  """absl's parser, with every error as a one-line message: a config file
+  that cannot be loaded, an unknown config key, a bad override value, a
+  stray positional argument."""
+  files = [a.split('=', 1)[1] for a in argv[1:] if a.startswith('--config=')]
+  config_file = files[-1] if files else _DEFAULT_CONFIG
   try:
-    return flags.FLAGS(argv)
+    rest = flags.FLAGS(argv)
   except flags.Error as e:
     _fail(str(e).strip().splitlines()[0])
-  except (AttributeError, KeyError, OSError) as e:
-    # ml_collections raises these for `--config.<unknown key>=...`, and for
-    # any override when the config file itself failed to load.
-    files = [a.split('=', 1)[1] for a in argv[1:] if a.startswith('--config=')]
-    if isinstance(e, OSError) or (files and not os.path.isfile(files[-1])):
-      _fail(f'cannot load the config file {(files or ["?"])[-1]!r}')
-    key = str(e).strip('\'"')
-    bad = [a for a in argv[1:] if a.startswith('--config.')]
-    _fail(f"config key {key!r} does not exist (in {' '.join(bad)})")
-  except (TypeError, ValueError) as e:
-    _fail(f'bad config override: {e}')
+  except Exception as e:  # pylint: disable=broad-except
+    # ml_collections runs the config file while parsing, and raises
+    # AttributeError / KeyError for `--config.<unknown key>=...`.
+    if (isinstance(e, OSError) or not os.path.isfile(config_file) or
+        _raised_in(e, config_file)):
+      _fail(f'cannot load the config file {config_file!r} (a Python file '
+            f'with get_config()): {_first_line(e)}')
+    if isinstance(e, (AttributeError, KeyError)):
+      key = str(e).strip('\'"')
+      bad = [a for a in argv[1:] if a.startswith('--config.')]
+      _fail(f"config key {key!r} does not exist (in {' '.join(bad)})")
+    if isinstance(e, (TypeError, ValueError)):
+      _fail(f'bad config override: {e}')
+    raise
+  if len(rest) > 1:
+    _fail(f'unexpected argument(s) {" ".join(rest[1:])!r}; flags are '
+          '--name=value (see --help)')
+  return rest
+
+
+def _first_line(e: BaseException) -> str:
+  text = str(e).strip()
+  return (f'{type(e).__name__}: {text.splitlines()[0]}' if text
+          else type(e).__name__)
+
+
+def _raised_in(e: BaseException, path: str) -> bool:
+  """Whether `e` was raised while running (or compiling) the file `path`."""
+  path = os.path.realpath(path)
+  if isinstance(e, SyntaxError) and e.filename:
+    if os.path.realpath(e.filename) == path:
+      return True
+  tb = e.__traceback__
+  while tb is not None:
+    if os.path.realpath(tb.tb_frame.f_code.co_filename) == path:
+      return True
+    tb = tb.tb_next
+  # ml_collections reports a module without get_config() by its name.
+  return (isinstance(e, AttributeError) and 'get_config' in str(e))
 
 
 class _InternalNotices(std_logging.Filter):
@@ -107,6 +148,9 @@ def _log_to_file(root_dir: str) -> None:
   os.makedirs(log_dir, exist_ok=True)
   logging.get_absl_handler().use_absl_log_file('train', log_dir)
   flags.FLAGS.stderrthreshold = 'warning'
+  # A log file that cannot be written (a full disk) must not print
+  # logging's own tracebacks on the console.
+  std_logging.raiseExceptions = False
   tf_logger = std_logging.getLogger('tensorflow')
   for handler in list(tf_logger.handlers):
     tf_logger.removeHandler(handler)
@@ -124,8 +168,10 @@ def _header(config) -> str:
 
 def _summary(root_dir: str, result, seconds: float,
              curves: str | None) -> str:
-  accuracy = plots.read_metrics(root_dir)['test/accuracy']
-  best = max((a, r) for r, a in enumerate(accuracy, 1) if a == a)
+  # From the CSV, which holds every round of the run, resumed or not.
+  history = plots.read_metrics(root_dir)
+  best = max((a, int(r)) for r, a in zip(history['round'],
+                                         history['test/accuracy']) if a == a)
   resumed = (f', resumed after round {result.resumed_after}'
              if result.resumed_after else '')
   lines = [
@@ -145,16 +191,76 @@ def _summary(root_dir: str, result, seconds: float,
   return '\n'.join(lines)
 
 
+# The first SIGINT or SIGTERM received: it stops the run with one line.
+_stop_signal: str | None = None
+
+
+def _on_stop_signal(signum: int, unused_frame) -> None:
+  """Ctrl-C or SIGTERM: unwinds the run (`KeyboardInterrupt`); a second
+  one ends the process at once."""
+  global _stop_signal
+  if _stop_signal is not None:
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+    return
+  _stop_signal = signal.Signals(signum).name
+  raise KeyboardInterrupt(_stop_signal)
+
+
+def _how_to_resume(root_dir: str) -> str:
+  last = checkpoints.last_saved_round(root_dir)
+  if last is None:
+    return 'no round was checkpointed yet; run the same command to start again'
+  return (f'the last good state (round {last}) is in '
+          f"{os.path.join(root_dir, 'checkpoints')}; run the same command to "
+          'resume')
+
+
+def _stopped(e: BaseException, root_dir: str) -> None:
+  """Ends a run that stopped on `e` with one line (its traceback goes to
+  the log file); a bug keeps its traceback."""
+  logging.info('the run stopped on %s', type(e).__name__, exc_info=e)
+  if _stop_signal is not None:
+    _fail(f'stopped by {_stop_signal}; {_how_to_resume(root_dir)}')
+  if isinstance(e, errors.UserError):
+    _fail(str(e))
+  if isinstance(e, OSError):
+    _fail(f'cannot write {e.filename or root_dir}: '
+          f'{e.strerror or type(e).__name__}; {_how_to_resume(root_dir)}')
+  raise e
+
+
+def _train(config, root_dir: str) -> None:
+  """Trains, under the run folder's lock."""
+  _log_to_file(root_dir)
+  for signum in (signal.SIGINT, signal.SIGTERM):
+    signal.signal(signum, _on_stop_signal)
+  print(_header(config), flush=True)
+  start = time.perf_counter()
+  try:
+    experiment.set_context(config)
+    result = experiment.run(config, root_dir, progress=_PROGRESS.value)
+    logging.info('final %s; SavedModel: %s', result.final, result.export_dir)
+    curves = None
+    if _PLOT.value:
+      curves = os.path.join(root_dir, 'curves.png')
+      plots.plot_runs([root_dir], curves, title=config.method)
+    summary = _summary(root_dir, result, time.perf_counter() - start, curves)
+  except (Exception, KeyboardInterrupt) as e:  # pylint: disable=broad-except
+    _stopped(e, root_dir)
+  print(summary)
+
+
 def main(argv: list[str]) -> None:
-  if len(argv) > 1:
-    raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
+  del argv  # `_parse_flags` refuses positional arguments.
   context.freeze_imported_objects()  # TF and TFF are imported by now.
   try:
     config = _CONFIG.value
     config.keys()  # config_flags defers a failed load to the first use.
-  except OSError:
-    _fail('cannot load the config file '
-          f"{flags.FLAGS['config'].config_filename!r}")
+  except Exception as e:  # pylint: disable=broad-except
+    _fail(f"cannot load the config file "
+          f"{flags.FLAGS['config'].config_filename!r} (a Python file with "
+          f'get_config()): {_first_line(e)}')
   with config.unlocked():
     if _METHOD.value is not None:
       config.method = _METHOD.value
@@ -162,23 +268,14 @@ def main(argv: list[str]) -> None:
       config.seed = _SEED.value
   try:
     experiment.validate_config(config)  # Before any output or compute.
+    # One run per folder: locked before anything is written in it.
+    with run_folder.locked(_ROOT_DIR.value):
+      _train(config, _ROOT_DIR.value)
   except errors.UserError as e:
     _fail(str(e))
-  root_dir = _ROOT_DIR.value
-  _log_to_file(root_dir)
-  print(_header(config), flush=True)
-  experiment.set_context(config)
-  start = time.perf_counter()
-  try:
-    result = experiment.run(config, root_dir, progress=_PROGRESS.value)
-  except errors.UserError as e:
-    _fail(str(e))
-  logging.info('final %s; SavedModel: %s', result.final, result.export_dir)
-  curves = None
-  if _PLOT.value:
-    curves = os.path.join(root_dir, 'curves.png')
-    plots.plot_runs([root_dir], curves, title=config.method)
-  print(_summary(root_dir, result, time.perf_counter() - start, curves))
+  except OSError as e:  # E.g. the log folder, on a disk that is full.
+    _fail(f'cannot write {e.filename or _ROOT_DIR.value}: '
+          f'{e.strerror or type(e).__name__}')
 
 
 def run() -> None:

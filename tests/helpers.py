@@ -3,7 +3,7 @@
 `digits_config` is the small setting of the end-to-end tests (scikit-learn's
 bundled digits, 6 clients, 3 per round, 2 rounds). `smoke_config` adds a
 registered method's `common.Method.smoke` overrides to it: the fast run the
-contract tests (tests/program/test_resume.py, test_faults.py,
+contract tests (tests/program/test_resume.py, tests/faults/test_client_data.py,
 test_tff_programs.py, test_server_stage.py and
 tests/methods/test_hparams.py) give every method in
 `tff_kd.methods.registry.METHODS`.

@@ -26,3 +26,12 @@ class TrainingError(UserError):
 
 class DataError(UserError):
   """A dataset that is unknown, missing, corrupt or cannot be downloaded."""
+
+
+class RunFolderError(UserError):
+  """A run folder (`--root_dir`) that cannot be used: empty, a file, not
+  writable, or in use by another run."""
+
+
+class StorageError(UserError):
+  """The run folder could not be written mid-run (disk full, read-only)."""

@@ -26,7 +26,7 @@ CASES = helpers.smoke_cases(variants=('fedd3a_hetero',))
 
 
 def logged_losses(root: str) -> dict[int, list[float]]:
-  """Every logged train loss per round (a re-logged round appears twice)."""
+  """Every logged train loss per round (each round should appear once)."""
   out = {}
   with open(os.path.join(root, 'metrics.csv')) as f:
     for row in csv.DictReader(f):

@@ -5,7 +5,7 @@ mergeable-computation context (`tff_kd.program.runtime`): a round split over
 two workers gives the model of the one-worker run (FedAvg: and of the local
 runtime; FedDF, checked by hand: within 1e-6);
 a worker killed mid-run stops the `train` binary within its timeout with an
-error naming the worker, leaves the checkpoints intact, and the same command
+error naming the worker (tests/faults/test_workers.py measures the bound), leaves the checkpoints intact, and the same command
 resumes once the worker is back.
 """
 
@@ -124,7 +124,9 @@ def test_killed_worker_stops_the_run_clearly_and_it_resumes(tmp_path):
     proc.wait()
     killed_at = time.monotonic()
     _, stderr = train.communicate(timeout=120)
-    assert time.monotonic() - killed_at < 90
+    # Within the 5 s timeout plus the process's exit (the bound itself:
+    # tests/faults/test_workers.py).
+    assert time.monotonic() - killed_at < 30
     assert train.returncode == 2, stderr[-2000:]
     last = stderr.strip().splitlines()[-1]
     assert last.startswith('train: error: worker ' + second), stderr[-2000:]

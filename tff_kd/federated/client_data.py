@@ -20,7 +20,8 @@ number of full epochs (DaFKD, FedDF): see `LocalWork`.
 import collections
 import json
 import os
-from typing import Callable, NamedTuple, Sequence
+import re
+from typing import Callable, NamedTuple, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -94,6 +95,13 @@ def _batch_order(num: int, seed: int,
   return tf.constant(flat), tf.constant(sizes)
 
 
+def _op_error_reason(e: tf.errors.OpError) -> str:
+  """A TF op error's message without the op's and the payload's dumps."""
+  text = (e.message or type(e).__name__).strip().splitlines()[0]
+  text = re.sub(r'\{\{[^}]*\}\}\s*', '', text).split(', base64:')[0]
+  return re.sub(r'\s*\[Op:.*$', '', text).rstrip('.') or type(e).__name__
+
+
 class FileClientData:
   """Per-client arrays on disk plus the TFF computation that reads them."""
 
@@ -147,14 +155,67 @@ class FileClientData:
   def element_spec(self) -> collections.OrderedDict:
     return element_spec(self.image_shape)
 
+  def _parse_x(self, path: tf.Tensor) -> tf.Tensor:
+    """A client's images file as float32 [N, *image_shape]; an error if it
+    cannot be read or parsed or has another dtype or shape."""
+    x = tf.io.parse_tensor(tf.io.read_file(path), tf.float32)
+    return tf.ensure_shape(x, [None, *self.image_shape])
+
+  def _parse_y(self, path: tf.Tensor) -> tf.Tensor:
+    """A client's labels file as int32 [N]; an error as in `_parse_x`."""
+    return tf.ensure_shape(
+        tf.io.parse_tensor(tf.io.read_file(path), tf.int32), [None])
+
   def read_arrays(self, client_id: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-    """Reads one client's images and labels (graph- or eager-mode)."""
+    """Reads one client's images and labels (graph- or eager-mode).
+
+    Bad client data is a client fault, not the run's: when a file cannot
+    be read or parsed (missing, truncated, corrupt) or holds arrays of
+    another dtype or shape, or the two files disagree on the number of
+    examples, the client gets one NaN image instead. Its update is then
+    non-finite, so the round excludes and counts it (`client/num_excluded`,
+    `tff_kd.federated.learning.screen_client`) exactly as a client whose
+    data holds NaNs; `problem` names the file for the driver's warning.
+    (The errors are caught with `tf.data`'s `ignore_errors`, the one
+    error-catching construct a TF graph has: the reads run inside TFF's
+    worker, where an error would end the whole round.)
+    """
     prefix = tf.strings.join([self.directory, '/', client_id])
-    x = tf.io.parse_tensor(tf.io.read_file(prefix + '.x'), tf.float32)
-    y = tf.io.parse_tensor(tf.io.read_file(prefix + '.y'), tf.int32)
+
+    def parse(prefix):
+      x = self._parse_x(prefix + '.x')
+      y = self._parse_y(prefix + '.y')
+      with tf.control_dependencies([tf.debugging.assert_equal(
+          tf.shape(x)[0], tf.shape(y)[0])]):
+        return tf.identity(x), tf.identity(y)
+
+    bad = (tf.fill([1, *self.image_shape], float('nan')),
+           tf.zeros([1], tf.int32))
+    x, y = (tf.data.Dataset.from_tensors(prefix).map(parse).ignore_errors()
+            .concatenate(tf.data.Dataset.from_tensors(bad)).take(1)
+            .get_single_element())
     x.set_shape([None, *self.image_shape])
     y.set_shape([None])
     return x, y
+
+  def problem(self, client_index: int) -> Optional[str]:
+    """Why a client's data cannot be used, naming the file, or None.
+
+    What `read_arrays` replaces by a NaN image, checked eagerly on the
+    driver (for the warning of a round that excluded clients).
+    """
+    prefix = os.path.join(self.directory, self.client_ids[client_index])
+    arrays = []
+    for path, parse in ((prefix + '.x', self._parse_x),
+                        (prefix + '.y', self._parse_y)):
+      try:
+        arrays.append(parse(tf.constant(path)))
+      except tf.errors.OpError as e:
+        return f'{path}: {_op_error_reason(e)}'
+    if arrays[0].shape[0] != arrays[1].shape[0]:
+      return (f'{prefix}.y: {arrays[1].shape[0]} labels for '
+              f'{arrays[0].shape[0]} images in {prefix}.x')
+    return None
 
   def dataset_from_key(self, key: tf.Tensor,
                        local: LocalWork) -> tf.data.Dataset:

@@ -11,7 +11,7 @@ unreadable ones aside, or initialises from the seeded Keras model.
 
 import json
 import os
-from typing import Any
+from typing import Any, Optional
 
 from absl import logging
 import ml_collections
@@ -66,6 +66,17 @@ def manager_for(config: ml_collections.ConfigDict,
   """The checkpoint manager of a run folder."""
   return CheckpointManager(os.path.join(root_dir, 'checkpoints'),
                            keep_total=config.keep_checkpoints)
+
+
+def last_saved_round(root_dir: str) -> Optional[int]:
+  """The newest checkpointed round in a run folder (what a resume starts
+  after, unless that checkpoint is unreadable), or None if there is none."""
+  manager = CheckpointManager(os.path.join(root_dir, 'checkpoints'))
+  try:
+    versions = aio.run_sync(manager.get_versions())
+  except Exception:  # pylint: disable=broad-except
+    return None  # For messages only: an unlistable folder has none.
+  return max(versions) if versions else None
 
 
 def _method_sections(method: common.Method) -> tuple[str, ...]:

@@ -1,29 +1,37 @@
 """The round loop: train, evaluate, release metrics, checkpoint, export.
 
-`run(config, root_dir)` prepares the experiment (`tff_kd.program.setup`),
-resumes from the newest checkpoint in `root_dir/checkpoints` or initialises
-from the seeded Keras model (`tff_kd.program.checkpoints`), then per round:
-samples clients from (seed, round), runs `process.next`, calls the
-experiment's evaluations of the global model (`tff_kd.program.evaluation`),
-releases metrics to CSV, TensorBoard and the log (`tff.program` release
-managers) and checkpoints. It exports the final global model as a Keras
-SavedModel that plain TensorFlow can load (`tff_kd.program.export`).
+`run(config, root_dir)` locks the run folder for the whole run
+(`tff_kd.program.run_folder`), prepares the experiment
+(`tff_kd.program.setup`), resumes from the newest checkpoint in
+`root_dir/checkpoints` or initialises from the seeded Keras model
+(`tff_kd.program.checkpoints`), then per round: samples clients from (seed,
+round), runs `process.next`, calls the experiment's evaluations of the
+global model (`tff_kd.program.evaluation`), releases metrics to CSV,
+TensorBoard and the log (`tff_kd.program.releases`) and then checkpoints.
+It exports the final global model as a Keras SavedModel that plain
+TensorFlow can load (`tff_kd.program.export`).
 
 Because the client sample and every client's shuffle depend only on (seed,
 round), an interrupted run that is restarted with the same root_dir replays
-exactly the rounds it lost.
+exactly the rounds it lost; the metrics released after its last checkpoint
+are dropped first, so every round is logged exactly once. A write that
+fails mid-run (a full disk, a folder turned read-only) stops the run with
+one line naming the path and the last good round (`errors.StorageError`).
 """
 
 import concurrent.futures
+import contextlib
 import json
 import math
 import os
+import signal
 import time
-from typing import Any, NamedTuple, Optional
+from typing import Any, Iterator, NamedTuple, Optional, Sequence
 
 from absl import logging
 import ml_collections
 import numpy as np
+import tensorflow as tf
 import tensorflow_federated as tff
 import tqdm
 
@@ -33,9 +41,12 @@ from tff_kd.program import checkpoints
 from tff_kd.program import context
 from tff_kd.program import evaluation
 from tff_kd.program import export
+from tff_kd.program import releases
+from tff_kd.program import run_folder
 from tff_kd.program import sampling
 from tff_kd.program import server_stage
 from tff_kd.program import setup
+from tff_kd.program import validation
 
 
 class RunResult(NamedTuple):
@@ -82,16 +93,52 @@ def _round_metrics(output, config) -> dict[str, Any]:
   return metrics
 
 
+def _excluded_clients(exp: setup.Experiment, metrics: dict,
+                      clients: np.ndarray, round_num: int) -> list[str]:
+  """Warns about a round's excluded clients; returns the data problems.
+
+  A client is excluded for a non-finite update, which unreadable, truncated
+  or mis-shaped client data also gives (`FileClientData.read_arrays`); in a
+  round that excluded any, the sampled clients' files are checked on the
+  driver, and each bad file is named in a warning.
+  """
+  if not metrics.get('client/num_excluded', 0.0):
+    return []
+  check = getattr(exp.client_data, 'problem', None)
+  problems = [p for p in (check(int(c)) for c in clients) if p] if check else []
+  excluded = int(metrics['client/num_excluded'])
+  # A round without any client left stops with one line (`_check_round`);
+  # its files then go to the log only.
+  log = (logging.info if excluded >= metrics.get('client/num_clients',
+                                                 math.inf)
+         else logging.warning)
+  for problem in problems:
+    log('round %d: a client is excluded for its data: %s', round_num + 1,
+        problem)
+  if len(problems) < excluded:
+    log('round %d: %d client(s) excluded for a non-finite update',
+        round_num + 1, excluded - len(problems))
+  return problems
+
+
 def _check_round(metrics: dict, round_num: int, last_saved: int,
-                 root_dir: str) -> None:
+                 root_dir: str, problems: Sequence[str] = ()) -> None:
   """Stops a run whose round has no usable client or a non-finite loss.
 
-  Clients with a non-finite update are excluded and counted
-  (`client/num_excluded`); the run goes on while at least one is left.
+  Clients with a non-finite update or unreadable data are excluded and
+  counted (`client/num_excluded`); the run goes on while at least one is
+  left.
   """
   excluded = metrics.get('client/num_excluded', 0.0)
   num_clients = metrics.get('client/num_clients', math.inf)
-  if excluded >= num_clients:
+  advice = 'lower the learning rate or check the client data'
+  if excluded >= num_clients and problems:
+    more = (f' and {len(problems) - 1} more (in the log)'
+            if len(problems) > 1 else '')
+    reason = (f'every client ({int(excluded)} of {int(num_clients)}) was '
+              f'excluded; unreadable client data: {problems[0]}{more}')
+    advice = 'check the client data'
+  elif excluded >= num_clients:
     reason = (f'every client\'s update ({int(excluded)} of '
               f'{int(num_clients)}) was non-finite')
   elif not math.isfinite(metrics['train/loss']):
@@ -100,8 +147,7 @@ def _check_round(metrics: dict, round_num: int, last_saved: int,
     return
   raise errors.TrainingError(
       f'round {round_num + 1}: {reason}; the last good state (round '
-      f'{last_saved}) stays in {root_dir}; lower the learning rate or '
-      'check the client data')
+      f'{last_saved}) stays in {root_dir}; {advice}')
 
 
 _STANDARD_CLIENT_METRICS = frozenset((
@@ -161,10 +207,45 @@ def _release(manager: tff.program.ReleaseManager, value: dict,
   aio.run_sync(manager.release(value, key=key))
 
 
+# Fault injection for tests/faults/: with this variable set to r, the
+# process SIGKILLs itself after releasing round r's metrics and before
+# saving its checkpoint, the one instant where the two differ.
+KILL_BEFORE_CHECKPOINT_ENV = 'TFF_KD_TEST_KILL_BEFORE_CHECKPOINT'
+
+
+def _before_checkpoint(round_num: int) -> None:
+  """Runs between round `round_num`'s metrics and its checkpoint."""
+  if os.environ.get(KILL_BEFORE_CHECKPOINT_ENV) == str(round_num):
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def _writing(path: str, root_dir: str, last_saved: int) -> Iterator[None]:
+  """Turns a failed write of the run folder (a full disk, a folder that
+  became read-only) into a one-line `StorageError` with how to resume."""
+  try:
+    yield
+  except (OSError, tf.errors.OpError) as e:
+    if isinstance(e, OSError):
+      reason = e.strerror or str(e) or type(e).__name__
+      path = e.filename or path
+    else:  # TF's file errors read '<path>; <strerror>'.
+      reason = (e.message or type(e).__name__).strip().splitlines()[0]
+      reason = reason.rsplit('; ', 1)[-1]
+    raise errors.StorageError(
+        f'cannot write {path}: {reason}; the last good state (round '
+        f'{last_saved}) stays in {os.path.join(root_dir, "checkpoints")}; '
+        'free space or make the folder writable, then run the same command '
+        'to resume') from e
+
+
 def run(config: ml_collections.ConfigDict, root_dir: str, *,
         progress: bool = True, client_data: Any = None,
         test_data: Any = None) -> RunResult:
   """Trains, evaluates, checkpoints and exports one experiment.
+
+  Holds the run folder's lock throughout (`tff_kd.program.run_folder`): a
+  second run on the same folder is refused.
 
   Args:
     config: Experiment config (see `configs/base.py`).
@@ -180,12 +261,26 @@ def run(config: ml_collections.ConfigDict, root_dir: str, *,
     the final metrics and the SavedModel directory.
 
   Raises:
-    UserError: for bad input (before any training) or a non-finite loss.
+    UserError: for bad input (before any training), a folder in use by
+      another run, a round without a usable client or with a non-finite
+      loss, or a write that failed mid-run (`StorageError`).
   """
+  if client_data is None and test_data is None and not setup.is_federated(
+      config):
+    # Before the folder is created (a ClientData's config is completed and
+    # validated by `prepare`).
+    validation.validate_config(config)
+  with run_folder.locked(root_dir):
+    run_folder.remove_debris(root_dir, 'checkpoints')
+    return _run(config, root_dir, progress, client_data, test_data)
+
+
+def _run(config: ml_collections.ConfigDict, root_dir: str, progress: bool,
+         client_data: Any, test_data: Any) -> RunResult:
+  """`run`, under the run folder's lock."""
   exp = setup.prepare(config, root_dir, client_data=client_data,
                       test_data=test_data)
   config = exp.config  # With a ClientData: its identity and client count.
-  os.makedirs(root_dir, exist_ok=True)
   checkpoints.check_resumable(config, root_dir)
   warm = warm_up(exp)
   manager = checkpoints.manager_for(config, root_dir)
@@ -194,16 +289,13 @@ def run(config: ml_collections.ConfigDict, root_dir: str, *,
   # A run stopped before its first checkpoint after round 0 resumes from
   # round 0's, which is already saved.
   if not aio.run_sync(manager.get_versions()):
-    aio.run_sync(manager.save(state, 0))
+    with _writing(manager.path_for_version(0), root_dir, 0):
+      aio.run_sync(manager.save(state, 0))
   else:
     logging.info('Resuming %s after round %d', root_dir, start)
-
-  releaser = tff.program.GroupingReleaseManager([
-      tff.program.CSVFileReleaseManager(
-          os.path.join(root_dir, 'metrics.csv'), key_fieldname='round'),
-      tff.program.TensorBoardReleaseManager(os.path.join(root_dir, 'tb')),
-      tff.program.LoggingReleaseManager(),
-  ])
+  # Rounds released after the checkpoint resumed from are run again.
+  releases.drop_after(root_dir, start)
+  releaser = releases.release_manager(root_dir)
   logging.info('compiling the round took %.2f s (in the background)',
                warm.result())
   history = []
@@ -219,7 +311,8 @@ def run(config: ml_collections.ConfigDict, root_dir: str, *,
     output = exp.process.next(state, keys)
     t_train = time.perf_counter() - t0
     metrics = _round_metrics(output, config)
-    _check_round(metrics, round_num, start, root_dir)
+    problems = _excluded_clients(exp, metrics, clients, round_num)
+    _check_round(metrics, round_num, start, root_dir, problems)
     state = output.state
     metrics['time/train_s'] = t_train
 
@@ -229,12 +322,23 @@ def run(config: ml_collections.ConfigDict, root_dir: str, *,
       metrics.update(evaluate(exp, state))
       metrics['time/eval_s'] = time.perf_counter() - t0
 
+    # Metrics first, then the checkpoint: a run stopped between the two
+    # resumes from the previous checkpoint and drops this round's metrics
+    # (`releases.drop_after`), so every round is logged exactly once.
+    with _writing(os.path.join(root_dir, releases.METRICS_CSV), root_dir,
+                  start):
+      _release(releaser, metrics, round_num + 1)
+    _before_checkpoint(round_num + 1)
     if (round_num + 1) % config.checkpoint_every == 0 or last:
       t0 = time.perf_counter()
-      aio.run_sync(manager.save(state, round_num + 1))
+      with _writing(manager.path_for_version(round_num + 1), root_dir,
+                    start):
+        aio.run_sync(manager.save(state, round_num + 1))
       start = round_num + 1
+      # In the history and the log; the round's released row precedes it.
       metrics['time/checkpoint_s'] = time.perf_counter() - t0
-    _release(releaser, metrics, round_num + 1)
+      logging.info('round %d checkpointed in %.2f s', start,
+                   metrics['time/checkpoint_s'])
     history.append(dict(metrics, round=round_num + 1))
     bar.set_postfix(acc=f"{metrics.get('test/accuracy', float('nan')):.4f}",
                     s_per_round=f'{t_train:.1f}')
@@ -251,8 +355,10 @@ def run(config: ml_collections.ConfigDict, root_dir: str, *,
   if config.export:
     model = exp.model_fn()
     weights.assign_weights_to(model)
-    export_dir = export.export_saved_model(
-        model, os.path.join(root_dir, 'export'))
-  with open(os.path.join(root_dir, 'final.json'), 'w') as f:
+    with _writing(os.path.join(root_dir, 'export'), root_dir, start):
+      export_dir = export.export_saved_model(
+          model, os.path.join(root_dir, 'export'))
+  final_path = os.path.join(root_dir, 'final.json')
+  with _writing(final_path, root_dir, start), open(final_path, 'w') as f:
     json.dump(final, f, indent=2)
   return RunResult(history, final, export_dir, resumed_after)

@@ -20,7 +20,10 @@ the `tensorflow-federated` wheel, listening for gRPC on a port
 Faults: TFF retries a sub-round whose worker returns a retryable gRPC error
 (UNAVAILABLE, ...) forever, so a dead worker hangs the driver. Each worker's
 stub here waits at most `timeout_s` for the worker to come back and then
-raises `WorkerError` naming it; the run stops before the round is
+raises `WorkerError` naming it. The wait is shared by every call to that
+worker (TFF makes several per sub-round, and more to clean up after a
+failure), so a dead worker stops the run `timeout_s` after its first failed
+call, not a multiple of it; the run stops before the round is
 checkpointed, and the same command resumes once the worker is back.
 
 Not supported on remote workers: secure sums (DaFKD's private mode), which
@@ -32,6 +35,7 @@ import os
 import re
 import signal
 import subprocess
+import threading
 import time
 from typing import Sequence
 
@@ -87,32 +91,52 @@ def check_supported(needs_secure_sum: bool, workers: str) -> None:
 
 
 class _WorkerStub(remote_executor_grpc_stub.RemoteExecutorGrpcStub):
-  """A worker's stub whose retryable failures end after `timeout_s`."""
+  """A worker's stub whose retryable failures end after `timeout_s` in all.
+
+  The first failing call starts the worker's deadline, `timeout_s` away;
+  every failing call until the worker answers again waits for it only up
+  to that shared deadline (TFF makes several calls per sub-round, and its
+  clean-up after a failure makes more: each waiting the full timeout made a
+  dead worker cost 2-3 timeouts). A call that succeeds clears the deadline.
+  """
 
   def __init__(self, address: str, timeout_s: float):
     self.address = address
     self._timeout_s = timeout_s
+    self._deadline = None  # time.monotonic() by which it must be back.
+    self._deadline_lock = threading.Lock()
     channel = grpc.insecure_channel(address, _GRPC_OPTIONS)
     super().__init__(channel)
     for name in _STUB_METHODS:
       setattr(self, name, self._guarded(getattr(super(), name)))
 
+  def _wait_until_back(self, error: Exception) -> None:
+    """Returns once the worker accepts connections again; raises
+    `WorkerError` when the shared deadline passes first."""
+    with self._deadline_lock:
+      if self._deadline is None:
+        self._deadline = time.monotonic() + self._timeout_s
+      left = self._deadline - time.monotonic()
+    try:
+      grpc.channel_ready_future(self._channel).result(timeout=max(left, 0.0))
+    except grpc.FutureTimeoutError:
+      raise WorkerError(
+          f'worker {self.address} is unreachable (no answer for '
+          f'{self._timeout_s:g} s): {_grpc_message(error)}; the last '
+          'checkpoint is intact: restart the worker and run the same '
+          'command to resume') from None
+
   def _guarded(self, rpc):
     def call(request):
       try:
-        return rpc(request)
+        response = rpc(request)
       except executors_errors.RetryableGRPCError as e:
         # TFF's context will retry; let it only if the worker is back.
-        try:
-          grpc.channel_ready_future(self._channel).result(
-              timeout=self._timeout_s)
-        except grpc.FutureTimeoutError:
-          raise WorkerError(
-              f'worker {self.address} is unreachable (no answer for '
-              f'{self._timeout_s:g} s): {_grpc_message(e)}; the last '
-              'checkpoint is intact: restart the worker and run the same '
-              'command to resume') from None
+        self._wait_until_back(e)
         raise
+      with self._deadline_lock:
+        self._deadline = None
+      return response
     return call
 
 

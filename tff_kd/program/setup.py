@@ -247,7 +247,7 @@ def _load(config: ml_collections.ConfigDict) -> data_lib.Dataset:
       train_limit=config.dataset.train_limit or None)
 
 
-def _is_federated(config: ml_collections.ConfigDict) -> bool:
+def is_federated(config: ml_collections.ConfigDict) -> bool:
   """Whether the config names a `ClientData` (a 'tff:' dataset, or the
   identity `prepare` recorded) rather than a dataset to partition."""
   dataset = config.get('dataset') or {}
@@ -404,7 +404,7 @@ def prepare(config: ml_collections.ConfigDict, root_dir: str, *,
   Raises:
     UserError: for any bad setting, data file or partition request.
   """
-  if client_data is not None or test_data is not None or _is_federated(
+  if client_data is not None or test_data is not None or is_federated(
       config):
     config, dataset, clients, server = _prepare_federated(
         config, root_dir, client_data, test_data)
