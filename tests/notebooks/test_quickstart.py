@@ -27,7 +27,8 @@ def test_quickstart_notebook_runs_and_leaves_no_worker(tmp_path):
   nb = nbformat.read(NOTEBOOK, as_version=4)
   [params] = [c for c in nb.cells
               if 'parameters' in c.metadata.get('tags', [])]
-  params.source = f"ROUNDS = 3\nDAFKD_ROUNDS = 2\nROOT = {str(tmp_path)!r}"
+  params.source = (f"ROUNDS = 3\nDAFKD_ROUNDS = 2\nBYO_ROUNDS = 2\n"
+                   f"KERAS_APP_ROUNDS = 0\nROOT = {str(tmp_path)!r}")
   before = {p.pid for p in live_workers()}
   nbclient.NotebookClient(
       nb, timeout=600, kernel_name='python3',
@@ -36,7 +37,8 @@ def test_quickstart_notebook_runs_and_leaves_no_worker(tmp_path):
       o.get('text', '') for c in nb.cells if c.cell_type == 'code'
       for o in c.get('outputs', []) if o.get('output_type') == 'stream')
   for expected in ('fedavg: final test accuracy', 'fedgen: final test '
-                   'accuracy', 'holder ratio', 'predicted'):
+                   'accuracy', 'holder ratio', 'predicted',
+                   "FedDF on 100 writers from FedGen's model"):
     assert expected in outputs, expected
   for png in ('curves.png', 'dafkd.png'):
     assert os.path.getsize(tmp_path / png) > 10_000, png
