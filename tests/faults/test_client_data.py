@@ -99,6 +99,15 @@ def test_excluded_client_equals_its_absence(tmp_path, method):
 SCREENING_CASES = helpers.smoke_cases(variants=('fedd3a_hetero',))
 
 
+def _assert_excluded_when_sampled(config, history, bad: int) -> None:
+  """Each round excluded one client if `bad` was sampled, else none."""
+  for row in history:
+    sampled = bad in sampling.sample_clients(
+        config.partition.num_clients, config.clients_per_round,
+        seed=config.seed, round_num=row['round'] - 1)
+    assert row['client/num_excluded'] == float(sampled), row['round']
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize('case', SCREENING_CASES)
 def test_every_method_runs_on_past_a_nan_client(tmp_path, case):
@@ -108,11 +117,8 @@ def test_every_method_runs_on_past_a_nan_client(tmp_path, case):
   bad = _round0_clients(config)[0]
   _poison(exp, bad)
   result = experiment.run(config, root, progress=False)
+  _assert_excluded_when_sampled(config, result.history, bad)
   for row in result.history:
-    sampled = bad in sampling.sample_clients(
-        config.partition.num_clients, config.clients_per_round,
-        seed=config.seed, round_num=row['round'] - 1)
-    assert row['client/num_excluded'] == float(sampled), row['round']
     assert np.isfinite(row['train/loss'])
   assert np.isfinite(result.final['test/accuracy'])
   state, _ = experiment.load_state(config, root)
@@ -157,11 +163,7 @@ def test_a_run_goes_on_past_a_truncated_client_file(tmp_path, caplog):
   bad = _round0_clients(config)[0]
   path = _break(exp, bad, 'truncated')
   result = experiment.run(config, root, progress=False)
-  for row in result.history:
-    sampled = bad in sampling.sample_clients(
-        config.partition.num_clients, config.clients_per_round,
-        seed=config.seed, round_num=row['round'] - 1)
-    assert row['client/num_excluded'] == float(sampled), row['round']
+  _assert_excluded_when_sampled(config, result.history, bad)
   warnings = [r.getMessage() for r in caplog.records
               if r.levelname == 'WARNING' and 'excluded' in r.getMessage()]
   assert (f'round 1: a client is excluded for its data: {path}: Could not '

@@ -229,13 +229,12 @@ class FileClientData:
   def replayable_dataset(self, key: str, local: LocalWork) -> tf.data.Dataset:
     """`dataset_from_key`'s batches, the same on every pass (eager only).
 
-    Inside a TFF computation, a `dataset_from_key` dataset restarts its
-    shuffle on every pass over it (a client that reads its data twice, e.g.
-    FedD3A's projection then training, sees the same order twice). A
-    dataset handed to TFF as a value instead continues its shuffle's seed
-    state, so a second pass would see other orders. This one fixes the
-    order up front: the example indices of `dataset_from_key`'s first pass,
-    gathered from the client's arrays in every pass.
+    A `dataset_from_key` dataset reshuffles on every pass over it, inside a
+    TFF computation as well (its shuffle's seed state advances), so only a
+    dataset built again from the key sees the first pass's order again
+    (FedD3A's projection gets its own; `fedd3a_tf.client_round`). This one
+    fixes the order up front: the example indices of `dataset_from_key`'s
+    first pass, gathered from the client's arrays in every pass.
 
     Args:
       key: `"<id>|<seed>|<round>"`.
