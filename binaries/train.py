@@ -159,9 +159,11 @@ def _log_to_file(root_dir: str) -> None:
 
 
 def _header(config) -> str:
-  p = config.partition
   data = config.dataset.domains or config.dataset.name
-  return (f'train: {config.method} on {data}, {p.num_clients} clients '
+  # A TFF ClientData ('tff:' names) brings its own clients.
+  clients = ('its own clients' if experiment.is_federated(config) else
+             f'{config.partition.num_clients} clients')
+  return (f'train: {config.method} on {data}, {clients} '
           f'({config.clients_per_round} per round), {config.rounds} rounds, '
           f'seed {config.seed}; outputs in {_ROOT_DIR.value}')
 

@@ -34,6 +34,7 @@ from tff_kd.program.loop import RunResult
 from tff_kd.program.loop import warm_up
 from tff_kd.program.setup import build_dataset_process
 from tff_kd.program.setup import Experiment
+from tff_kd.program.setup import is_federated
 from tff_kd.program.setup import prepare
 from tff_kd.program.validation import domain_names
 from tff_kd.program.validation import image_shape
