@@ -64,6 +64,14 @@ _DAFKD = {'distill.temperature': 20.0, 'distill.learning_rate': 1e-4,
           'dafkd.gan_window': 'last', 'dafkd.generator': 'dcgan',
           'dafkd.aggregation': 'examples'}
 _ORACLE = {**_DAFKD, 'dafkd.pool': 'real'}
+# Generated-pool candidates (issue: a pool that carries domain knowledge):
+# the generator step draws its labels from the client's own batch
+# ('local'), and/or adds the client classifier's cross-entropy on
+# (g(z, y), y) (`aux`, ACGAN-style), so that g(., y) has to look like
+# class y to the clients that hold y.
+_LOCAL = {**_DAFKD, 'dafkd.generator_labels': 'local'}
+_AUX = {**_DAFKD, 'dafkd.aux_weight': 1.0}
+_LOCAL_AUX = {**_LOCAL, 'dafkd.aux_weight': 1.0}
 VARIANTS: dict[str, tuple[str, dict]] = {
     'fedavg': ('fedavg', {}),
     'fedprox': ('fedprox', {}),
@@ -77,6 +85,11 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     'dafkd_oracle': ('dafkd', _ORACLE),
     'dafkd_oracle_no_correlation': ('dafkd', {**_ORACLE,
                                               'dafkd.no_correlation': True}),
+    'dafkd_local': ('dafkd', _LOCAL),
+    'dafkd_aux': ('dafkd', _AUX),
+    'dafkd_local_aux': ('dafkd', _LOCAL_AUX),
+    'dafkd_local_aux_no_correlation': ('dafkd', {
+        **_LOCAL_AUX, 'dafkd.no_correlation': True}),
     'fedgen': ('fedgen', {}),
     'fedftg': ('fedftg', {}),
 }

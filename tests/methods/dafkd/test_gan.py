@@ -354,3 +354,105 @@ def test_discriminators_of_disjoint_clients_weight_their_own_data():
     # Theorem 1: f_k(x) = p_k / (p_k + p) = 2/3 on own data, 0 on the other's.
     assert abs(float(tf.reduce_mean(scores[0])) - 2 / 3) < 0.12
     assert float(tf.reduce_mean(scores[1])) < 0.1
+
+
+def test_generator_step_labels_and_auxiliary_term():
+  """The conditional candidates of the generator step, golden numbers.
+
+  'local' draws g's labels from the real batch's labels (with
+  replacement, seeded); `aux_weight` adds CE(classifier(g(z, y)), y) with
+  the classifier in inference mode; both leave eq. (3) itself unchanged.
+  """
+  clf, disc, gen = _setup()
+  labels = np.array([2, 2, 2, 2, 2, 2])  # The client holds class 2 only.
+  batch = {'x': tf.constant(_images(labels, 8)), 'y': tf.constant(labels)}
+  seed = tf.constant([9, 1], tf.int64)
+  statistics = _statistics(clf, disc)
+  start = [v.numpy().copy() for v in statistics]
+  # The generator step's seed is the step's second split; 'local' labels
+  # come from that seed's second split, uniform ones from `generate`.
+  gen_seed = tf.random.experimental.stateless_split(seed, 3)[1]
+  local_seed = tf.random.experimental.stateless_split(gen_seed, 2)[1]
+  local_y = tf.gather(batch['y'], tf.random.stateless_uniform(
+      [6], local_seed, 0, 6, tf.int32))
+
+  def step_and_expected(labels, aux, **kwargs):
+    """(the step's generator loss, eq. 3 + aux * CE by hand, g's labels)."""
+    for v, s in zip(statistics, start):
+      v.assign(s)
+    got = float(_frozen_step(clf, disc, gen, batch, seed,
+                             generator_form='non_saturating',
+                             aux_weight=aux, **kwargs).gen_loss)
+    # By hand, after the step's real-batch pass moved the statistics (lr 0:
+    # nothing else moved).
+    x, _, y = gan.generate(gen, 6, noise_dim=_NOISE, num_classes=3,
+                           seed=gen_seed, labels=labels, training=True)
+    loss = gan.generator_loss(disc.logit_model(x, training=False),
+                              form='non_saturating', from_logits=True)
+    ce = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=y, logits=clf.model(x, training=False)))
+    return got, float(loss + aux * ce), set(y.numpy())
+
+  got, want, classes = step_and_expected(None, 0.0)
+  assert classes != {2}  # Uniform labels: not only the client's.
+  assert got == pytest.approx(want, rel=1e-5)
+  plain = got
+  for aux in (0.0, 0.7):
+    got, want, classes = step_and_expected(local_y, aux,
+                                           generator_labels='local')
+    assert classes == {2}
+    assert got == pytest.approx(want, rel=1e-5)
+  # Two generator updates per step report the mean of their losses, each on
+  # its own noise.
+  got, _, _ = step_and_expected(None, 0.0, generator_steps=2)
+  assert np.isfinite(got) and got != pytest.approx(plain, rel=1e-6)
+  with pytest.raises(ValueError, match='generator_labels'):
+    step_and_expected(None, 0.0, generator_labels='global')
+
+
+def test_auxiliary_term_makes_the_generator_follow_its_label():
+  """With the client classifier frozen, the aux term alone trains g(., y)
+  towards what that classifier calls y (label fidelity rises from chance);
+  without it (eq. 3 alone) nothing ties g to y."""
+  clf, disc, gen = _setup(norm='none')
+  labels = np.arange(48) % 3
+  x = _images(labels, 11)
+  adam = tff.learning.optimizers.build_adam(learning_rate=3e-3)
+  clf_state = gan.initial_optimizer_state(adam, clf.model.trainable_weights)
+  for _ in range(60):  # Teach the classifier the three quarter-classes.
+    with tf.GradientTape() as tape:
+      ce = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+          labels=labels, logits=clf.model(x, training=True)))
+    clf_state = gan._apply(adam, clf_state, clf.model.trainable_weights,  # pylint: disable=protected-access
+                           tape.gradient(ce, clf.model.trainable_weights))
+  start = [v.numpy().copy() for v in gen.trainable_weights]
+
+  def fidelity():
+    x_gen, _, y = gan.generate(gen, 300, noise_dim=_NOISE, num_classes=3,
+                               seed=[3, 3])
+    pred = tf.argmax(clf.model(x_gen, training=False), -1, tf.int32)
+    return float(tf.reduce_mean(tf.cast(pred == y, tf.float32)))
+
+  batch = {'x': tf.constant(x[:16]), 'y': tf.constant(labels[:16])}
+  variables = gan.gan_variables(clf, disc, gen)
+  zero = tff.learning.optimizers.build_sgdm(learning_rate=0.0)
+
+  @tf.function
+  def step(gen_state, i, aux):
+    return gan.client_gan_step(
+        gan.GanModels(clf, disc, gen), batch, gan.GanOptimizers(zero, adam),
+        (gan.initial_optimizer_state(zero, variables.joint), gen_state),
+        gan.GanSettings(_NOISE, 3, generator_form='non_saturating',
+                        generator_labels='local', aux_weight=aux),
+        tf.stack([i, tf.constant(5, tf.int64)])).generator_state
+
+  got = {}
+  for aux in (0.0, 1.0):
+    for v, s in zip(gen.trainable_weights, start):
+      v.assign(s)
+    state = gan.initial_optimizer_state(adam, variables.generator)
+    for i in range(40):
+      state = step(state, tf.constant(i, tf.int64), aux)
+    got[aux] = fidelity()
+  assert got[1.0] >= 0.9, got
+  assert got[0.0] <= 0.6, got

@@ -485,12 +485,18 @@ class Diagnostics(NamedTuple):
     score_real: Mean server-mode discriminator score f_k on the validation
       images (received clients).
     score_pool: The same on the distillation pool.
+    pool_weights: `weight_diagnostics.WeightDiagnostics` of eq. (7)'s alpha
+      on the generated pool, with each sample's pseudo label y of G(z, y)
+      as its class (the holders of y are the teachers that should get the
+      weight; the "accuracies" are agreements with y), or None for a real
+      pool, whose labels the server does not have.
   """
 
   weights: weight_diagnostics.WeightDiagnostics
   pool: weight_diagnostics.PoolQuality
   score_real: tf.Tensor
   score_pool: tf.Tensor
+  pool_weights: Optional[weight_diagnostics.WeightDiagnostics] = None
 
 
 class ServerRoundResult(NamedTuple):
@@ -574,10 +580,12 @@ class Uploads(NamedTuple):
 def _diagnose(models: gan.GanModels, global_weights: ModelWeights,
               uploads: Uploads, pool_outputs: tuple[tf.Tensor, tf.Tensor],
               target: tf.Tensor, validation: Validation,
-              correlation: bool) -> Diagnostics:
+              correlation: bool,
+              pool_labels: Optional[tf.Tensor] = None) -> Diagnostics:
   """`Diagnostics` of this round's teachers (scored as on the pool).
 
-  `pool_outputs` are the teachers' (logits, scores) on the pool.
+  `pool_outputs` are the teachers' (logits, scores) on the pool;
+  `pool_labels` the generated pool's pseudo labels (None: a real pool).
   """
   valid = uploads.valid
   pool_logits, pool_scores = pool_outputs
@@ -585,20 +593,26 @@ def _diagnose(models: gan.GanModels, global_weights: ModelWeights,
                                    global_weights, uploads.classifier_deltas,
                                    uploads.discriminator_rows, valid,
                                    validation.x)
-  alpha = teacher_weights(scores, valid, correlation=correlation)
-  holder = weight_diagnostics.holders(
-      weight_diagnostics.label_shares(validation.label_counts), validation.y,
-      valid, validation.holder_share)
+  shares = weight_diagnostics.label_shares(validation.label_counts)
+
+  def weights_on(alpha_scores, sample_logits, labels):
+    holder = weight_diagnostics.holders(shares, labels, valid,
+                                        validation.holder_share)
+    return weight_diagnostics.weight_diagnostics(
+        teacher_weights(alpha_scores, valid, correlation=correlation),
+        sample_logits, labels, holder, valid)
+
   num_clients = tf.maximum(tf.reduce_sum(tf.cast(valid, tf.float32)), 1.0)
 
   def mean_score(s):
     return tf.reduce_sum(tf.reduce_mean(s, axis=1)) / num_clients
 
   return Diagnostics(
-      weight_diagnostics.weight_diagnostics(alpha, logits, validation.y,
-                                            holder, valid),
+      weights_on(scores, logits, validation.y),
       weight_diagnostics.pool_quality(pool_logits, valid, target),
-      mean_score(scores), mean_score(pool_scores))
+      mean_score(scores), mean_score(pool_scores),
+      None if pool_labels is None else weights_on(pool_scores, pool_logits,
+                                                  pool_labels))
 
 
 @tf.function
@@ -664,7 +678,7 @@ def server_round(models: gan.GanModels,
     if validation is not None:
       diagnostics = _diagnose(models, global_weights[0], uploads,
                               (logits, scores), target, validation,
-                              settings.correlation)
+                              settings.correlation, pool_labels)
   else:
     sum_fs, sum_f = uploads.private_sums
     target = tf.ensure_shape(gan.private_teacher(sum_fs, sum_f),

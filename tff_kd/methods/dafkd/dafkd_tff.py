@@ -336,8 +336,27 @@ def build_private_aggregator(
 
 
 def diagnostic_metrics(d: dafkd_tf.Diagnostics) -> collections.OrderedDict:
-  """Flat, named metrics of a round's `dafkd_tf.Diagnostics`."""
-  w, p = d.weights, d.pool
+  """Flat, named metrics of a round's `dafkd_tf.Diagnostics`.
+
+  The `pool_*` weight metrics read eq. (7) on the generated pool against
+  its pseudo labels (-1 for a real pool): `pool_holder_ratio` is the holder
+  ratio with the holders of y of G(z, y), and `pool_ensemble_agreement_*`
+  the share of the pool whose weighted / uniform / holders-only ensemble
+  predicts y.
+  """
+  w, p, q = d.weights, d.pool, d.pool_weights
+  if q is None:
+    pool_weights = dict.fromkeys(
+        ('pool_holder_ratio', 'pool_informative_fraction',
+         'pool_ensemble_agreement_weighted', 'pool_ensemble_agreement_uniform',
+         'pool_ensemble_agreement_oracle'), tf.constant(-1.0))
+  else:
+    pool_weights = dict(
+        pool_holder_ratio=q.holder_ratio,
+        pool_informative_fraction=q.informative_fraction,
+        pool_ensemble_agreement_weighted=q.accuracy_weighted,
+        pool_ensemble_agreement_uniform=q.accuracy_uniform,
+        pool_ensemble_agreement_oracle=q.accuracy_oracle)
   return collections.OrderedDict(
       holder_mass=w.holder_mass,
       uniform_holder_mass=w.uniform_holder_mass,
@@ -351,7 +370,8 @@ def diagnostic_metrics(d: dafkd_tf.Diagnostics) -> collections.OrderedDict:
       pool_class_entropy=p.class_entropy,
       pool_top_class_share=p.top_class_share,
       disc_score_real=d.score_real,
-      disc_score_pool=d.score_pool)
+      disc_score_pool=d.score_pool,
+      **pool_weights)
 
 
 class _ServerInputs(NamedTuple):
@@ -572,7 +592,8 @@ def build_dafkd_process(
   if h.generator == 'dcgan':
     generator_fn = functools.partial(
         generators.build_dcgan_generator, noise_dim=h.noise_dim,
-        num_classes=num_classes, image_shape=input_shape, seed=seed + 1)
+        num_classes=num_classes, image_shape=input_shape,
+        width=h.generator_width, seed=seed + 1)
   else:
     generator_fn = functools.partial(
         generators.build_image_generator, noise_dim=h.noise_dim,
@@ -580,9 +601,11 @@ def build_dafkd_process(
         hidden=h.hidden_widths, seed=seed + 1)
   # Raises ConfigError for shapes it cannot generate.
   local_training.structure_of(generator_fn)
-  settings = gan.GanSettings(h.noise_dim, num_classes, h.adv_weight,
-                             h.gp_weight, h.generator_form,
-                             h.discriminator_mode, h.gan_steps, h.gan_window)
+  settings = gan.GanSettings(
+      h.noise_dim, num_classes, h.adv_weight, h.gp_weight, h.generator_form,
+      h.discriminator_mode, h.gan_steps, h.gan_window,
+      generator_labels=h.generator_labels, aux_weight=h.aux_weight,
+      generator_steps=h.generator_steps)
   server = _server_inputs(h, server_data)
   if server.real_pool_fn is not None:
     teachers_tf.check_pool_shape(server_data.image_shape, input_shape)

@@ -56,6 +56,9 @@ from tff_kd.models import classifiers
 from tff_kd.models import generators
 
 GENERATOR_FORMS = ('minimax', 'non_saturating')
+# Where the generator step's pseudo labels y of g(z, y) come from
+# (`GanSettings.generator_labels`).
+GENERATOR_LABELS = ('uniform', 'local')
 # How the discriminator's BatchNorm normalises what it scores during client
 # training (`client_gan_step`); the server always scores in inference mode.
 DISCRIMINATOR_MODES = ('inference', 'real_train', 'batch', 'batch_update')
@@ -360,6 +363,7 @@ def generate(generator: tf.keras.Model,
              seed,
              noise: str = 'gaussian',
              label_probs: tf.Tensor | None = None,
+             labels: tf.Tensor | None = None,
              training: bool = False) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
   """A seeded batch from a conditional generator `[noise, labels] -> x`.
 
@@ -374,6 +378,8 @@ def generate(generator: tf.keras.Model,
     seed: int or shape-[2] stateless seed.
     noise: 'gaussian' or 'uniform' (`generators.sample_noise`).
     label_probs: [C] label distribution (default uniform).
+    labels: [B] int labels to generate instead of drawn ones (then
+      `label_probs` is ignored).
     training: Generator mode (BatchNorm batch statistics when True).
 
   Returns:
@@ -382,7 +388,10 @@ def generate(generator: tf.keras.Model,
   seeds = tf.random.experimental.stateless_split(
       generators._as_seed(seed), 2)  # pylint: disable=protected-access
   z = generators.sample_noise([batch_size, noise_dim], noise, seeds[0])
-  y = _sample_labels(label_probs, num_classes, batch_size, seeds[1])
+  if labels is None:
+    y = _sample_labels(label_probs, num_classes, batch_size, seeds[1])
+  else:
+    y = tf.cast(labels, tf.int32)
   return generator([z, y], training=training), z, y
 
 
@@ -412,6 +421,18 @@ class GanSettings(NamedTuple):
     noise: 'gaussian' or 'uniform' generator noise.
     label_probs: [C] distribution of the pseudo labels (None: uniform).
     fake_batch_size: Pseudo samples per step (None: the real batch size).
+    generator_labels: The labels y of g(z, y) in the generator step:
+      'uniform' (the paper: nothing conditions the generator on y) or
+      'local' (drawn from the labels of the client's real batch, i.e. from
+      its own label distribution, so that client k only trains g(., y) for
+      the classes it holds). The discriminator's negatives keep uniform
+      labels either way: client k learns to reject every class.
+    aux_weight: Weight of an auxiliary classification term in the
+      generator step, `aux_weight * CE(classifier_k(g(z, y)), y)` with the
+      client's classifier in inference mode (ACGAN, Odena et al., 2017);
+      it makes g respect its label. 0: the paper's eq. (3) alone.
+    generator_steps: Generator updates per GAN step (1: Algorithm 1), each
+      on a fresh noise batch.
   """
 
   noise_dim: int
@@ -425,6 +446,9 @@ class GanSettings(NamedTuple):
   noise: str = 'gaussian'
   label_probs: tf.Tensor | None = None
   fake_batch_size: int | None = None
+  generator_labels: str = 'uniform'
+  aux_weight: float = 0.0
+  generator_steps: int = 1
 
 
 class GanModels(NamedTuple):
@@ -550,9 +574,20 @@ def client_gan_step(models: GanModels,
 
   gen_loss = tf.constant(0.0)
   if train_generator:
-    generator_state, gen_loss = _generator_step(
-        models, optimizers.generator, generator_state, fake_batch, settings,
-        seeds[1])
+    if settings.generator_labels not in GENERATOR_LABELS:
+      raise ValueError(
+          f'generator_labels {settings.generator_labels!r} is unknown; '
+          f"choose one of {', '.join(GENERATOR_LABELS)}")
+    step_seeds = tf.random.experimental.stateless_split(
+        seeds[1], settings.generator_steps)
+    losses = []
+    for i in range(settings.generator_steps):
+      generator_state, loss = _generator_step(
+          models, optimizers.generator, generator_state, fake_batch, settings,
+          step_seeds[i] if settings.generator_steps > 1 else seeds[1],
+          real_batch['y'])
+      losses.append(loss)
+    gen_loss = tf.add_n(losses) / float(len(losses))
 
   for variable, value in zip(terms.statistics, terms.real_statistics):
     variable.assign(value)
@@ -642,18 +677,40 @@ def _joint_terms(models: GanModels, real_batch: dict, x_fake: tf.Tensor,
                      real_statistics)
 
 
+def _local_labels(real_labels: tf.Tensor, batch, seed) -> tf.Tensor:
+  """`batch` labels drawn with replacement from a real batch's labels."""
+  index = tf.random.stateless_uniform(
+      [batch], seed, 0, tf.shape(real_labels)[0], tf.int32)
+  return tf.gather(tf.cast(real_labels, tf.int32), index)
+
+
 def _generator_step(models: GanModels,
                     optimizer: tff.learning.optimizers.Optimizer, state,
-                    fake_batch, settings: GanSettings, seed):
-  """Step 3: one generator update on eq. (3); (state, loss before it)."""
+                    fake_batch, settings: GanSettings, seed,
+                    real_labels: tf.Tensor):
+  """Step 3: one generator update on eq. (3); (state, loss before it).
+
+  With `settings.generator_labels='local'` the labels of g(z, y) are drawn
+  from `real_labels`; with `settings.aux_weight` the loss adds the
+  client classifier's cross-entropy on (g(z, y), y) (inference mode, the
+  gradient reaches only the generator).
+  """
   variables = list(models.generator.trainable_weights)
+  seeds = tf.random.experimental.stateless_split(seed, 2)
+  labels = (_local_labels(real_labels, fake_batch, seeds[1])
+            if settings.generator_labels == 'local' else None)
   with tf.GradientTape() as tape:
-    x_gen, _, _ = generate(models.generator, fake_batch, seed=seed,
-                           **_generator_kwargs(settings))
+    x_gen, _, y_gen = generate(models.generator, fake_batch, seed=seed,
+                               labels=labels, **_generator_kwargs(settings))
     d_gen = models.discriminator.logit_model(
         x_gen, training=settings.discriminator_mode in ('batch',
                                                         'batch_update'))
     gen_loss = generator_loss(d_gen, form=settings.generator_form,
                               from_logits=True)
+    if settings.aux_weight:
+      logits = models.classifier.model(x_gen, training=False)
+      gen_loss += settings.aux_weight * tf.reduce_mean(
+          tf.nn.sparse_softmax_cross_entropy_with_logits(
+              labels=y_gen, logits=logits))
   grads = tape.gradient(gen_loss, variables)
   return _apply(optimizer, state, variables, grads), gen_loss

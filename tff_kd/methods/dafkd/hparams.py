@@ -40,6 +40,15 @@ class DaFKDHparams(hp.Hparams):
     generator_beta_1: Its Adam beta_1 (reference code: 0.5).
     generator_beta_2: Its Adam beta_2 (reference code: 0.99).
     generator: 'mlp' (the paper's) | 'dcgan' (the reference code's).
+    generator_width: The DCGAN generator's last hidden channels (twice
+      that before it; reference-like 64).
+    generator_labels: Labels of g(z, y) in the clients' generator step:
+      'uniform' (the paper; nothing ties g to its label) | 'local' (drawn
+      from the client's real batch, so a client trains g only for the
+      classes it holds). See `gan.GanSettings`.
+    aux_weight: Weight of the auxiliary term CE(classifier_k(g(z, y)), y)
+      in the generator step (ACGAN-style; 0 = the paper's eq. 3 alone).
+    generator_steps: Generator updates per GAN step (1 = Algorithm 1).
     generator_form: 'non_saturating' | 'minimax' (eq. 3 as printed).
     discriminator_mode: BatchNorm mode of everything the discriminator
       scores in training: 'inference' (as the server scores; default) |
@@ -86,6 +95,11 @@ class DaFKDHparams(hp.Hparams):
   generator_beta_1: float = hp.field(0.5, hp.unit_fraction)
   generator_beta_2: float = hp.field(0.99, hp.unit_fraction)
   generator: str = hp.field('mlp', hp.one_of(*GENERATORS))
+  generator_width: int = hp.field(64, hp.positive_int)
+  generator_labels: str = hp.field('uniform',
+                                   hp.one_of(*gan.GENERATOR_LABELS))
+  aux_weight: float = hp.field(0.0, hp.non_negative_number)
+  generator_steps: int = hp.field(1, hp.positive_int)
   generator_form: str = hp.field('non_saturating',
                                hp.one_of(*gan.GENERATOR_FORMS))
   discriminator_mode: str = hp.field('inference',
