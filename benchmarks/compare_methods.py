@@ -44,12 +44,12 @@ from absl import app  # pylint: disable=g-bad-import-order
 from absl import flags
 import tensorflow as tf
 
-from configs import compare_mnist
+import importlib
 
 # variant -> (method, config overrides as dotted keys).
-# DaFKD distils on generated images with its own settings (configs/
-# dafkd_mnist.py: T = 20, Adam lr 1e-4, BatchNorm statistics frozen) and
-# averages by examples as FedAvg does (the paper's plain mean is
+# DaFKD distils on generated images with the shared config's settings for it
+# (compare_mnist's METHOD_OVERRIDES: T = 20, Adam lr 1e-4, BatchNorm
+# statistics frozen) and averages by examples as FedAvg does (the paper's plain mean is
 # dafkd.aggregation=mean), so that the comparison isolates distillation;
 # the local work stays the shared one. Its discriminators score real and
 # generated images in inference mode (the server's mode); the GAN terms
@@ -59,10 +59,8 @@ from configs import compare_mnist
 # train the discriminators against, and distil on, the server's 5,000 real
 # unlabeled images instead of generated ones (Theorem 1's p_g = p by
 # construction); `_no_correlation` uses uniform teacher weights.
-_DAFKD = {'distill.temperature': 20.0, 'distill.learning_rate': 1e-4,
-          'distill.student_training': False, 'dafkd.gan_steps': 100,
-          'dafkd.gan_window': 'last', 'dafkd.generator': 'dcgan',
-          'dafkd.aggregation': 'examples'}
+_DAFKD = {'dafkd.gan_steps': 100, 'dafkd.gan_window': 'last',
+          'dafkd.generator': 'dcgan', 'dafkd.aggregation': 'examples'}
 _ORACLE = {**_DAFKD, 'dafkd.pool': 'real'}
 # Generated-pool candidates (issue: a pool that carries domain knowledge):
 # the generator step draws its labels from the client's own batch
@@ -72,6 +70,9 @@ _ORACLE = {**_DAFKD, 'dafkd.pool': 'real'}
 _LOCAL = {**_DAFKD, 'dafkd.generator_labels': 'local'}
 _AUX = {**_DAFKD, 'dafkd.aux_weight': 1.0}
 _LOCAL_AUX = {**_LOCAL, 'dafkd.aux_weight': 1.0}
+# ... and a projection discriminator f_k(x, y), which eq. 7 reads with the
+# pool's pseudo labels.
+_LOCAL_AUX_PROJ = {**_LOCAL_AUX, 'dafkd.discriminator': 'projection'}
 VARIANTS: dict[str, tuple[str, dict]] = {
     'fedavg': ('fedavg', {}),
     'fedprox': ('fedprox', {}),
@@ -90,6 +91,11 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     'dafkd_local_aux': ('dafkd', _LOCAL_AUX),
     'dafkd_local_aux_no_correlation': ('dafkd', {
         **_LOCAL_AUX, 'dafkd.no_correlation': True}),
+    'dafkd_local_aux_g2': ('dafkd', {**_LOCAL_AUX,
+                                     'dafkd.generator_steps': 2}),
+    'dafkd_local_aux_proj': ('dafkd', _LOCAL_AUX_PROJ),
+    'dafkd_local_aux_proj_no_correlation': ('dafkd', {
+        **_LOCAL_AUX_PROJ, 'dafkd.no_correlation': True}),
     'fedgen': ('fedgen', {}),
     'fedftg': ('fedftg', {}),
 }
@@ -98,6 +104,11 @@ _MANUAL_DIR = flags.DEFINE_string('manual_dir', '../shared/data/mnist',
                                   'Raw MNIST IDX files.')
 _DATA_DIR = flags.DEFINE_string('data_dir', '~/tensorflow_datasets',
                                 'tfds data_dir.')
+_CONFIG = flags.DEFINE_string(
+    'config', 'configs/compare_mnist.py',
+    'The shared config (a module of configs/ with get_config(); its '
+    'METHOD_OVERRIDES, if any, are applied per method before the '
+    "variant's own).")
 _SEEDS = flags.DEFINE_list('seeds', ['0', '1', '2'], 'Seeds.')
 _VARIANTS = flags.DEFINE_list('variants', ['fedavg', 'feddf'],
                               f'Variants, from: {", ".join(VARIANTS)}.')
@@ -123,8 +134,12 @@ def _parse(value: str):
 def make_config(variant: str, seed: int, rounds=None, overrides=()):
   """The config of one (variant, seed) run."""
   method, own = VARIANTS[variant]
-  c = compare_mnist.get_config()
+  module = importlib.import_module(
+      _CONFIG.value.removesuffix('.py').replace('/', '.'))
+  c = module.get_config()
   c.method = method
+  settings.with_overrides(c, getattr(module, 'METHOD_OVERRIDES',
+                                     {}).get(method, {}))
   c.seed = seed
   if rounds:
     c.rounds = rounds
@@ -220,6 +235,7 @@ def histories(runs: list[dict]) -> dict[str, list[dict]]:
 def markdown(summary: dict, meta: dict) -> str:
   lines = [
       '# Method comparison on MNIST (benchmarks/compare_methods.py)', '',
+      f"Config: `{meta.get('config', 'configs/compare_mnist.py')}`.", '',
       meta['setting'], '',
       f"Commands: {'; '.join(f'`{c}`' for c in meta['commands'])}. "
       f"Machine: {meta['machine']}.", '',
@@ -274,13 +290,16 @@ def main(argv):
     with open(meta_path) as f:
       meta = json.load(f)
   meta['commands'].append(command)
+  meta['config'] = _CONFIG.value
   c = make_config('fedavg', 0, _ROUNDS.value, _OVERRIDES.value)
   meta['setting'] = (
       f'MNIST (first {c.dataset.train_limit} training images), '
       f'{c.partition.num_clients} clients, {c.clients_per_round} per round, '
       f'Dir({c.partition.alpha}), model {c.model.name}, {c.local.amount} '
-      f'local {c.local.unit} (SGD lr {c.client_optimizer.learning_rate}, '
-      f'batch {c.local.batch_size}), {c.rounds} rounds; server pool '
+      f'local {c.local.unit} ({c.client_optimizer.name} lr '
+      f'{c.client_optimizer.learning_rate}, weight decay '
+      f'{c.client_optimizer.weight_decay}, batch {c.local.batch_size}), '
+      f'{c.rounds} rounds; server pool '
       f'{c.server_data.proxy_size} unlabeled + {c.server_data.val_size} '
       f'labeled images held out of every method\'s client data. Extra '
       f'overrides: {_OVERRIDES.value or "none"}.')
@@ -317,7 +336,8 @@ def main(argv):
   by_variant = histories(runs)
   if by_variant:
     plots.plot_histories(by_variant, os.path.join(_OUT.value, 'curves.png'),
-                         title='compare_mnist: mean ± std over seeds')
+                         title=f'{os.path.basename(_CONFIG.value)}: mean ± '
+                         'std over seeds')
   print(markdown(summary, meta))
 
 

@@ -17,6 +17,14 @@ import ml_collections
 
 from configs import feddf_mnist
 
+# DaFKD distils on generated images with its own settings (configs/
+# dafkd_mnist.py: T = 20, Adam lr 1e-4, BatchNorm statistics frozen);
+# `benchmarks/compare_methods.py` applies these to its DaFKD variants.
+METHOD_OVERRIDES = {
+    'dafkd': {'distill.temperature': 20.0, 'distill.learning_rate': 1e-4,
+              'distill.student_training': False},
+}
+
 
 def get_config() -> ml_collections.ConfigDict:
   c = feddf_mnist.get_config()

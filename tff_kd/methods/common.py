@@ -101,6 +101,9 @@ def build_optimizer(
     return tff.learning.optimizers.build_sgdm(
         learning_rate=config.learning_rate,
         momentum=config.get('momentum') or None)
+  if config.name == 'adam' and config.get('weight_decay'):
+    return tff.learning.optimizers.build_adamw(
+        learning_rate=config.learning_rate, weight_decay=config.weight_decay)
   if config.name == 'adam':
     return tff.learning.optimizers.build_adam(
         learning_rate=config.learning_rate)

@@ -284,17 +284,22 @@ class DiscriminatorHead(NamedTuple):
   """DaFKD's domain discriminator f(theta_k^d; x) (Sec. 3.2, 3.4).
 
   Attributes:
-    model: images -> f(x) = P(x is local real data), [B, 1] in (0, 1).
-    logit_model: images -> the pre-sigmoid logit [B, 1] (same variables);
+    model: images -> f(x) = P(x is local real data), [B, 1] in (0, 1);
+      with a projection head `[images, labels] -> f(x, y)`.
+    logit_model: The pre-sigmoid logit [B, 1] (same variables and inputs);
       losses use it for numerical stability.
     extractor: The feature extractor it runs on: the classifier's own
       `features` model when shared, a separate copy otherwise.
-    head: features -> logit [B, 1]: the discriminator-only layer.
+    head: features (and labels) -> logit [B, 1]: the discriminator-only
+      layers.
     head_variables: The discriminator-only trainable variables (the head's).
       With sharing, these plus the classifier's variables are everything a
       client trains; without, `model.trainable_weights` is the whole
       discriminator.
     shared: Whether `extractor` is the classifier's.
+    num_classes: 0 for DaFKD's unconditional head; C for a projection head
+      (Miyato & Koyama, ICLR 2018) that also reads the sample's label:
+      logit = w . phi(x) + b + e_y . phi(x).
   """
 
   model: tf.keras.Model
@@ -303,6 +308,30 @@ class DiscriminatorHead(NamedTuple):
   head: tf.keras.Model
   head_variables: list
   shared: bool
+  num_classes: int = 0
+
+  @property
+  def conditional(self) -> bool:
+    """Whether the head reads labels (projection)."""
+    return bool(self.num_classes)
+
+  def inputs(self, x, labels):
+    """The models' input: `x`, or `[x, labels]` for a projection head."""
+    if not self.conditional:
+      return x
+    if labels is None:
+      raise ValueError('a projection discriminator needs the labels of the '
+                       'samples it scores')
+    return [x, tf.cast(labels, tf.int32)]
+
+  def logits(self, x, labels=None, *, training: bool = False) -> tf.Tensor:
+    """Pre-sigmoid logits [B, 1] of images (and labels)."""
+    return self.logit_model(self.inputs(x, labels), training=training)
+
+  def head_logits(self, features, labels=None, *,
+                  training: bool = False) -> tf.Tensor:
+    """Pre-sigmoid logits [B, 1] of extracted features (and labels)."""
+    return self.head(self.inputs(features, labels), training=training)
 
 
 def build_discriminator_head(
@@ -310,7 +339,8 @@ def build_discriminator_head(
     *,
     seed: int = 0,
     shared: bool = True,
-    extractor_fn: Callable[[], tf.keras.Model] | None = None
+    extractor_fn: Callable[[], tf.keras.Model] | None = None,
+    num_classes: int = 0,
 ) -> DiscriminatorHead:
   """DaFKD's discriminator: a linear-sigmoid head on a feature extractor.
 
@@ -327,12 +357,17 @@ def build_discriminator_head(
   re-created from their configs, seeded initialisers included, so the copy
   starts from the values a fresh classifier of the same seed would have.
 
+  With `num_classes=C` the head is a projection discriminator: a label
+  embedding e_y ([C, d], initialised at zero, so it starts as the plain
+  head) adds e_y . phi(x) to the logit, and the models take `[x, labels]`.
+
   Args:
     classifier: A `Classifier` (`build_classifier`).
     seed: Initialiser seed of the head.
     shared: Share the classifier's extractor (DaFKD) or not (ablation).
     extractor_fn: Builds the separate extractor when `shared=False`; must map
       the classifier's images to a [B, d] feature. Ignored when shared.
+    num_classes: 0 (DaFKD's head) or C (projection head).
 
   Returns:
     A `DiscriminatorHead`.
@@ -346,16 +381,33 @@ def build_discriminator_head(
   if extractor is classifier.features and not shared:
     raise ValueError('extractor_fn returned the classifier\'s own extractor '
                      'with shared=False')
+  if not isinstance(num_classes, int) or num_classes < 0:
+    raise errors.ConfigError(
+        f'num_classes must be an integer >= 0, got {num_classes!r}')
   feature_dim = int(extractor.output_shape[-1])
   seeds = InitSeeds(seed)
   feature_in = tf.keras.Input((feature_dim,), name='features')
   logit = tf.keras.layers.Dense(
       1, kernel_initializer=seeds('glorot'), name='discriminator')(feature_in)
-  head = tf.keras.Model(feature_in, logit, name='discriminator_head')
   images = tf.keras.Input(classifier.features.input_shape[1:], name='images')
-  logits = head(extractor(images))
-  logit_model = tf.keras.Model(images, logits, name='discriminator_logit')
+  if num_classes:
+    label_in = tf.keras.Input((), dtype=tf.int32, name='labels')
+    embedded = tf.keras.layers.Embedding(
+        num_classes, feature_dim, embeddings_initializer='zeros',
+        name='label_projection')(label_in)
+    projection = tf.keras.layers.Dot(axes=1)([embedded, feature_in])
+    logit = tf.keras.layers.Add()([logit, projection])
+    head = tf.keras.Model([feature_in, label_in], logit,
+                          name='discriminator_head')
+    labels = tf.keras.Input((), dtype=tf.int32, name='image_labels')
+    inputs = [images, labels]
+    logits = head([extractor(images), labels])
+  else:
+    head = tf.keras.Model(feature_in, logit, name='discriminator_head')
+    inputs = images
+    logits = head(extractor(images))
+  logit_model = tf.keras.Model(inputs, logits, name='discriminator_logit')
   probs = tf.keras.layers.Activation('sigmoid')(logits)
-  model = tf.keras.Model(images, probs, name='discriminator')
+  model = tf.keras.Model(inputs, probs, name='discriminator')
   return DiscriminatorHead(model, logit_model, extractor, head,
-                           list(head.trainable_weights), shared)
+                           list(head.trainable_weights), shared, num_classes)

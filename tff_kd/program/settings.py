@@ -282,6 +282,8 @@ class ClientOptimizerSettings(hp.Hparams):
     learning_rate: Its learning rate in round 0 (> 0, finite).
     momentum: SGD's momentum in [0, 1) (0: none).
     lr_decay: The multiplier per round, in (0, 1].
+    weight_decay: Decoupled weight decay (AdamW, Loshchilov & Hutter 2019;
+      the DaFKD paper's 1e-3 for every method); needs name=adam. 0: none.
   """
 
   SECTION: ClassVar[str] = 'client_optimizer'
@@ -290,6 +292,14 @@ class ClientOptimizerSettings(hp.Hparams):
   learning_rate: float = hp.field(0.01, hp.positive_number)
   momentum: float = hp.field(0.0, hp.unit_fraction)
   lr_decay: float = hp.field(1.0, hp.unit_interval)
+  weight_decay: float = hp.field(0.0, hp.non_negative_number)
+
+  def _check_combinations(self) -> None:
+    if self.weight_decay and self.name != 'adam':
+      raise errors.ConfigError(
+          'client_optimizer.weight_decay needs client_optimizer.name=adam '
+          f'(AdamW); got weight_decay={self.weight_decay!r} with '
+          f'{self.name!r}')
 
 
 @dataclasses.dataclass(frozen=True)

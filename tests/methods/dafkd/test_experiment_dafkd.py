@@ -28,14 +28,20 @@ def _dafkd_config(**overrides):
 
 
 @pytest.mark.slow
-def test_dafkd_run_reports_its_mechanism(tmp_path):
+@pytest.mark.parametrize('candidate', [
+    {},
+    # The conditional generator and projection discriminator candidates.
+    {'dafkd.generator_labels': 'local', 'dafkd.aux_weight': 1.0,
+     'dafkd.discriminator': 'projection', 'dafkd.generator_steps': 2},
+], ids=['paper', 'conditional'])
+def test_dafkd_run_reports_its_mechanism(tmp_path, candidate):
   """`train`'s program wires DaFKD's diagnostics (mechanism tests:
   tests/methods/dafkd/test_mechanism.py and test_dafkd_mechanism.py)."""
   result = experiment.run(
       _dafkd_config(**{'rounds': 2, 'server_data.proxy': 'split',
                        'server_data.proxy_size': 100,
                        'server_data.val_size': 100,
-                       'distill.accept': 'no_worse'}),
+                       'distill.accept': 'no_worse', **candidate}),
       str(tmp_path), progress=False)
   for row in result.history:
     assert row['distill/num_teachers'] == 3.0
@@ -52,7 +58,10 @@ def test_dafkd_run_reports_its_mechanism(tmp_path):
     for key in ('holder_ratio', 'ensemble_accuracy_weighted',
                 'ensemble_accuracy_uniform', 'ensemble_accuracy_oracle',
                 'pool_max_prob', 'pool_class_entropy', 'disc_score_real',
-                'disc_score_pool'):
+                'disc_score_pool', 'pool_holder_ratio',
+                'pool_ensemble_agreement_weighted',
+                'pool_ensemble_agreement_uniform',
+                'pool_ensemble_agreement_oracle'):
       assert f'distill/{key}' in row, key
     for key in ('client/disc_real_accuracy', 'client/generator_loss'):
       assert key in row, key
@@ -73,6 +82,14 @@ def test_dafkd_run_reports_its_mechanism(tmp_path):
     ({'dafkd.discriminator_mode': 'moving'}, "discriminator_mode 'moving'"),
     ({'dafkd.private': True, 'dafkd.weights_on': 'logits'},
      "needs weights_on='probs'"),
+    ({'dafkd.generator_labels': 'global'}, "generator_labels 'global'"),
+    ({'dafkd.discriminator': 'projection', 'dafkd.gp_weight': 0.3},
+     'no gradient penalty'),
+    ({'dafkd.discriminator': 'projection', 'dafkd.pool': 'real',
+      'server_data.proxy': 'split', 'server_data.proxy_size': 100},
+     'the oracle pool .* is unlabeled'),
+    ({'client_optimizer.weight_decay': 1e-3},
+     'weight_decay needs client_optimizer.name=adam'),
 ])
 def test_bad_dafkd_settings_fail_before_training(tmp_path, overrides, match):
   with pytest.raises(errors.ConfigError, match=match):

@@ -456,3 +456,30 @@ def test_auxiliary_term_makes_the_generator_follow_its_label():
     got[aux] = fidelity()
   assert got[1.0] >= 0.9, got
   assert got[0.0] <= 0.6, got
+
+
+def test_projection_discriminator_scores_image_label_pairs():
+  """f(x, y) = sigmoid(w . phi(x) + b + e_y . phi(x)); e starts at zero."""
+  clf = classifiers.build_classifier('cnn', input_shape=_SHAPE, num_classes=3,
+                                     norm='batch', seed=0)
+  plain = generators.build_discriminator_head(clf, seed=1)
+  proj = generators.build_discriminator_head(clf, seed=1, num_classes=3)
+  assert proj.conditional and not plain.conditional
+  assert len(proj.head_variables) == 3  # Kernel, bias, label embedding.
+  labels = np.array([0, 1, 2, 2])
+  x = tf.constant(_images(labels, 4))
+  np.testing.assert_allclose(gan.discriminator_scores(proj, x, labels),
+                             gan.discriminator_scores(plain, x), rtol=1e-6)
+  embedding = np.random.default_rng(0).normal(
+      size=(3, clf.feature_dim)).astype(np.float32)
+  by_name = {v.name.split('/')[-1].split(':')[0]: v
+             for v in proj.head_variables}
+  by_name['embeddings'].assign(embedding)
+  phi = clf.features(x, training=False).numpy()
+  w, b = by_name['kernel'].numpy(), by_name['bias'].numpy()
+  logit = phi @ w[:, 0] + b[0] + np.sum(embedding[labels] * phi, axis=1)
+  np.testing.assert_allclose(gan.discriminator_scores(proj, x, labels),
+                             1 / (1 + np.exp(-logit)), rtol=1e-5)
+  np.testing.assert_allclose(proj.logits(x, labels)[:, 0], logit, rtol=1e-5)
+  with pytest.raises(ValueError, match='labels'):
+    proj.logits(x)

@@ -250,13 +250,13 @@ def _private_terms(models: gan.GanModels, gen_vars: ModelWeights,
   """Appendix B's (f_k s_k, f_k) on the pool of the broadcast generator."""
   tf.nest.map_structure(lambda v, t: v.assign(t), gen_vars,
                         broadcast_generator)
-  images = pseudo_pool(models.generator, pool.size,
-                       noise_dim=settings.noise_dim,
-                       num_classes=settings.num_classes, seed=pool.seed)
+  images, labels = pseudo_pool(models.generator, pool.size,
+                               noise_dim=settings.noise_dim,
+                               num_classes=settings.num_classes,
+                               seed=pool.seed, with_labels=True)
   logits = distillation.teacher_logits([models.classifier.model], images)[0]
   if pool.correlation:
-    scores = distillation.teacher_logits([models.discriminator.model],
-                                         images)[0]
+    scores = gan.discriminator_scores(models.discriminator, images, labels)
   else:
     scores = tf.ones([pool.size, 1])
   fs, f = gan.private_teacher_terms(scores, logits, pool.temperature)
@@ -374,7 +374,9 @@ def teacher_outputs(classifier: classifiers.Classifier,
                     discriminator_rows: Sequence[tf.Tensor],
                     valid: tf.Tensor,
                     x: tf.Tensor,
-                    batch_size: int = 256) -> tuple[tf.Tensor, tf.Tensor]:
+                    batch_size: int = 256,
+                    labels: Optional[tf.Tensor] = None
+                    ) -> tuple[tf.Tensor, tf.Tensor]:
   """Every received client's logits s_k and discriminator score f_k on x.
 
   Row k's classifier is `global + delta_k` with its own non-trainable values,
@@ -390,6 +392,8 @@ def teacher_outputs(classifier: classifiers.Classifier,
     valid: [M] bool, rows that hold a client.
     x: Pool [N, ...].
     batch_size: Examples per forward pass.
+    labels: [N] labels of x, read by a projection discriminator (f_k(x_i,
+      y_i)); None for DaFKD's.
 
   Returns:
     (logits [M, N, C], scores f_k(x_i) [M, N] in [0, 1]); zeros in invalid
@@ -415,8 +419,8 @@ def teacher_outputs(classifier: classifiers.Classifier,
     for v, d in zip(disc_vars, discriminator_rows):
       v.assign(d[k])
     logits = distillation.teacher_logits([classifier.model], x, batch_size)[0]
-    scores = tf.reshape(distillation.teacher_logits(
-        [discriminator.model], x, batch_size)[0], [n])
+    scores = tf.reshape(gan.discriminator_scores(discriminator, x, labels,
+                                                 batch_size), [n])
     keep = tf.cast(valid[k], tf.float32)
     logits_out = logits_out.write(k, keep * logits)
     scores_out = scores_out.write(k, keep * scores)
@@ -592,7 +596,7 @@ def _diagnose(models: gan.GanModels, global_weights: ModelWeights,
   logits, scores = teacher_outputs(models.classifier, models.discriminator,
                                    global_weights, uploads.classifier_deltas,
                                    uploads.discriminator_rows, valid,
-                                   validation.x)
+                                   validation.x, labels=validation.y)
   shares = weight_diagnostics.label_shares(validation.label_counts)
 
   def weights_on(alpha_scores, sample_logits, labels):
@@ -667,7 +671,8 @@ def server_round(models: gan.GanModels,
   if uploads.private_sums is None:
     logits, scores = teacher_outputs(
         classifier, discriminator, global_weights[0],
-        uploads.classifier_deltas, uploads.discriminator_rows, valid, pool)
+        uploads.classifier_deltas, uploads.discriminator_rows, valid, pool,
+        labels=pool_labels)
     alpha = teacher_weights(scores, valid, correlation=settings.correlation)
     target = distillation.weighted_ensemble(
         logits, alpha, temperature=config.temperature,

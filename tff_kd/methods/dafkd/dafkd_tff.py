@@ -106,6 +106,8 @@ class ModelSpec(NamedTuple):
     shared: The discriminator shares the classifier's extractor.
     discriminator_seed: Initialiser seed of the discriminator.
     settings: `gan.GanSettings`.
+    projection: A projection discriminator head f_k(x, y) instead of
+      DaFKD's f_k(x).
   """
 
   classifier_fn: Callable[[], classifiers.Classifier]
@@ -113,12 +115,14 @@ class ModelSpec(NamedTuple):
   shared: bool
   discriminator_seed: int
   settings: gan.GanSettings
+  projection: bool = False
 
   def build(self) -> gan.GanModels:
     """(classifier, discriminator, generator), freshly built."""
     classifier = self.classifier_fn()
     discriminator = generators.build_discriminator_head(
-        classifier, seed=self.discriminator_seed, shared=self.shared)
+        classifier, seed=self.discriminator_seed, shared=self.shared,
+        num_classes=self.settings.num_classes if self.projection else 0)
     return gan.GanModels(classifier, discriminator, self.generator_fn())
 
 
@@ -610,7 +614,7 @@ def build_dafkd_process(
   if server.real_pool_fn is not None:
     teachers_tf.check_pool_shape(server_data.image_shape, input_shape)
   spec = ModelSpec(classifier_fn, generator_fn, h.shared_extractor, seed + 2,
-                   settings)
+                   settings, projection=h.discriminator == 'projection')
   private_settings = (PrivateSettings(
       server.pool_size, seed, distill_config.temperature,
       not h.no_correlation) if h.private else None)

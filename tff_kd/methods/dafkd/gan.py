@@ -277,6 +277,25 @@ def private_teacher(sum_fs: tf.Tensor,
                   sum_fs / safe)
 
 
+def discriminator_scores(discriminator: generators.DiscriminatorHead,
+                         x: tf.Tensor,
+                         labels: tf.Tensor | None = None,
+                         batch_size: int = 256) -> tf.Tensor:
+  """f_k(x_i) in inference mode (the server's eq. 7 scores), [N], batched.
+
+  A projection discriminator scores f_k(x_i, y_i) with the samples'
+  `labels` (a generated pool's pseudo labels y of G(z, y)).
+  """
+  if not discriminator.conditional:
+    return tf.reshape(distillation.teacher_logits(
+        [discriminator.model], x, batch_size)[0], [-1])
+  features = tf.reshape(
+      distillation.teacher_logits([discriminator.extractor], x, batch_size)[0],
+      [-1, int(discriminator.extractor.output_shape[-1])])
+  return tf.reshape(tf.sigmoid(discriminator.head_logits(features, labels)),
+                    [-1])
+
+
 def _unique(variables) -> list:
   seen, out = set(), []
   for v in variables:
@@ -560,15 +579,20 @@ def client_gan_step(models: GanModels,
                 if settings.fake_batch_size is None
                 else settings.fake_batch_size)
   if negatives is None:
-    x_fake, _, _ = generate(models.generator, fake_batch, seed=seeds[0],
-                            **_generator_kwargs(settings))
+    x_fake, _, y_fake = generate(models.generator, fake_batch, seed=seeds[0],
+                                 **_generator_kwargs(settings))
     x_fake = tf.stop_gradient(x_fake)
   else:
-    x_fake = tf.convert_to_tensor(negatives, tf.float32)
+    if models.discriminator.conditional:
+      raise ValueError('the real negatives of the oracle pool are '
+                       'unlabeled: a projection discriminator cannot score '
+                       'them')
+    x_fake, y_fake = tf.convert_to_tensor(negatives, tf.float32), None
     train_generator = False
 
   with tf.GradientTape() as tape:
-    terms = _joint_terms(models, real_batch, x_fake, settings, seeds[2])
+    terms = _joint_terms(models, real_batch, x_fake, y_fake, settings,
+                         seeds[2])
   grads = tape.gradient(terms.loss, variables.joint)
   joint_state = _apply(optimizers.joint, joint_state, variables.joint, grads)
 
@@ -629,8 +653,12 @@ class _JointTerms(NamedTuple):
 
 
 def _joint_terms(models: GanModels, real_batch: dict, x_fake: tf.Tensor,
-                 settings: GanSettings, penalty_seed) -> _JointTerms:
+                 y_fake: tf.Tensor | None, settings: GanSettings,
+                 penalty_seed) -> _JointTerms:
   """Eq. (9) on a real and a pseudo batch (inside the joint step's tape).
+
+  `y_fake` are the pseudo batch's labels (read by a projection
+  discriminator only).
 
   The BatchNorm modes follow `settings.discriminator_mode` (see
   `client_gan_step`); `statistics` are the moving statistics to reset to
@@ -642,28 +670,33 @@ def _joint_terms(models: GanModels, real_batch: dict, x_fake: tf.Tensor,
   x_real = real_batch['x']
   features = classifier.features(x_real, training=True)
   logits = classifier.head(features, training=True)
+  y_real = real_batch['y']
   if mode == 'inference':
     if discriminator.extractor is not classifier.features:
       # A separate extractor's moving statistics follow the real data too
       # (this training-mode pass only updates them).
       discriminator.extractor(x_real, training=True)
-    d_real = discriminator.logit_model(x_real, training=False)
+    d_real = discriminator.logits(x_real, y_real, training=False)
   elif discriminator.extractor is classifier.features:
-    d_real = discriminator.head(features, training=True)
+    d_real = discriminator.head_logits(features, y_real, training=True)
   else:
-    d_real = discriminator.logit_model(x_real, training=True)
+    d_real = discriminator.logits(x_real, y_real, training=True)
   # Read after the real pass's moving-statistics updates (tf.function
   # orders the reads and assigns of a variable as written).
   statistics = _unique(list(classifier.model.non_trainable_weights) +
                        list(discriminator.model.non_trainable_weights))
   real_statistics = ([tf.identity(v) for v in statistics]
                      if mode == 'batch' else [])
-  d_fake = discriminator.logit_model(x_fake, training=pseudo_training)
+  d_fake = discriminator.logits(x_fake, y_fake, training=pseudo_training)
   ce = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
       labels=tf.cast(real_batch['y'], tf.int32), logits=logits))
   disc = discriminator_loss(d_real, d_fake, from_logits=True)
   loss = ce + settings.adv_weight * disc
   if settings.gp_weight:
+    if discriminator.conditional:
+      raise ValueError('the gradient penalty interpolates samples of '
+                       'different labels: a projection discriminator has '
+                       'none')
     if settings.fake_batch_size is not None:
       raise ValueError('the gradient penalty pairs real and pseudo samples; '
                        'leave fake_batch_size unset')
@@ -702,9 +735,9 @@ def _generator_step(models: GanModels,
   with tf.GradientTape() as tape:
     x_gen, _, y_gen = generate(models.generator, fake_batch, seed=seed,
                                labels=labels, **_generator_kwargs(settings))
-    d_gen = models.discriminator.logit_model(
-        x_gen, training=settings.discriminator_mode in ('batch',
-                                                        'batch_update'))
+    d_gen = models.discriminator.logits(
+        x_gen, y_gen, training=settings.discriminator_mode in (
+            'batch', 'batch_update'))
     gen_loss = generator_loss(d_gen, form=settings.generator_form,
                               from_logits=True)
     if settings.aux_weight:

@@ -20,6 +20,7 @@ ENSEMBLES = ('probs', 'logits')
 POOL_GENERATORS = ('aggregated', 'broadcast')
 AGGREGATIONS = ('mean', 'examples')
 POOLS = ('generator', 'real')
+DISCRIMINATORS = ('plain', 'projection')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +50,9 @@ class DaFKDHparams(hp.Hparams):
     aux_weight: Weight of the auxiliary term CE(classifier_k(g(z, y)), y)
       in the generator step (ACGAN-style; 0 = the paper's eq. 3 alone).
     generator_steps: Generator updates per GAN step (1 = Algorithm 1).
+    discriminator: 'plain' (the paper's f_k(x)) | 'projection' (a
+      label-conditioned head f_k(x, y), Miyato & Koyama 2018: eq. 7 then
+      scores each pool sample with its pseudo label y of G(z, y)).
     generator_form: 'non_saturating' | 'minimax' (eq. 3 as printed).
     discriminator_mode: BatchNorm mode of everything the discriminator
       scores in training: 'inference' (as the server scores; default) |
@@ -100,6 +104,7 @@ class DaFKDHparams(hp.Hparams):
                                    hp.one_of(*gan.GENERATOR_LABELS))
   aux_weight: float = hp.field(0.0, hp.non_negative_number)
   generator_steps: int = hp.field(1, hp.positive_int)
+  discriminator: str = hp.field('plain', hp.one_of(*DISCRIMINATORS))
   generator_form: str = hp.field('non_saturating',
                                hp.one_of(*gan.GENERATOR_FORMS))
   discriminator_mode: str = hp.field('inference',
@@ -139,6 +144,14 @@ class DaFKDHparams(hp.Hparams):
           f'dafkd.pool_generator={self.pool_generator!r}: private mode '
           'draws the pool on the clients, which only have the broadcast '
           "generator: pool_generator must be 'broadcast'")
+    if self.discriminator == 'projection' and self.pool == 'real':
+      raise errors.ConfigError(
+          "dafkd.discriminator='projection' scores (image, label) pairs; "
+          "the oracle pool (dafkd.pool='real') is unlabeled")
+    if self.discriminator == 'projection' and self.gp_weight:
+      raise errors.ConfigError(
+          "dafkd.discriminator='projection' has no gradient penalty (it "
+          'interpolates images of different labels): set dafkd.gp_weight=0')
     if self.private and self.pool == 'real':
       raise errors.ConfigError(
           "dafkd.pool='real' is an ablation of the plain (non-private) "
