@@ -94,6 +94,7 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     'dafkd_local_aux_g2': ('dafkd', {**_LOCAL_AUX,
                                      'dafkd.generator_steps': 2}),
     'dafkd_local_aux_proj': ('dafkd', _LOCAL_AUX_PROJ),
+    'dafkd_aux_proj': ('dafkd', {**_AUX, 'dafkd.discriminator': 'projection'}),
     'dafkd_local_aux_proj_no_correlation': ('dafkd', {
         **_LOCAL_AUX_PROJ, 'dafkd.no_correlation': True}),
     'fedgen': ('fedgen', {}),
