@@ -80,6 +80,7 @@ CASES: dict[str, dict[str, Any]] = {
     'dafkd_dcgan': {**_DAFKD, 'dafkd.generator': 'dcgan'},
     'dafkd_real_pool': {**_DAFKD, 'dafkd.pool': 'real'},
     'dafkd_private': {**_DAFKD, 'dafkd.private': True},
+    'dafkd_examples': {**_DAFKD, 'dafkd.aggregation': 'examples'},
 }
 
 

@@ -138,6 +138,34 @@ def example_weights(weights: tf.Tensor, valid: tf.Tensor) -> tf.Tensor:
   return alpha * tf.cast(any_valid, tf.float32)
 
 
+def scaled(value, weight: tf.Tensor):
+  """Every float leaf of `value` times the scalar `weight`."""
+  weight = tf.cast(weight, tf.float32)
+  return tf.nest.map_structure(lambda v: tf.cast(v, tf.float32) * weight,
+                               value)
+
+
+def weighted_mean(weighted_sum: ModelWeights, total: tf.Tensor,
+                  fallback: ModelWeights) -> ModelWeights:
+  """`weighted_sum / total`, or `fallback` when no weight arrived.
+
+  Args:
+    weighted_sum: sum_k w_k v_k (`tff_kd.federated.stacking.
+      build_weighted_sum_aggregator`'s result).
+    total: sum_k w_k (scalar).
+    fallback: What to return when `total` is 0 (no client took part).
+
+  Returns:
+    The weighted mean, with `fallback`'s structure.
+  """
+  total = tf.cast(total, tf.float32)
+  any_weight = total > 0
+  safe = tf.where(any_weight, total, 1.0)
+  return tf.nest.map_structure(
+      lambda s, f: tf.where(any_weight, s / safe, tf.cast(f, tf.float32)),
+      weighted_sum, fallback)
+
+
 def average_update(deltas: ModelWeights, alpha: tf.Tensor,
                    fallback_non_trainable: Sequence[tf.Tensor]
                    ) -> ModelWeights:

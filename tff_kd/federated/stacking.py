@@ -90,3 +90,43 @@ def build_client_stack(
   update_type = client_work.next.type_signature.result.result.member.update
   aggregator = build_stacking_aggregator(update_type, num_slots)
   return aggregator, aggregator.next.type_signature.result.result.member
+
+
+def build_weighted_sum_aggregator(
+    value_type: tff.Type) -> tff.templates.AggregationProcess:
+  """(sum_k w_k v_k, sum_k w_k) at the server: a mean without a stack.
+
+  For the parts of a client update that the server only averages (e.g.
+  DaFKD's generator, eq. 4): its accumulator holds one value, where a
+  stack holds M, so memory does not grow with the clients per round. The
+  server divides (`tff_kd.core.stacking.weighted_mean`).
+
+  Args:
+    value_type: Unplaced type of one client's value (float tensors).
+
+  Returns:
+    A weighted, stateless `tff.templates.AggregationProcess`; its result is
+    `(weighted sum, total weight)`, its measurement the total weight.
+  """
+
+  @tff.tensorflow.computation(value_type, np.float32)
+  def scale(value, weight):
+    return stacking_tf.scaled(value, weight)
+
+  @tff.federated_computation
+  def init_fn():
+    return tff.federated_value((), tff.SERVER)
+
+  @tff.federated_computation(
+      init_fn.type_signature.result,
+      tff.FederatedType(value_type, tff.CLIENTS),
+      tff.FederatedType(np.float32, tff.CLIENTS))
+  def next_fn(state, value, weight):
+    total = tff.federated_sum(weight)
+    summed = tff.federated_sum(
+        tff.federated_map(scale, tff.federated_zip((value, weight))))
+    return tff.templates.MeasuredProcessOutput(
+        state=state, result=tff.federated_zip((summed, total)),
+        measurements=total)
+
+  return tff.templates.AggregationProcess(init_fn, next_fn)

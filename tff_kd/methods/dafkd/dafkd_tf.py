@@ -565,16 +565,19 @@ class Uploads(NamedTuple):
 
   Attributes:
     classifier_deltas: Stacked classifier deltas (as `ClientRoundResult`).
-    generator_deltas: Stacked generator deltas.
+    generator_mean: The mean of the clients' generator deltas (trainable)
+      and final values (non-trainable), by examples or plainly (eq. 4); the
+      aggregator averages them without stacking them.
     valid: [M] bool, rows that hold a client.
     discriminator_rows: Stacked discriminator values, or None.
     private_sums: Appendix B sums ([N, C], [N]), or None.
-    example_weights: [M] example counts: average models by them (FedAvg's
-      weighting) instead of the paper's plain mean; None: plain mean.
+    example_weights: [M] example counts: average the classifiers by them
+      (FedAvg's weighting) instead of the paper's plain mean; None: plain
+      mean.
   """
 
   classifier_deltas: ModelWeights
-  generator_deltas: ModelWeights
+  generator_mean: ModelWeights
   valid: tf.Tensor
   discriminator_rows: Optional[Sequence[tf.Tensor]] = None
   private_sums: Optional[tuple[tf.Tensor, tf.Tensor]] = None
@@ -653,8 +656,10 @@ def server_round(models: gan.GanModels,
   config = settings.distill
   new_classifier = mean_update(global_weights[0], uploads.classifier_deltas,
                                valid, uploads.example_weights)
-  new_generator = mean_update(global_weights[1], uploads.generator_deltas,
-                              valid, uploads.example_weights)
+  new_generator = ModelWeights(
+      [g + d for g, d in zip(global_weights[1].trainable,
+                             uploads.generator_mean.trainable)],
+      list(uploads.generator_mean.non_trainable))
   if real_pool is None:
     gen_vars = local_training.model_weights(generator)
     tf.nest.map_structure(

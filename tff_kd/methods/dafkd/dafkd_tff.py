@@ -32,9 +32,11 @@ hyper-parameters are `tff_kd.methods.dafkd.hparams.DaFKDHparams`
    keep: local optimisers start fresh every round, as in `local_training`.
    With appendix B (`private`), the client also draws the round's pool from
    the broadcast generator and computes f_k s_k and f_k;
-3. aggregator: `tff_kd.federated.stacking.build_stacking_aggregator`
-   stacks every client's classifier and generator deltas (and, plain mode,
-   discriminator) into [M, ...] rows. In private mode the discriminator is
+3. aggregator (`build_aggregator`): `tff_kd.federated.stacking.
+   build_stacking_aggregator` stacks every client's classifier delta (and,
+   plain mode, discriminator) into [M, ...] rows; the generator deltas are
+   only summed, weighted (`build_weighted_sum_aggregator`: one generator in
+   the accumulator, not M). In private mode the discriminator is
    not in the stack and the f_k s_k, f_k terms go through
    `tff.aggregators.SecureSumFactory` (clipped to [0, 1], quantised to 32
    bits, `federated_secure_sum_bitwidth`), so the server sees only
@@ -285,53 +287,96 @@ def build_client_work(
       learning_rate_decay)
 
 
-def build_private_aggregator(
-    update_type: tff.Type, num_slots: int) -> tff.templates.AggregationProcess:
-  """Stacks the models; securely sums appendix B's `fs` and `f` terms.
+def build_aggregator(update_type: tff.Type, num_slots: int, *,
+                     private: bool = False,
+                     uniform_mean: bool = False
+                     ) -> tff.templates.AggregationProcess:
+  """Stacks the teachers; averages the generators; (private) secure sums.
+
+  The server needs every client's classifier (a teacher) and, in plain
+  mode, its discriminator row and label counts: those are stacked
+  (`stacking.build_stacking_aggregator`). It only averages the generators
+  (eq. 4), so they go through `stacking.build_weighted_sum_aggregator`,
+  whose accumulator holds one generator instead of M: a stacked DCGAN
+  generator (0.85 M parameters on MNIST) made the stack 30 times the
+  classifiers' and its memory grow with the square of the clients per round
+  (benchmarks/README.md "Cost at scale"). In private mode the f_k s_k and f_k
+  terms go through `tff.aggregators.SecureSumFactory` ([0, 1], 32-bit
+  quantisation).
 
   Args:
-    update_type: Unplaced type of a private-mode client update
-      (`classifier`, `generator`, `fs`, `f`).
+    update_type: Unplaced type of a client update (`classifier`,
+      `generator`, and `discriminator`, `label_counts` or `fs`, `f`).
     num_slots: M, the most clients per round.
+    private: Appendix B's update (`fs`, `f` instead of the discriminator).
+    uniform_mean: Average the generators with the paper's 1/K_t (each client
+      that took part weighs 1) instead of by examples.
 
   Returns:
-    An `AggregationProcess` whose result is `(Stack of {classifier,
-    generator}, {fs: sum_k f_k s_k, f: sum_k f_k})`; measurements: the
-    stacked count and `SecureSumFactory`'s clipping counts.
+    An `AggregationProcess` whose result is `OrderedDict(stack=Stack of the
+    other update parts, generator=(sum_k w_k g_k, sum_k w_k))`, plus
+    `terms={fs: sum_k f_k s_k, f: sum_k f_k}` in private mode; measurements:
+    the stacked count (and the secure sum's).
   """
-  models_part_type = tff.to_type(collections.OrderedDict(
-      classifier=update_type.classifier, generator=update_type.generator))
-  terms_type = tff.to_type(collections.OrderedDict(fs=update_type.fs,
-                                                   f=update_type.f))
-  stacker = stacking.build_stacking_aggregator(models_part_type, num_slots)
-  # f_k s_k and f_k lie in [0, 1]: no clipping, 32-bit quantisation.
-  secure = tff.aggregators.SecureSumFactory(
-      upper_bound_threshold=1.0, lower_bound_threshold=0.0).create(terms_type)
+  term_keys = ('fs', 'f') if private else ()
+  stack_keys = [k for k, _ in tff.structure.iter_elements(update_type)
+                if k not in ('generator', *term_keys)]
+  stack_type = tff.to_type(collections.OrderedDict(
+      (k, update_type[k]) for k in stack_keys))
+  stacker = stacking.build_stacking_aggregator(stack_type, num_slots)
+  summer = stacking.build_weighted_sum_aggregator(update_type.generator)
 
   @tff.tensorflow.computation(update_type)
-  def models_part(update):
-    return collections.OrderedDict(classifier=update['classifier'],
-                                   generator=update['generator'])
+  def stack_part(update):
+    return collections.OrderedDict((k, update[k]) for k in stack_keys)
 
   @tff.tensorflow.computation(update_type)
-  def terms_part(update):
-    return collections.OrderedDict(fs=update['fs'], f=update['f'])
+  def generator_part(update):
+    return update['generator']
+
+  @tff.tensorflow.computation(np.float32)
+  def generator_weight(weight):
+    # An excluded client has weight 0 (`learning.screen_client`).
+    return tf.cast(weight > 0, tf.float32) if uniform_mean else weight
+
+  if private:
+    terms_type = tff.to_type(collections.OrderedDict(
+        (k, update_type[k]) for k in term_keys))
+    secure = tff.aggregators.SecureSumFactory(
+        upper_bound_threshold=1.0, lower_bound_threshold=0.0).create(
+            terms_type)
+
+    @tff.tensorflow.computation(update_type)
+    def terms_part(update):
+      return collections.OrderedDict((k, update[k]) for k in term_keys)
 
   @tff.federated_computation
   def init_fn():
-    return tff.federated_zip((stacker.initialize(), secure.initialize()))
+    if private:
+      return tff.federated_zip((stacker.initialize(), secure.initialize()))
+    return stacker.initialize()
 
   @tff.federated_computation(
       init_fn.type_signature.result,
       tff.FederatedType(update_type, tff.CLIENTS),
       tff.FederatedType(np.float32, tff.CLIENTS))
   def next_fn(state, value, weight):
-    stacked = stacker.next(state[0], tff.federated_map(models_part, value),
-                           weight)
+    stacked = stacker.next(state[0] if private else state,
+                           tff.federated_map(stack_part, value), weight)
+    generator = summer.next(
+        summer.initialize(), tff.federated_map(generator_part, value),
+        tff.federated_map(generator_weight, weight))
+    result = collections.OrderedDict(stack=stacked.result,
+                                     generator=generator.result)
+    if not private:
+      return tff.templates.MeasuredProcessOutput(
+          state=stacked.state, result=tff.federated_zip(result),
+          measurements=stacked.measurements)
     summed = secure.next(state[1], tff.federated_map(terms_part, value))
+    result['terms'] = summed.result
     return tff.templates.MeasuredProcessOutput(
         state=tff.federated_zip((stacked.state, summed.state)),
-        result=tff.federated_zip((stacked.result, summed.result)),
+        result=tff.federated_zip(result),
         measurements=tff.federated_zip(collections.OrderedDict(
             num_stacked=stacked.measurements,
             secure_sum=summed.measurements)))
@@ -454,12 +499,11 @@ def build_finalizer(
 
   @learning.server_computation(np.int32, weights_type, aggregate_type)
   def server_tf(round_num, weights, aggregate):
+    stack = stacking_tf.Stack(*aggregate['stack'])
     if private:
-      stack = stacking_tf.Stack(*aggregate[0])
-      sums = aggregate[1]
+      sums = aggregate['terms']
       discriminator_rows, private_sums = None, (sums['fs'], sums['f'])
     else:
-      stack = stacking_tf.Stack(*aggregate)
       discriminator_rows, private_sums = stack.values['discriminator'], None
     num_slots = int(stack.weights.shape[0])
     valid = tf.range(num_slots) < stack.count
@@ -470,9 +514,15 @@ def build_finalizer(
                 tf.zeros([num_slots, spec.settings.num_classes]))
       validation = dafkd_tf.Validation(val_x, val_y, counts,
                                        hparams.holder_share)
+    generator_sum, generator_total = aggregate['generator']
     uploads = dafkd_tf.Uploads(
-        stack.values['classifier'], stack.values['generator'], valid,
-        discriminator_rows, private_sums,
+        stack.values['classifier'],
+        stacking_tf.weighted_mean(
+            generator_sum, generator_total,
+            tff.learning.models.ModelWeights(
+                [tf.zeros_like(w) for w in weights[1].trainable],
+                weights[1].non_trainable)),
+        valid, discriminator_rows, private_sums,
         stack.weights if hparams.aggregation == 'examples' else None)
     r = dafkd_tf.server_round(
         spec.build(), distill_optimizer, (weights[0], weights[1]), uploads,
@@ -624,11 +674,9 @@ def build_dafkd_process(
       learning_rate_decay=learning_rate_decay, private=private_settings,
       negatives_fn=server.real_pool_fn, seed=seed)
   update_type = client_work.next.type_signature.result.result.member.update
-  if h.private:
-    aggregator = build_private_aggregator(update_type, clients_per_round)
-  else:
-    aggregator = stacking.build_stacking_aggregator(update_type,
-                                                    clients_per_round)
+  aggregator = build_aggregator(update_type, clients_per_round,
+                               private=h.private,
+                               uniform_mean=h.aggregation == 'mean')
   aggregate_type = aggregator.next.type_signature.result.result.member
   finalizer = build_finalizer(spec, h, aggregate_type, optimizers.distill,
                               distill_config, server_data=server_data,
