@@ -9,8 +9,8 @@ small CNN with BatchNorm (ResNet-11 does not fit the time: a DaFKD round
 on it takes minutes here), noise dimension 100, a pool of 1,280 generated
 images (the reference code's) at T = 20 (the reference code's).
 
-What is shrunk, so that the seven methods of `benchmarks/dafkd_paper_cpu.sh`
-finish in about an hour per seed on 2 cores:
+What is shrunk (measured on 2 cores shared with other jobs: a FedAvg run
+takes 2-3 minutes, a DaFKD run 20-24 minutes, about 60 s per round):
 
 * training images: the first 7,780 MNIST training images (6,000 for the
   clients, i.e. 300 per client on average, against the paper's 3,000), plus
