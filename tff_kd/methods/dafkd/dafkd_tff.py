@@ -444,6 +444,16 @@ def _server_inputs(hparams: hparams_lib.DaFKDHparams,
   return _ServerInputs(real_pool_fn, validation_fn, pool_size)
 
 
+def server_settings(spec: ModelSpec, hparams: hparams_lib.DaFKDHparams,
+                    config: distillation.DistillConfig,
+                    pool_size: int) -> dafkd_tf.ServerSettings:
+  """The finalizer's `dafkd_tf.ServerSettings` (pool of `pool_size`)."""
+  return dafkd_tf.ServerSettings(
+      spec.settings, config, pool_size,
+      pool_from_broadcast=hparams.resolved_pool_generator == 'broadcast',
+      ensemble=hparams.weights_on, correlation=not hparams.no_correlation)
+
+
 def build_finalizer(
     spec: ModelSpec,
     hparams: hparams_lib.DaFKDHparams,
@@ -492,10 +502,7 @@ def build_finalizer(
   real_pool_fn, validation_fn, pool_size = _server_inputs(hparams,
                                                           server_data)
   diagnose = validation_fn is not None and not private
-  settings = dafkd_tf.ServerSettings(
-      spec.settings, config, pool_size,
-      pool_from_broadcast=hparams.resolved_pool_generator == 'broadcast',
-      ensemble=hparams.weights_on, correlation=not hparams.no_correlation)
+  settings = server_settings(spec, hparams, config, pool_size)
 
   @learning.server_computation(np.int32, weights_type, aggregate_type)
   def server_tf(round_num, weights, aggregate):
@@ -579,6 +586,51 @@ def _check_arguments(classifier_fn, num_clients: int, clients_per_round: int,
   learning.check_schedule(learning_rate, learning_rate_decay)
 
 
+def model_spec(classifier_fn: Callable[[], classifiers.Classifier],
+               hparams: hparams_lib.DaFKDHparams,
+               seed: int = 0) -> ModelSpec:
+  """The `ModelSpec` of `build_dafkd_process` (generator, GAN settings).
+
+  Args:
+    classifier_fn: No-arg builder of the seeded `Classifier`.
+    hparams: `config.dafkd`.
+    seed: The process seed (generator: seed + 1, discriminator: seed + 2).
+
+  Returns:
+    A `ModelSpec`.
+
+  Raises:
+    DataError: A classifier without a fixed input shape.
+    ConfigError: A generator that cannot make the classifier's images.
+  """
+  h = hparams
+  clf = local_training.structure_of(classifier_fn)
+  input_shape = tuple(clf.model.input_shape[1:])
+  num_classes = int(clf.model.output_shape[-1])
+  if None in input_shape:
+    raise errors.DataError(
+        f'dafkd needs a classifier with a fixed input shape, got {input_shape}')
+  if h.generator == 'dcgan':
+    generator_fn = functools.partial(
+        generators.build_dcgan_generator, noise_dim=h.noise_dim,
+        num_classes=num_classes, image_shape=input_shape,
+        width=h.generator_width, seed=seed + 1)
+  else:
+    generator_fn = functools.partial(
+        generators.build_image_generator, noise_dim=h.noise_dim,
+        num_classes=num_classes, image_shape=input_shape,
+        hidden=h.hidden_widths, seed=seed + 1)
+  # Raises ConfigError for shapes it cannot generate.
+  local_training.structure_of(generator_fn)
+  settings = gan.GanSettings(
+      h.noise_dim, num_classes, h.adv_weight, h.gp_weight, h.generator_form,
+      h.discriminator_mode, h.gan_steps, h.gan_window,
+      generator_labels=h.generator_labels, aux_weight=h.aux_weight,
+      generator_steps=h.generator_steps)
+  return ModelSpec(classifier_fn, generator_fn, h.shared_extractor, seed + 2,
+                   settings, projection=h.discriminator == 'projection')
+
+
 def build_dafkd_process(
     classifier_fn: Callable[[], classifiers.Classifier],
     element_spec: collections.OrderedDict,
@@ -636,35 +688,12 @@ def build_dafkd_process(
                                else server_data.val_size)
   distill_config.validate()
   h = hparams
-  clf = local_training.structure_of(classifier_fn)
-  input_shape = tuple(clf.model.input_shape[1:])
-  num_classes = int(clf.model.output_shape[-1])
-  if None in input_shape:
-    raise errors.DataError(
-        f'dafkd needs a classifier with a fixed input shape, got {input_shape}')
-
-  if h.generator == 'dcgan':
-    generator_fn = functools.partial(
-        generators.build_dcgan_generator, noise_dim=h.noise_dim,
-        num_classes=num_classes, image_shape=input_shape,
-        width=h.generator_width, seed=seed + 1)
-  else:
-    generator_fn = functools.partial(
-        generators.build_image_generator, noise_dim=h.noise_dim,
-        num_classes=num_classes, image_shape=input_shape,
-        hidden=h.hidden_widths, seed=seed + 1)
-  # Raises ConfigError for shapes it cannot generate.
-  local_training.structure_of(generator_fn)
-  settings = gan.GanSettings(
-      h.noise_dim, num_classes, h.adv_weight, h.gp_weight, h.generator_form,
-      h.discriminator_mode, h.gan_steps, h.gan_window,
-      generator_labels=h.generator_labels, aux_weight=h.aux_weight,
-      generator_steps=h.generator_steps)
+  spec = model_spec(classifier_fn, h, seed)
   server = _server_inputs(h, server_data)
   if server.real_pool_fn is not None:
-    teachers_tf.check_pool_shape(server_data.image_shape, input_shape)
-  spec = ModelSpec(classifier_fn, generator_fn, h.shared_extractor, seed + 2,
-                   settings, projection=h.discriminator == 'projection')
+    teachers_tf.check_pool_shape(
+        server_data.image_shape,
+        local_training.structure_of(classifier_fn).model.input_shape[1:])
   private_settings = (PrivateSettings(
       server.pool_size, seed, distill_config.temperature,
       not h.no_correlation) if h.private else None)
@@ -701,6 +730,30 @@ def generator_weights(state) -> tff.learning.models.ModelWeights:
                                           list(w.non_trainable))
 
 
+def optimizers_from_config(config: ml_collections.ConfigDict,
+                           hparams: hparams_lib.DaFKDHparams) -> Optimizers:
+  """DaFKD's `Optimizers` from an experiment config and `config.dafkd`.
+
+  The joint optimiser is `config.client_optimizer` (AdamW when
+  `hparams.weight_decay`), the generator's Adam has `hparams`' learning rate
+  and betas, the student's Adam `config.distill.learning_rate`.
+  """
+  opt = config.client_optimizer
+  if hparams.weight_decay:
+    # Decoupled weight decay (AdamW); `check_config` asked for Adam.
+    joint_optimizer = tff.learning.optimizers.build_adamw(
+        learning_rate=opt.learning_rate, weight_decay=hparams.weight_decay)
+  else:
+    joint_optimizer = common.build_optimizer(opt)
+  return Optimizers(
+      joint=joint_optimizer,
+      generator=tff.learning.optimizers.build_adam(
+          learning_rate=hparams.generator_learning_rate,
+          beta_1=hparams.generator_beta_1, beta_2=hparams.generator_beta_2),
+      distill=tff.learning.optimizers.build_adam(
+          learning_rate=config.distill.learning_rate))
+
+
 def build_from_config(
     inputs: common.ProcessInputs, config: ml_collections.ConfigDict
 ) -> tff.learning.templates.LearningProcess:
@@ -711,23 +764,11 @@ def build_from_config(
         "classifier's feature extractor)")
   f = hp.section_hparams(config, hparams_lib.DaFKDHparams)
   opt = config.client_optimizer
-  if f.weight_decay:
-    # Decoupled weight decay (AdamW); `check_config` asked for Adam.
-    joint_optimizer = tff.learning.optimizers.build_adamw(
-        learning_rate=opt.learning_rate, weight_decay=f.weight_decay)
-  else:
-    joint_optimizer = common.build_optimizer(opt)
   return build_dafkd_process(
       inputs.classifier_fn, inputs.element_spec, inputs.dataset_fn,
       num_clients=inputs.num_clients,
       clients_per_round=config.clients_per_round,
-      optimizers=Optimizers(
-          joint=joint_optimizer,
-          generator=tff.learning.optimizers.build_adam(
-              learning_rate=f.generator_learning_rate,
-              beta_1=f.generator_beta_1, beta_2=f.generator_beta_2),
-          distill=tff.learning.optimizers.build_adam(
-              learning_rate=config.distill.learning_rate)),
+      optimizers=optimizers_from_config(config, f),
       distill_config=common.distill_config(config),
       learning_rate=opt.learning_rate, learning_rate_decay=opt.lr_decay,
       hparams=f, server_data=inputs.server_data, seed=config.seed)
