@@ -483,3 +483,28 @@ def test_projection_discriminator_scores_image_label_pairs():
   np.testing.assert_allclose(proj.logits(x, labels)[:, 0], logit, rtol=1e-5)
   with pytest.raises(ValueError, match='labels'):
     proj.logits(x)
+
+
+@pytest.mark.parametrize('shared', [True, False])
+@pytest.mark.parametrize('num_classes', [0, 3])
+def test_teacher_outputs_equal_the_two_separate_passes(shared, num_classes):
+  """One extractor pass feeding both heads gives the separate passes' numbers
+  (batches of 4 over 10 images: a short last batch too)."""
+  clf = classifiers.build_classifier('cnn', input_shape=_SHAPE, num_classes=3,
+                                     norm='batch', seed=0)
+  disc = generators.build_discriminator_head(clf, seed=1, shared=shared,
+                                             num_classes=num_classes)
+  if num_classes:
+    embedding = np.random.default_rng(0).normal(
+        size=(3, clf.feature_dim)).astype(np.float32)
+    [v for v in disc.head_variables if 'embeddings' in v.name][0].assign(
+        embedding)
+  labels = np.array([0, 1, 2, 2, 1, 0, 0, 1, 2, 1])
+  x = tf.constant(_images(labels, 10))
+  y = tf.constant(labels, tf.int32) if num_classes else None
+  logits, scores = tf.function(gan.teacher_outputs)(clf, disc, x, y, 4)
+  np.testing.assert_array_equal(
+      logits, distillation.teacher_logits([clf.model], x, 4)[0])
+  np.testing.assert_array_equal(
+      scores, gan.discriminator_scores(disc, x, y, 4))
+  assert logits.shape == (10, 3) and scores.shape == (10,)

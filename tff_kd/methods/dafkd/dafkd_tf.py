@@ -254,10 +254,12 @@ def _private_terms(models: gan.GanModels, gen_vars: ModelWeights,
                                noise_dim=settings.noise_dim,
                                num_classes=settings.num_classes,
                                seed=pool.seed, with_labels=True)
-  logits = distillation.teacher_logits([models.classifier.model], images)[0]
   if pool.correlation:
-    scores = gan.discriminator_scores(models.discriminator, images, labels)
+    logits, scores = gan.teacher_outputs(models.classifier,
+                                         models.discriminator, images, labels)
   else:
+    logits = distillation.teacher_logits([models.classifier.model],
+                                         images)[0]
     scores = tf.ones([pool.size, 1])
   fs, f = gan.private_teacher_terms(scores, logits, pool.temperature)
   # Static shapes: TFF's (secure) aggregation needs fully defined types.
@@ -381,7 +383,8 @@ def teacher_outputs(classifier: classifiers.Classifier,
 
   Row k's classifier is `global + delta_k` with its own non-trainable values,
   its discriminator `discriminator_rows[..][k]` (on that classifier's
-  extractor when shared). One set of Keras models serves all rows.
+  extractor when shared: one extractor pass per batch feeds both heads,
+  `gan.teacher_outputs`). One set of Keras models serves all rows.
 
   Args:
     classifier: A built classifier (overwritten).
@@ -418,9 +421,9 @@ def teacher_outputs(classifier: classifiers.Classifier,
       v.assign(d[k])
     for v, d in zip(disc_vars, discriminator_rows):
       v.assign(d[k])
-    logits = distillation.teacher_logits([classifier.model], x, batch_size)[0]
-    scores = tf.reshape(gan.discriminator_scores(discriminator, x, labels,
-                                                 batch_size), [n])
+    logits, scores = gan.teacher_outputs(classifier, discriminator, x,
+                                         labels, batch_size)
+    scores = tf.reshape(scores, [n])
     keep = tf.cast(valid[k], tf.float32)
     logits_out = logits_out.write(k, keep * logits)
     scores_out = scores_out.write(k, keep * scores)

@@ -52,6 +52,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_kd.core import distillation
+from tff_kd.core import loops
 from tff_kd.models import classifiers
 from tff_kd.models import generators
 
@@ -294,6 +295,54 @@ def discriminator_scores(discriminator: generators.DiscriminatorHead,
       [-1, int(discriminator.extractor.output_shape[-1])])
   return tf.reshape(tf.sigmoid(discriminator.head_logits(features, labels)),
                     [-1])
+
+
+def teacher_outputs(classifier: classifiers.Classifier,
+                    discriminator: generators.DiscriminatorHead,
+                    x: tf.Tensor,
+                    labels: tf.Tensor | None = None,
+                    batch_size: int = 256) -> tuple[tf.Tensor, tf.Tensor]:
+  """One teacher's logits s_k(x) [N, C] and scores f_k(x) [N], batched.
+
+  Both in inference mode, as `distillation.teacher_logits` and
+  `discriminator_scores` compute them. When the discriminator shares the
+  classifier's extractor, each batch goes through the extractor once and
+  feeds both heads (the same ops on the same batches as the two separate
+  passes, so the same numbers); a separate discriminator needs its own pass.
+
+  Args:
+    classifier: The teacher's `Classifier`.
+    discriminator: Its `DiscriminatorHead`.
+    x: Images [N, ...].
+    labels: [N] labels of x for a projection discriminator, else None.
+    batch_size: Examples per forward pass.
+
+  Returns:
+    (logits [N, C], scores [N]) float32.
+  """
+  if not discriminator.shared:
+    return (distillation.teacher_logits([classifier.model], x, batch_size)[0],
+            discriminator_scores(discriminator, x, labels, batch_size))
+  if discriminator.conditional and labels is None:
+    raise ValueError('a projection discriminator needs the labels of the '
+                     'samples it scores')
+  x = tf.convert_to_tensor(x)
+  num_batches = (tf.shape(x)[0] + batch_size - 1) // batch_size
+
+  def step(outputs, i):
+    logits_out, scores_out = outputs
+    batch = slice(i * batch_size, (i + 1) * batch_size)
+    features = classifier.features(x[batch], training=False)
+    logits = classifier.head(features, training=False)
+    scores = tf.sigmoid(discriminator.head_logits(
+        features, None if labels is None else labels[batch]))
+    return (logits_out.write(i, tf.cast(logits, tf.float32)),
+            scores_out.write(i, tf.reshape(tf.cast(scores, tf.float32), [-1])))
+
+  outputs = (tf.TensorArray(tf.float32, size=num_batches, infer_shape=False),
+             tf.TensorArray(tf.float32, size=num_batches, infer_shape=False))
+  logits, scores = loops.fold_range(num_batches, step, outputs)
+  return logits.concat(), scores.concat()
 
 
 def _unique(variables) -> list:
