@@ -25,8 +25,8 @@ round runs, on the same sampled clients:
     `tf.function` of its own: pool generation (`pseudo_pool`), teacher and
     discriminator scoring (`teacher_outputs`, eq. 7's weights and eq. 8's
     target), the mechanism diagnostics on the labeled validation set
-    (`_diagnose`) and the distillation (with the student's agreement
-    before and after).
+    (`_diagnose`; 0 in the rounds that `dafkd.diagnostics_every` skips)
+    and the distillation (with the student's agreement before and after).
 
 The pure-TF server round's new classifier is compared with `process.next`'s
 (max abs difference), so the parts time the work the runtime does. Round 1
@@ -396,10 +396,11 @@ class _Runner:
                                      self.hparams.holder_share)
     server = self.server_settings
     pool_seed = dafkd_tf.pool_seed(c.seed, tf.constant(r))
+    diagnose = dafkd_tff.diagnostics_round(self.hparams.diagnostics_every, r)
     server_result, row['server_round'] = _timed(
         lambda: dafkd_tf.server_round(
             self.server_models, self.optimizers.distill, weights, uploads,
-            server, pool_seed, validation=validation))
+            server, pool_seed, validation=validation, diagnose=diagnose))
     new_generator = ModelWeights(
         [g + d for g, d in zip(weights[1].trainable,
                                uploads.generator_mean.trainable)],
@@ -411,10 +412,12 @@ class _Runner:
     (logits, scores, target, _), row['server_teachers'] = _timed(
         lambda: _teacher_part(self.server_models, weights[0], uploads, pool,
                               pool_labels, server))
-    _, row['server_diagnose'] = _timed(
-        lambda: _diagnose_part(self.server_models, weights[0], uploads,
-                               logits, scores, target, validation, server,
-                               pool_labels))
+    row['server_diagnose'] = 0.0
+    if diagnose is None or bool(diagnose):
+      _, row['server_diagnose'] = _timed(
+          lambda: _diagnose_part(self.server_models, weights[0], uploads,
+                                 logits, scores, target, validation, server,
+                                 pool_labels))
     new_classifier = dafkd_tf.mean_update(
         weights[0], uploads.classifier_deltas, uploads.valid,
         uploads.example_weights)

@@ -3,6 +3,7 @@
 The bad-setting checks fail in `validate_config`, before any data is loaded.
 """
 
+import math
 import os
 
 import pytest
@@ -11,6 +12,8 @@ from configs import dafkd_fashion_mnist
 from configs import dafkd_mnist
 from tests.helpers import digits_config as _config
 from tff_kd import errors
+from tff_kd.methods.dafkd import dafkd_tf
+from tff_kd.methods.dafkd import dafkd_tff
 from tff_kd.program import experiment
 
 
@@ -69,6 +72,31 @@ def test_dafkd_run_reports_its_mechanism(tmp_path, candidate):
     assert 0.0 <= row['distill/label_fidelity'] <= 1.0
 
 
+@pytest.mark.slow
+def test_diagnostics_every_skips_only_the_diagnostics(tmp_path):
+  """`dafkd.diagnostics_every=2`: round 1 reads NaN diagnostics, round 2
+  the same ones as every round; everything else is unchanged."""
+  diagnostics = {f'distill/{k}' for k in dafkd_tff.diagnostic_metrics(
+      dafkd_tf.skipped_diagnostics(pool_labels=True))}
+  histories = {}
+  for every in (1, 2):
+    histories[every] = experiment.run(
+        _dafkd_config(**{'rounds': 2, 'server_data.proxy': 'split',
+                         'server_data.proxy_size': 100,
+                         'server_data.val_size': 100,
+                         'dafkd.diagnostics_every': every}),
+        str(tmp_path / str(every)), progress=False).history
+  every_round, every_other = histories[1], histories[2]
+  for key in diagnostics:
+    assert math.isnan(every_other[0][key]), key
+    assert math.isfinite(every_round[0][key]), key
+    assert every_other[1][key] == every_round[1][key], key
+  for r in range(2):
+    for key, value in every_round[r].items():
+      if key not in diagnostics and not key.startswith('time/'):
+        assert every_other[r][key] == value, (r, key)
+
+
 @pytest.mark.parametrize('overrides,match', [
     ({'dafkd.weight_decay': 1e-3}, 'weight_decay needs client_optimizer'),
     ({'dafkd.pool': 'real'}, "pool='real' .* needs the server's proxy pool"),
@@ -90,6 +118,7 @@ def test_dafkd_run_reports_its_mechanism(tmp_path, candidate):
      'the oracle pool .* is unlabeled'),
     ({'client_optimizer.weight_decay': 1e-3},
      'weight_decay needs client_optimizer.name=adam'),
+    ({'dafkd.diagnostics_every': 0}, 'diagnostics_every must be'),
 ])
 def test_bad_dafkd_settings_fail_before_training(tmp_path, overrides, match):
   with pytest.raises(errors.ConfigError, match=match):

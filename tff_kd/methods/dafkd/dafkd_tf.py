@@ -625,6 +625,24 @@ def _diagnose(models: gan.GanModels, global_weights: ModelWeights,
                                                   pool_labels))
 
 
+def skipped_diagnostics(pool_labels: bool) -> Diagnostics:
+  """NaN `Diagnostics` for a round that skips them (`server_round`).
+
+  Args:
+    pool_labels: The pool has pseudo labels (a generated pool), so the
+      diagnostics have `pool_weights`.
+  """
+
+  def nan(cls):
+    return cls(*[tf.constant(float('nan'))] * len(cls._fields))
+
+  return Diagnostics(
+      nan(weight_diagnostics.WeightDiagnostics),
+      nan(weight_diagnostics.PoolQuality), tf.constant(float('nan')),
+      tf.constant(float('nan')),
+      nan(weight_diagnostics.WeightDiagnostics) if pool_labels else None)
+
+
 @tf.function
 def server_round(models: gan.GanModels,
                  distill_optimizer: tff.learning.optimizers.Optimizer,
@@ -634,7 +652,8 @@ def server_round(models: gan.GanModels,
                  pool_seed_value: tf.Tensor,
                  *,
                  real_pool: Optional[tf.Tensor] = None,
-                 validation: Optional[Validation] = None
+                 validation: Optional[Validation] = None,
+                 diagnose: Optional[tf.Tensor] = None
                  ) -> ServerRoundResult:
   """Algorithm 1, lines 9-13 (models built outside, overwritten here).
 
@@ -648,8 +667,10 @@ def server_round(models: gan.GanModels,
     pool_seed_value: `pool_seed` of this round.
     real_pool: The oracle-pool ablation: distil on these real images
       [N, ...] instead of a generated pool.
-    validation: Labeled images and label counts: `Diagnostics` every round,
-      and the labeled set of `settings.distill.validation` / `.accept`.
+    validation: Labeled images and label counts: `Diagnostics`, and the
+      labeled set of `settings.distill.validation` / `.accept`.
+    diagnose: With `validation`, a bool scalar: compute the `Diagnostics`
+      this round, or return `skipped_diagnostics` (NaN); None: every round.
 
   Returns:
     A `ServerRoundResult`.
@@ -689,9 +710,15 @@ def server_round(models: gan.GanModels,
     sum_error = tf.reduce_max(tf.abs(tf.reduce_sum(alpha, axis=0) - 1.0))
     mean_score = tf.reduce_sum(tf.reduce_mean(scores, axis=1)) / num_clients
     if validation is not None:
-      diagnostics = _diagnose(models, global_weights[0], uploads,
-                              (logits, scores), target, validation,
-                              settings.correlation, pool_labels)
+
+      def run_diagnostics():
+        return _diagnose(models, global_weights[0], uploads,
+                         (logits, scores), target, validation,
+                         settings.correlation, pool_labels)
+
+      diagnostics = (run_diagnostics() if diagnose is None else tf.cond(
+          diagnose, run_diagnostics,
+          lambda: skipped_diagnostics(pool_labels is not None)))
   else:
     sum_fs, sum_f = uploads.private_sums
     target = tf.ensure_shape(gan.private_teacher(sum_fs, sum_f),

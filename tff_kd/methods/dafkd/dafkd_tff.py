@@ -454,6 +454,20 @@ def server_settings(spec: ModelSpec, hparams: hparams_lib.DaFKDHparams,
       ensemble=hparams.weights_on, correlation=not hparams.no_correlation)
 
 
+def diagnostics_round(every: int, round_num) -> Optional[tf.Tensor]:
+  """Whether round `round_num` (from 0) runs the diagnostics.
+
+  Args:
+    every: `DaFKDHparams.diagnostics_every`.
+    round_num: The round, from 0 (int or int tensor).
+
+  Returns:
+    A bool scalar tensor (`dafkd_tf.server_round`'s `diagnose`), or None
+    when every round runs them.
+  """
+  return None if every == 1 else tf.equal((round_num + 1) % every, 0)
+
+
 def build_finalizer(
     spec: ModelSpec,
     hparams: hparams_lib.DaFKDHparams,
@@ -478,14 +492,15 @@ def build_finalizer(
   diagnostics of `diagnostic_metrics` (eq. 7's holder mass against
   uniform, weighted / uniform / oracle ensemble accuracy on the labeled
   images, pool quality, discriminator scores on real images and on the
-  pool).
+  pool), NaN in the rounds that `hparams.diagnostics_every` skips.
 
   Args:
     spec: `ModelSpec`.
     hparams: `config.dafkd`: the pool (`pool_size`, `pool`,
       `pool_generator`), the teachers' `weights_on` and `no_correlation`,
       `private` (the aggregate is `build_private_aggregator`'s), the
-      models' `aggregation` and the diagnostics' `holder_share`.
+      models' `aggregation` and the diagnostics' `holder_share` and
+      `diagnostics_every`.
     aggregate_type: Unplaced type of the aggregator's result.
     distill_optimizer: Student optimiser (fresh state every round).
     config: `DistillConfig` (its temperature also tempers the teachers).
@@ -535,7 +550,8 @@ def build_finalizer(
         spec.build(), distill_optimizer, (weights[0], weights[1]), uploads,
         settings, dafkd_tf.pool_seed(seed, round_num),
         real_pool=None if real_pool_fn is None else real_pool_fn(),
-        validation=validation)
+        validation=validation,
+        diagnose=diagnostics_round(hparams.diagnostics_every, round_num))
     metrics = collections.OrderedDict(
         num_teachers=tf.cast(stack.count, tf.float32),
         alpha_entropy=r.alpha_entropy,

@@ -86,6 +86,12 @@ class DaFKDHparams(hp.Hparams):
       images).
     holder_share: Diagnostics (with server_data.val_size > 0): a client
       holds a label when at least this share of its examples have it.
+    diagnostics_every: The mechanism diagnostics (with server_data.val_size
+      > 0: `dafkd_tff.diagnostic_metrics`, which score every teacher on the
+      labeled validation images) run in the rounds r (counted from 1) with
+      r % diagnostics_every == 0 and read NaN in the others; 1: every
+      round. Training is the same either way (the labeled accuracies of
+      `distill.validation` / `distill.accept` are not diagnostics).
   """
 
   SECTION: ClassVar[str] = 'dafkd'
@@ -122,6 +128,7 @@ class DaFKDHparams(hp.Hparams):
   aggregation: str = hp.field('mean', hp.one_of(*AGGREGATIONS))
   pool: str = hp.field('generator', hp.one_of(*POOLS))
   holder_share: float = hp.field(0.05, hp.unit_interval)
+  diagnostics_every: int = hp.field(1, hp.positive_int)
 
   @property
   def hidden_widths(self) -> tuple[int, ...]:
