@@ -30,7 +30,11 @@ round runs, on the same sampled clients:
 
 The pure-TF server round's new classifier is compared with `process.next`'s
 (max abs difference), so the parts time the work the runtime does. Round 1
-(tracing) is reported apart from the median over rounds 2..N.
+(tracing) is reported apart from the median over rounds 2..N. Each process
+runs in the context `train` installs for its config (its `runtime`
+settings: compare_mnist's METHOD_OVERRIDES run DaFKD one client at a time
+with every core per op), the pure-TF parts in this process with
+TensorFlow's default threads.
 
 Flags `--manual_dir`, `--data_dir` and `--config` are
 `benchmarks/compare_methods.py`'s.
@@ -57,6 +61,7 @@ from absl import flags
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
+from tensorflow_federated.python.core.impl.context_stack import context_stack_impl
 
 from benchmarks import compare_methods  # Installs the tff_kd context.
 from tff_kd import hparams as hp
@@ -72,6 +77,7 @@ from tff_kd.program import checkpoints
 from tff_kd.program import context
 from tff_kd.program import experiment
 from tff_kd.program import sampling
+from tff_kd.program import settings as settings_lib
 from tff_kd.program import validation as validation_lib
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
@@ -85,6 +91,10 @@ _SEED = flags.DEFINE_integer('seed', 0, 'Seed.')
 _EXTRA = flags.DEFINE_list(
     'extra_overrides', [], 'key=value config overrides for the DaFKD '
     'variant (e.g. dafkd.diagnostics_every=5); recorded in the results.')
+_DEFAULT_RUNTIME = flags.DEFINE_bool(
+    'default_runtime', False, "Also time DaFKD's `process.next` (same start "
+    "state, output dropped) with the runtime section's defaults, when its "
+    'config has other runtime settings.')
 _NOTE = flags.DEFINE_string('note', '', 'Text added to the Markdown.')
 _RESULT = flags.DEFINE_string(
     'result', '', 'Output prefix (.json and .md); default '
@@ -298,7 +308,6 @@ class _Runner:
     self.exp = experiment.prepare(self.config, os.path.join(root, 'dafkd'))
     self.fedavg = experiment.prepare(fedavg_config,
                                      os.path.join(root, 'fedavg'))
-    validation_lib.set_context(self.config)
     c = self.config
     self.hparams = hp.section_hparams(c, hparams_lib.DaFKDHparams)
     if self.hparams.private or self.hparams.pool == 'real':
@@ -318,11 +327,34 @@ class _Runner:
     self.local = validation_lib.local_work(c)
     val_x, val_y = self.exp.server_data.read_validation()
     self.val_x, self.val_y = val_x, val_y
-    self.states = {}
-    for name, exp in (('dafkd', self.exp), ('fedavg', self.fedavg)):
+    self.states, self.contexts = {}, {}
+    defaults = settings_lib.RuntimeSettings()
+    default_runtime = settings_lib.with_overrides(
+        c.copy_and_resolve_references(), {
+            'runtime.concurrent_clients': defaults.concurrent_clients,
+            'runtime.intra_op_threads': defaults.intra_op_threads})
+    self.default_runtime = (_DEFAULT_RUNTIME.value and
+                            default_runtime.runtime != c.runtime)
+    for name, exp, config in (
+        ('dafkd', self.exp, c), ('fedavg', self.fedavg, fedavg_config),
+        ('dafkd_default_runtime', self.exp, default_runtime)):
+      if name == 'dafkd_default_runtime' and not self.default_runtime:
+        continue
+      # Each process in the context `train` gives its config (its runtime
+      # settings); the first call starts that context's worker.
+      validation_lib.set_context(config)
+      self.contexts[name] = context_stack_impl.context_stack.current
       initial = exp.process.initialize()
       self.states[name] = exp.process.set_model_weights(
           initial, checkpoints.seeded_initial_weights(exp.model_fn))
+
+  def next(self, name: str, keys: list[str], state=None):
+    """`process.next` of 'dafkd', 'fedavg' or 'dafkd_default_runtime' in its
+    own context, from `state` (default: that process's last state)."""
+    context_stack_impl.context_stack.set_default_context(self.contexts[name])
+    exp = self.fedavg if name == 'fedavg' else self.exp
+    return exp.process.next(
+        self.states[name] if state is None else state, keys)
 
   def round(self, r: int) -> dict:
     """One round: both processes, then DaFKD's pure-TF parts."""
@@ -334,14 +366,19 @@ class _Runner:
     keys = self.exp.client_data.keys(clients, seed=c.seed, round_num=r)
     start = self.states['dafkd']
     # The runtime, interleaved with FedAvg's.
-    out, row['dafkd_process_next'] = _timed(
-        lambda: self.exp.process.next(start, keys))
+    out, row['dafkd_process_next'] = _timed(lambda: self.next('dafkd', keys))
     self.states['dafkd'] = out.state
     fout, row['fedavg_process_next'] = _timed(
-        lambda: self.fedavg.process.next(self.states['fedavg'], keys))
+        lambda: self.next('fedavg', keys))
     self.states['fedavg'] = fout.state
     row['ratio_process_next'] = (row['dafkd_process_next'] /
                                  row['fedavg_process_next'])
+    if self.default_runtime:
+      _, row['dafkd_default_runtime_process_next'] = _timed(
+          lambda: self.next('dafkd_default_runtime', keys, start))
+      row['ratio_default_runtime'] = (
+          row['dafkd_default_runtime_process_next'] /
+          row['fedavg_process_next'])
     # DaFKD in pure TF, from the round's starting state.
     clf, gen = _tensors(tuple(start.global_model_weights))
     weights = (ModelWeights(list(clf.trainable), list(clf.non_trainable)),
@@ -456,6 +493,10 @@ _ROWS = (
     ('DaFKD `process.next` (runtime)', 'dafkd_process_next'),
     ('FedAvg `process.next` (runtime, same clients)', 'fedavg_process_next'),
     ('**DaFKD / FedAvg, per round**', 'ratio_process_next'),
+    ('DaFKD `process.next` with the runtime defaults (one client per core, '
+     'one thread per op)', 'dafkd_default_runtime_process_next'),
+    ('DaFKD with the runtime defaults / FedAvg, per round',
+     'ratio_default_runtime'),
     ('DaFKD pure TF: client rounds (8 clients, `client_round`) + server '
      'round (`server_round`)', 'pure_tf_round'),
     ('runtime overhead (`process.next` - pure TF)', 'runtime_overhead'),
@@ -494,7 +535,10 @@ def markdown(result: dict) -> str:
       f"# Where a DaFKD round goes: `{result['variant']}` on compare_mnist",
       '', 'Command:', '', f"    {result['command']}", '',
       f"Machine: {result['machine']}. {result['note']}", '',
-      f"DaFKD overrides: `{result['overrides']}`.", '',
+      f"DaFKD overrides: `{result['overrides']}`. Runtime settings "
+      f"(each process in its own context): `{result['runtime']}`; the pure-TF "
+      'parts run in this process, one client after the other, with '
+      'TensorFlow\'s default threads.', '',
   ] + ([result['extra_note'], ''] if result.get('extra_note') else []) + [
       f"Per round (8 clients, round {len(result['rounds'])} of the run): "
       f"{counts['steps']} local steps, {counts['ce_steps']} plain CE steps, "
@@ -558,6 +602,8 @@ def main(argv):
       variant=variant,
       overrides=dict(compare_methods.VARIANTS[variant][1],
                      extra=list(_EXTRA.value)),
+      runtime={name: exp.config.runtime.to_dict() for name, exp in (
+          ('dafkd', runner.exp), ('fedavg', runner.fedavg))},
       generator_steps=runner.spec.settings.generator_steps,
       counts_per_round=last,
       per_step_ms=dict(

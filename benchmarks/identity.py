@@ -15,9 +15,10 @@ Usage:
   .venv/bin/python -m benchmarks.identity --out=/tmp/after.json
   .venv/bin/python -m benchmarks.identity --compare=/tmp/before.json,/tmp/after.json
 
-`--cases=a,b` runs a subset. The comparison prints each case as identical,
-or the metrics and state leaves that differ (with the largest metric
-difference), and exits 1 if any case differs.
+`--cases=a,b` runs a subset; `--overrides=key=value,...` changes every
+case (e.g. a runtime setting, to see what it changes). The comparison
+prints each case as identical, or the metrics and state leaves that differ
+(with the largest metric difference), and exits 1 if any case differs.
 """
 
 import hashlib
@@ -25,7 +26,7 @@ import json
 import os
 import sys
 import tempfile
-from typing import Any
+from typing import Any, Sequence
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
@@ -44,6 +45,9 @@ _OUT = flags.DEFINE_string('out', '', 'JSON file to write the fingerprints to.')
 _CASES = flags.DEFINE_list('cases', [], 'Cases to run (default: all).')
 _COMPARE = flags.DEFINE_list('compare', [],
                              'Two fingerprint files to compare: BEFORE,AFTER.')
+_OVERRIDES = flags.DEFINE_list(
+    'overrides', [], 'key=value config overrides for every case (e.g. '
+    'runtime.concurrent_clients=1, to see what a runtime setting changes).')
 
 _SERVER = {'server_data.proxy': 'split', 'server_data.proxy_size': 100,
            'server_data.val_size': 60, 'distill.steps': 6,
@@ -108,9 +112,21 @@ def _digest(value) -> str:
   return h.hexdigest()[:16]
 
 
-def fingerprint(case: str) -> dict[str, Any]:
-  """Runs one case and returns its metrics and state digests."""
-  config = config_for(CASES[case])
+def _parse(value: str) -> Any:
+  for cast in (int, float):
+    try:
+      return cast(value)
+    except ValueError:
+      pass
+  return {'true': True, 'false': False}.get(value.lower(), value)
+
+
+def fingerprint(case: str, overrides: Sequence[str] = ()) -> dict[str, Any]:
+  """Runs one case (plus `key=value` overrides) and returns its metrics and
+  state digests."""
+  extra = dict(item.partition('=')[::2] for item in overrides)
+  config = config_for({**CASES[case],
+                       **{k: _parse(v) for k, v in extra.items()}})
   experiment.set_context(config)  # DaFKD's private mode: the test context.
   with tempfile.TemporaryDirectory() as root:
     result = experiment.run(config, root, progress=False)
@@ -178,7 +194,7 @@ def main(argv):
   results = {}
   try:
     for case in cases:
-      results[case] = fingerprint(case)
+      results[case] = fingerprint(case, _OVERRIDES.value)
       print(f'{case}: {len(results[case]["state"])} state leaves', flush=True)
       with open(_OUT.value, 'w') as f:
         json.dump(results, f, indent=1, sort_keys=True)

@@ -20,9 +20,15 @@ from configs import feddf_mnist
 # DaFKD distils on generated images with its own settings (configs/
 # dafkd_mnist.py: T = 20, Adam lr 1e-4, BatchNorm statistics frozen);
 # `benchmarks/compare_methods.py` applies these to its DaFKD variants.
+# Its clients' GAN steps (a DCGAN generator) are large ops, which run faster
+# one client at a time with every core per op than with the runtime's
+# defaults (one client per core, one thread per op: the fastest for the
+# other methods' small models); the rounds compute the same maths, with a
+# different round-off (benchmarks/results/dafkd_breakdown.md).
 METHOD_OVERRIDES = {
     'dafkd': {'distill.temperature': 20.0, 'distill.learning_rate': 1e-4,
-              'distill.student_training': False},
+              'distill.student_training': False,
+              'runtime.concurrent_clients': 1, 'runtime.intra_op_threads': 0},
 }
 
 
