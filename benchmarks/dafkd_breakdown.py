@@ -95,6 +95,9 @@ _DEFAULT_RUNTIME = flags.DEFINE_bool(
     'default_runtime', False, "Also time DaFKD's `process.next` (same start "
     "state, output dropped) with the runtime section's defaults, when its "
     'config has other runtime settings.')
+_PARTS = flags.DEFINE_bool(
+    'parts', True, 'Time the pure-TF parts too (--noparts: only the '
+    '`process.next` calls, for more rounds in the same time).')
 _NOTE = flags.DEFINE_string('note', '', 'Text added to the Markdown.')
 _RESULT = flags.DEFINE_string(
     'result', '', 'Output prefix (.json and .md); default '
@@ -357,7 +360,7 @@ class _Runner:
         self.states[name] if state is None else state, keys)
 
   def round(self, r: int) -> dict:
-    """One round: both processes, then DaFKD's pure-TF parts."""
+    """One round: both processes, then (`--parts`) DaFKD's pure-TF parts."""
     c = self.config
     row = {}
     clients = sampling.sample_clients(c.partition.num_clients,
@@ -379,6 +382,18 @@ class _Runner:
       row['ratio_default_runtime'] = (
           row['dafkd_default_runtime_process_next'] /
           row['fedavg_process_next'])
+    if _PARTS.value:
+      row.update(self.pure_tf_round(r, clients, keys, start, out.state))
+      row['runtime_overhead'] = (row['dafkd_process_next'] -
+                                 row['pure_tf_round'])
+    return row
+
+  def pure_tf_round(self, r: int, clients, keys: list[str], start,
+                    end) -> dict:
+    """DaFKD's round in pure TF from the process state `start`, whole and in
+    parts; `end` is the runtime's state after it (for the differences)."""
+    c = self.config
+    row = {}
     # DaFKD in pure TF, from the round's starting state.
     clf, gen = _tensors(tuple(start.global_model_weights))
     weights = (ModelWeights(list(clf.trainable), list(clf.non_trainable)),
@@ -469,12 +484,10 @@ class _Runner:
     row['client_parts_sum'] = sum(row[k] for k in (
         'client_ce_steps', 'client_joint_steps', 'client_generator_steps'))
     row['pure_tf_round'] = row['client_client_round'] + row['server_round']
-    row['runtime_overhead'] = (row['dafkd_process_next'] -
-                               row['pure_tf_round'])
     row['max_abs_diff_vs_runtime'] = _max_abs_diff(
-        server_result.classifier, out.state.global_model_weights[0])
+        server_result.classifier, end.global_model_weights[0])
     row['max_abs_diff_generator_vs_runtime'] = _max_abs_diff(
-        server_result.generator, out.state.global_model_weights[1])
+        server_result.generator, end.global_model_weights[1])
     return row
 
 
@@ -530,7 +543,7 @@ def _f(v: Optional[float]) -> str:
 def markdown(result: dict) -> str:
   """The result as a Markdown report."""
   s = result['summary']
-  counts = result['counts_per_round']
+  counts = result.get('counts_per_round')
   lines = [
       f"# Where a DaFKD round goes: `{result['variant']}` on compare_mnist",
       '', 'Command:', '', f"    {result['command']}", '',
@@ -539,19 +552,25 @@ def markdown(result: dict) -> str:
       f"(each process in its own context): `{result['runtime']}`; the pure-TF "
       'parts run in this process, one client after the other, with '
       'TensorFlow\'s default threads.', '',
-  ] + ([result['extra_note'], ''] if result.get('extra_note') else []) + [
-      f"Per round (8 clients, round {len(result['rounds'])} of the run): "
-      f"{counts['steps']} local steps, {counts['ce_steps']} plain CE steps, "
-      f"{counts['gan_steps']} GAN steps (each: one joint step + "
-      f"{result['generator_steps']} generator step(s)).", '',
-      '| part | round 1 | median, rounds 2..N |', '|---|---|---|']
+  ] + ([result['extra_note'], ''] if result.get('extra_note') else [])
+  if counts:
+    lines += [
+        f"Per round (8 clients, round {len(result['rounds'])} of the run): "
+        f"{counts['steps']} local steps, {counts['ce_steps']} plain CE "
+        f"steps, {counts['gan_steps']} GAN steps (each: one joint step + "
+        f"{result['generator_steps']} generator step(s)).", '']
+  lines += ['| part | round 1 | median, rounds 2..N |', '|---|---|---|']
   for label, key in _ROWS:
     if key in s:
       lines.append(f"| {label} | {_f(s[key]['first'])} | "
                    f"{_f(s[key]['median_rest'])} |")
+  lines += ['', 'DaFKD / FedAvg over rounds 2..N, summed seconds: ' + ', '.join(
+      f'{k} {v:.2f}' for k, v in result['ratio_of_sums'].items()) + '.', '']
+  if not counts:
+    return '\n'.join(lines) + '\n'
   per_step = result['per_step_ms']
   lines += [
-      '', 'Per step (ms, median rounds): ' + ', '.join(
+      'Per step (ms, median rounds): ' + ', '.join(
           f'{k} {v:.2f}' for k, v in per_step.items()) + '.', '',
       'The pure-TF round against `process.next`\'s, max abs difference '
       'of the new models: classifier '
@@ -583,13 +602,32 @@ def main(argv):
     finally:
       context.shutdown()
   summary = _summary(rows)
-  last = rows[-1]['counts']
   rest = rows[1:] or rows
 
   def per_step(key, count):
     return 1e3 * statistics.median(
         row[key] / max(row['counts'][count], 1) for row in rest)
 
+  fedavg_sum = sum(row['fedavg_process_next'] for row in rest)
+  ratio_of_sums = {
+      name: sum(row[key] for row in rest) / fedavg_sum
+      for name, key in (('dafkd', 'dafkd_process_next'),
+                        ('dafkd with the runtime defaults',
+                         'dafkd_default_runtime_process_next'))
+      if key in rest[0]}
+  parts = {}
+  if _PARTS.value:
+    parts = dict(
+        counts_per_round=rows[-1]['counts'],
+        per_step_ms=dict(
+            ce=per_step('client_ce_steps', 'ce_steps'),
+            joint=per_step('client_joint_steps', 'gan_steps'),
+            generator=per_step('client_generator_steps', 'gan_steps'),
+            fedavg=per_step('client_fedavg_local', 'steps')),
+        max_abs_diff_vs_runtime=max(r['max_abs_diff_vs_runtime']
+                                    for r in rows),
+        max_abs_diff_generator_vs_runtime=max(
+            r['max_abs_diff_generator_vs_runtime'] for r in rows))
   result = dict(
       command=' '.join(['python -m benchmarks.dafkd_breakdown'] +
                        sys.argv[1:]),
@@ -605,15 +643,7 @@ def main(argv):
       runtime={name: exp.config.runtime.to_dict() for name, exp in (
           ('dafkd', runner.exp), ('fedavg', runner.fedavg))},
       generator_steps=runner.spec.settings.generator_steps,
-      counts_per_round=last,
-      per_step_ms=dict(
-          ce=per_step('client_ce_steps', 'ce_steps'),
-          joint=per_step('client_joint_steps', 'gan_steps'),
-          generator=per_step('client_generator_steps', 'gan_steps'),
-          fedavg=per_step('client_fedavg_local', 'steps')),
-      max_abs_diff_vs_runtime=max(r['max_abs_diff_vs_runtime'] for r in rows),
-      max_abs_diff_generator_vs_runtime=max(
-          r['max_abs_diff_generator_vs_runtime'] for r in rows),
+      ratio_of_sums=ratio_of_sums, **parts,
       summary=summary, rounds=rows, extra_note=_NOTE.value,
       tff_kd_path=os.path.dirname(os.path.dirname(os.path.abspath(
           dafkd_tf.__file__))))
