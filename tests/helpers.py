@@ -15,6 +15,7 @@ import ml_collections
 
 from configs import digits
 from tff_kd.methods import registry
+from tff_kd.program import checkpoints
 from tff_kd.program import settings
 
 
@@ -62,3 +63,12 @@ def smoke_config(case: str, **overrides: Any) -> ml_collections.ConfigDict:
   `CONTRACT`, `method_overrides(case)`, then `overrides`."""
   return digits_config(**{**CONTRACT, **method_overrides(case),
                           **overrides})
+
+
+def load_state(exp, root_dir: str):
+  """`experiment.load_state(exp.config, root_dir)` for an experiment already
+  prepared with the same config (any root): (the newest state in root_dir,
+  its round), without building the method's process again; a build is
+  most of a short run's cost."""
+  return checkpoints.load_or_initialize(
+      exp, checkpoints.manager_for(exp.config, root_dir))

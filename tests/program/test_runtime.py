@@ -36,10 +36,9 @@ def workers():
   runtime.stop_workers(started)
 
 
-def _global_weights(config, root: str) -> list[np.ndarray]:
-  state, rounds = experiment.load_state(config, root)
-  assert rounds == config.rounds
-  exp = experiment.prepare(config, root)
+def _global_weights(exp, root: str) -> list[np.ndarray]:
+  state, rounds = helpers.load_state(exp, root)
+  assert rounds == exp.config.rounds
   return [np.asarray(v) for v in
           tf.nest.flatten(exp.process.get_model_weights(state))]
 
@@ -60,7 +59,9 @@ def test_two_workers_give_the_one_worker_model(tmp_path, workers, method):
     roots['local'] = str(tmp_path / 'local')
     experiment.run(config, roots['local'], progress=False)
     checks.append(('local', 1e-6))
-  one = _global_weights(config, roots['one'])
+  # One process reads every run's state (one build, not one per run).
+  exp = experiment.prepare(config, roots['one'])
+  one = _global_weights(exp, roots['one'])
   # Two workers: partial sums grouped otherwise, and each worker's TF
   # kernels run in another process and thread layout (oneDNN reductions are
   # not bitwise stable across them). FedAvg came out identical. DaFKD, whose
@@ -69,7 +70,7 @@ def test_two_workers_give_the_one_worker_model(tmp_path, workers, method):
   # of 320 classifier weights; 1.1e-5 with TF's default op threads); what
   # differs inside the suite was not found.
   for other, atol in checks:
-    for a, b in zip(one, _global_weights(config, roots[other])):
+    for a, b in zip(one, _global_weights(exp, roots[other])):
       np.testing.assert_allclose(b, a, rtol=0, atol=atol, err_msg=other)
 
 
