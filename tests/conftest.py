@@ -6,6 +6,7 @@ when it ends, shuts the context down and fails the run if any
 """
 
 import os
+import time
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
@@ -32,6 +33,39 @@ def live_workers(parent: psutil.Process | None = None) -> list[psutil.Process]:
     except psutil.Error:
       pass
   return found
+
+
+# A test that starts a process tree of its own (a Jupyter kernel, a
+# benchmark) gives it this variable with a value of its own; the
+# `worker_binary` processes of that tree inherit it (tff_kd starts them with
+# the parent's environment), so the test can tell them from the workers of
+# other programs running on the same machine.
+WORKER_TAG_ENV = 'TFF_KD_TEST_WORKER_TAG'
+
+
+def tagged_workers(tag: str) -> list[psutil.Process]:
+  """Live `worker_binary` processes whose environment holds
+  `WORKER_TAG_ENV=tag`."""
+  found = []
+  for p in live_workers():
+    try:
+      if p.environ().get(WORKER_TAG_ENV) == tag:
+        found.append(p)
+    except psutil.Error:
+      pass
+  return found
+
+
+def wait_for_no_tagged_workers(tag: str, timeout_s: float = 10.0) -> None:
+  """Fails unless every worker tagged `tag` is gone within `timeout_s`."""
+  deadline = time.monotonic() + timeout_s
+  while True:
+    alive = [p.pid for p in tagged_workers(tag)]
+    if not alive:
+      return
+    assert time.monotonic() < deadline, (
+        f'worker_binary {alive} outlived the process that started it')
+    time.sleep(0.2)
 
 
 @pytest.fixture(scope='session')

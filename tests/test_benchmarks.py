@@ -9,11 +9,13 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 
 import pytest
 
 from tests.conftest import SHARED_DATA
-from tests.conftest import live_workers
+from tests.conftest import wait_for_no_tagged_workers
+from tests.conftest import WORKER_TAG_ENV
 
 pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -22,7 +24,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.mark.parametrize('pure_tf_rounds,rounds', [(0, 2), (1, 3)])
 def test_fedgen_workload_runs_with_any_pure_tf_rounds(
     pure_tf_rounds, rounds, mnist_data_dir, tmp_path):
-  before = {p.pid for p in live_workers()}
+  tag = uuid.uuid4().hex  # Marks the benchmark's workers (conftest.py).
   out = tmp_path / 'workload.json'
   proc = subprocess.run(
       [sys.executable, '-m', 'benchmarks.fedgen_workload',
@@ -30,7 +32,7 @@ def test_fedgen_workload_runs_with_any_pure_tf_rounds(
        f'--rounds={rounds}', f'--pure_tf_rounds={pure_tf_rounds}',
        f'--out={out}'],
       cwd=ROOT, capture_output=True, text=True, timeout=600,
-      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
+      env={**os.environ, 'TF_CPP_MIN_LOG_LEVEL': '3', WORKER_TAG_ENV: tag})
   assert proc.returncode == 0, proc.stderr[-3000:]
   run = json.loads(out.read_text())['runs'][0]
   assert run['rounds'] == rounds and len(run['round_times']) == rounds
@@ -43,4 +45,4 @@ def test_fedgen_workload_runs_with_any_pure_tf_rounds(
     assert run['prepare_s'] is None
     assert run['pure_tf_local_work_s'] is None
     assert run['tff_overhead_ratio'] is None
-  assert {p.pid for p in live_workers()} <= before  # Its worker is gone.
+  wait_for_no_tagged_workers(tag)  # Its worker is gone.
