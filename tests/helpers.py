@@ -9,9 +9,12 @@ tests/methods/test_hparams.py) give every method in
 `tff_kd.methods.registry.METHODS`.
 """
 
+import os
 from typing import Any, Sequence
 
 import ml_collections
+import numpy as np
+import tensorflow as tf
 
 from configs import digits
 from tff_kd.methods import registry
@@ -72,3 +75,18 @@ def load_state(exp, root_dir: str):
   most of a short run's cost."""
   return checkpoints.load_or_initialize(
       exp, checkpoints.manager_for(exp.config, root_dir))
+
+
+def saved_leaves(root_dir: str) -> tuple[int, list[np.ndarray]]:
+  """A run folder's newest checkpoint read as it was saved, without building
+  the method's process: (its round, every leaf of the state in `tf.nest`
+  order, as numpy). The leaves and their order are those of
+  `experiment.load_state`'s state (checked for every method by hand)."""
+  version = checkpoints.last_saved_round(root_dir)
+  assert version is not None, f'no checkpoint in {root_dir}'
+  path = checkpoints.CheckpointManager(
+      os.path.join(root_dir, 'checkpoints')).path_for_version(version)
+  value = tf.saved_model.load(path)()
+  return version, [
+      np.asarray(v.read_value() if isinstance(v, tf.Variable) else v)
+      for v in tf.nest.flatten(value)]
