@@ -93,6 +93,28 @@ def _saved_state(exp, process, root: str):
               seed=exp.config.seed).iterator())))
 
 
+@pytest.fixture
+def one_fed_eval_build(monkeypatch):
+  """`tff.learning.algorithms.build_fed_eval`, built once per test.
+
+  The evaluation manager asks for a new evaluation process at every
+  evaluation (3 per `train_model` run here, 6 for FedD3A), always for the
+  same model (`build_evaluation_manager` of one experiment); the builds
+  are identical and each costs about what a training round does. The
+  manager still creates, initialises and runs an evaluation every round.
+  """
+  real = tff.learning.algorithms.build_fed_eval
+  built = []
+
+  def build_once(*args, **kwargs):
+    if not built:
+      built.append(real(*args, **kwargs))
+    return built[0]
+
+  monkeypatch.setattr(tff.learning.algorithms, 'build_fed_eval', build_once)
+  return built
+
+
 # Every method and client-data form (heterogeneous models).
 CASES = helpers.smoke_cases()
 
@@ -100,8 +122,8 @@ CASES = helpers.smoke_cases()
 @pytest.mark.parametrize('method', [
     m if m == 'fedavg' else pytest.param(m, marks=pytest.mark.slow)
     for m in CASES])
-def test_train_model_trains_and_resumes_like_experiment_run(tmp_path,
-                                                            method):
+def test_train_model_trains_and_resumes_like_experiment_run(
+    tmp_path, method, one_fed_eval_build):
   config = helpers.smoke_config(method, rounds=3)
   exp = experiment.prepare(config, str(tmp_path / 'keyed'))
   process = experiment.build_dataset_process(exp)
@@ -113,6 +135,7 @@ def test_train_model_trains_and_resumes_like_experiment_run(tmp_path,
   assert sorted(recorder.released) == [1, 2, 3]
   # TFF's federated evaluation (build_fed_eval) of every round's model.
   assert sorted(eval_recorder.released) == [1, 2, 3]
+  assert len(one_fed_eval_build) == 1
   for value in eval_recorder.released.values():
     accuracy = float(value['model_metrics']['sparse_categorical_accuracy'])
     assert 0.0 <= accuracy <= 1.0
