@@ -81,7 +81,8 @@ def saved_leaves(root_dir: str) -> tuple[int, list[np.ndarray]]:
   """A run folder's newest checkpoint read as it was saved, without building
   the method's process: (its round, every leaf of the state in `tf.nest`
   order, as numpy). The leaves and their order are those of
-  `experiment.load_state`'s state (checked for every method by hand)."""
+  `experiment.load_state`'s state (checked by hand for every registered
+  method and `VARIANTS` entry)."""
   version = checkpoints.last_saved_round(root_dir)
   assert version is not None, f'no checkpoint in {root_dir}'
   path = checkpoints.CheckpointManager(

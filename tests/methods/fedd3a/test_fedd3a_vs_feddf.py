@@ -15,6 +15,7 @@ difference, the probability average, then gives a different model.
 import numpy as np
 import pytest
 
+from tests import helpers
 from tests.helpers import digits_config
 from tff_kd.program import experiment
 
@@ -30,7 +31,7 @@ def _global_model(tmp_path, name: str, **overrides) -> list[np.ndarray]:
   root = str(tmp_path / name)
   experiment.run(config, root, progress=False)
   exp = experiment.prepare(config, root)
-  state, _ = experiment.load_state(config, root)
+  state, _ = helpers.load_state(exp, root)  # No third build.
   weights = exp.process.get_model_weights(state)
   return [np.asarray(v) for v in (*weights.trainable, *weights.non_trainable)]
 
