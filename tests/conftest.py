@@ -6,6 +6,7 @@ when it ends, shuts the context down and fails the run if any
 """
 
 import os
+import subprocess
 import time
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
@@ -91,9 +92,35 @@ def tff_context():
   context.shutdown()
 
 
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_repo_entries_at_start: set[str] = set()
+
+
+def _new_repo_entries() -> list[str]:
+  """Top-level entries of the checkout made since the session started that
+  git does not ignore (a test writing into the checkout, e.g. a run with
+  an empty --root_dir wrote client_data/ and logs/ there once)."""
+  new = sorted(set(os.listdir(_REPO)) - _repo_entries_at_start)
+  if not new or not os.path.exists(os.path.join(_REPO, '.git')):
+    return []
+  ignored = subprocess.run(
+      ['git', '-C', _REPO, 'check-ignore', '--', *new], capture_output=True,
+      text=True, check=False).stdout.split()
+  return [n for n in new if n not in ignored]
+
+
+def pytest_sessionstart(session):
+  _repo_entries_at_start.update(os.listdir(_REPO))
+
+
 def pytest_sessionfinish(session, exitstatus):
   from tff_kd.program import context  # pylint: disable=g-import-not-at-top
   context.shutdown()
+  written = _new_repo_entries()
+  if written:
+    print(f'\nERROR: the test session wrote into the checkout {_REPO}: '
+          f'{written}')
+    session.exitstatus = 1
   leaked = live_workers(psutil.Process())
   if leaked:
     print(f'\nERROR: worker_binary processes survived the test session: '

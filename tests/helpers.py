@@ -77,17 +77,26 @@ def load_state(exp, root_dir: str):
       exp, checkpoints.manager_for(exp.config, root_dir))
 
 
-def saved_leaves(root_dir: str) -> tuple[int, list[np.ndarray]]:
+def saved_leaves(root_dir: str,
+                 part: str | None = None) -> tuple[int, list[np.ndarray]]:
   """A run folder's newest checkpoint read as it was saved, without building
   the method's process: (its round, every leaf of the state in `tf.nest`
   order, as numpy). The leaves and their order are those of
   `experiment.load_state`'s state (checked by hand for every registered
-  method and `VARIANTS` entry)."""
+  method and `VARIANTS` entry).
+
+  `part` names one field of the state instead, e.g. 'global_model_weights':
+  for a homogeneous process of `tff_kd.federated.composer` its leaves are
+  `get_model_weights`' (checked by hand for feddf and fedd3a; FedGen's,
+  DaFKD's and the heterogeneous variants' hold more than the model).
+  """
   version = checkpoints.last_saved_round(root_dir)
   assert version is not None, f'no checkpoint in {root_dir}'
   path = checkpoints.CheckpointManager(
       os.path.join(root_dir, 'checkpoints')).path_for_version(version)
   value = tf.saved_model.load(path)()
+  if part is not None:
+    value = getattr(value, part)
   return version, [
       np.asarray(v.read_value() if isinstance(v, tf.Variable) else v)
       for v in tf.nest.flatten(value)]

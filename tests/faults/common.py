@@ -7,15 +7,17 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 
 import tensorflow as tf
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
 # The digits run of tests/helpers.py's `digits_config`, as flags.
-SMALL = ['--config=configs/digits.py', '--config.partition.num_clients=6',
-         '--config.clients_per_round=3', '--config.local.amount=1',
-         '--config.export=false', '--noprogress', '--noplot']
+SMALL = [f'--config={os.path.join(REPO, "configs", "digits.py")}',
+         '--config.partition.num_clients=6', '--config.clients_per_round=3',
+         '--config.local.amount=1', '--config.export=false', '--noprogress',
+         '--noplot']
 
 
 def train(*args: str, env: dict | None = None,
@@ -63,10 +65,16 @@ for argv in json.loads(sys.argv[1]):
       code = e.code
   print(json.dumps(dict(code=code, stderr=err.getvalue())), flush=True)
 '''
-  proc = subprocess.run(
-      [sys.executable, '-c', script, json.dumps(cases)], cwd=REPO,
-      capture_output=True, text=True, timeout=300,
-      env={**os.environ, 'TF_CPP_MIN_LOG_LEVEL': '3'})
+  # From an empty folder: a case that wrongly got as far as writing (as an
+  # empty --root_dir once did: client_data/ and logs/ in the working
+  # folder) writes there, not into the checkout.
+  with tempfile.TemporaryDirectory() as cwd:
+    proc = subprocess.run(
+        [sys.executable, '-c', script, json.dumps(cases)], cwd=cwd,
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, 'TF_CPP_MIN_LOG_LEVEL': '3',
+             'PYTHONPATH': os.pathsep.join(
+                 [REPO, *filter(None, [os.environ.get('PYTHONPATH')])])})
   assert proc.returncode == 0, proc.stderr[-3000:]
   results = [json.loads(line) for line in proc.stdout.splitlines()
              if line.startswith('{')]
