@@ -545,3 +545,29 @@ def test_missing_idx_file_fails_fast_without_network(tmp_path):
                      match='t10k-labels-idx1-ubyte.gz in manual_dir'):
     datasets.load_dataset('mnist', data_dir=str(tmp_path / 'tfds'),
                           manual_dir=str(manual))
+
+
+def test_cache_writers_sharing_a_data_dir_do_not_clash(tmp_path):
+  # Two runs (or two test workers) that fill the same cache at once: each
+  # writes a file of its own and replaces the cache atomically, so the cache
+  # ends readable and no temporary file is left behind.
+  import threading  # pylint: disable=g-import-not-at-top
+  arrays = {'x': np.arange(200_000, dtype=np.float32)}
+  errors_seen = []
+
+  def write():
+    try:
+      for _ in range(5):
+        datasets._write_cache(str(tmp_path), 'shared', 'key-1', arrays)
+    except Exception as e:  # pylint: disable=broad-except
+      errors_seen.append(e)
+
+  threads = [threading.Thread(target=write) for _ in range(4)]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  assert not errors_seen
+  cached = datasets._read_cache(str(tmp_path), 'shared', 'key-1')
+  np.testing.assert_array_equal(cached['x'], arrays['x'])
+  assert os.listdir(tmp_path / 'tff_kd_cache') == ['shared.npz']

@@ -35,6 +35,7 @@ no network) raises `tff_kd.errors.DataError` with a one-line message.
 import hashlib
 import os
 import tarfile
+import uuid
 from typing import Callable, NamedTuple, Optional, Sequence
 
 import numpy as np
@@ -141,9 +142,15 @@ def _write_cache(data_dir: Optional[str], name: str, key: str,
   path = _cache_path(data_dir, name)
   if path:
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = path + '.tmp.npz'
-    np.savez(tmp, key=key, **arrays)
-    os.replace(tmp, path)
+    # A name of this writer's own: runs (or test workers) that share a
+    # data_dir may fill the same cache at once; each replace is atomic.
+    tmp = f'{path}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp.npz'
+    try:
+      np.savez(tmp, key=key, **arrays)
+      os.replace(tmp, path)
+    finally:
+      if os.path.exists(tmp):
+        os.remove(tmp)
 
 
 def _cached(data_dir: Optional[str], name: str, source: str,
