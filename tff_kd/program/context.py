@@ -12,7 +12,12 @@ child survives, keeps the parent's stdout/stderr open, and pipelines such as
   finds its worker gone instead of printing a traceback during interpreter
   teardown, or waiting forever on a worker that ignores SIGINT);
 * the worker gets the default SIGINT handler back, which a process started
-  in the background (`nohup cmd &`) would otherwise pass on as ignored.
+  in the background (`nohup cmd &`) would otherwise pass on as ignored;
+* gRPC's fork handlers are off (`GRPC_ENABLE_FORK_SUPPORT=false` unless the
+  environment says otherwise): every child here execs at once, and the
+  handlers' "Other threads are currently calling into gRPC, skipping fork()
+  handlers" line could land after a stopped run's one-line error (in about
+  half of the SIGTERMs to a loaded run's process group).
 
 The local contexts also set how the worker uses the cores
 (`benchmarks/results/threads.md` measures it): at most `concurrent_clients`
@@ -59,11 +64,22 @@ _worker_env: dict[str, str] = {}
 _prestarted: Optional[tuple[list[str], subprocess.Popen]] = None
 
 
+_libc: Optional[ctypes.CDLL] = None
+
+
+def _load_libc() -> ctypes.CDLL:
+  """libc, looked up once in this process (`find_library` runs
+  `ldconfig`: a fork that must not happen in a forked child)."""
+  global _libc
+  if _libc is None:
+    _libc = ctypes.CDLL(ctypes.util.find_library('c') or 'libc.so.6',
+                        use_errno=True)
+  return _libc
+
+
 def _die_with_parent() -> None:
   """Runs in the forked child before exec; Linux only, best effort."""
-  libc = ctypes.CDLL(ctypes.util.find_library('c') or 'libc.so.6',
-                     use_errno=True)
-  libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+  _load_libc().prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
   # TFF stops its worker with SIGINT and then waits for it without a
   # timeout. A process started in the background (`nohup cmd &`) inherits an
   # ignored SIGINT, so its worker would never stop and Python would hang at
@@ -76,6 +92,7 @@ class _ReapedPopen(subprocess.Popen):
 
   def __init__(self, *args: Any, **kwargs: Any):
     if sys.platform.startswith('linux'):
+      _load_libc()  # Here, not in the child.
       kwargs.setdefault('preexec_fn', _die_with_parent)
     if _worker_env and kwargs.get('env') is None:
       kwargs['env'] = {**os.environ, **_worker_env}
@@ -138,6 +155,14 @@ def start_reaped(args: list[str]) -> subprocess.Popen:
                       stderr=subprocess.DEVNULL)
 
 
+def _signal_if_alive(pid: int, signum: int) -> None:
+  """`os.kill`, doing nothing for a pid that is gone."""
+  try:
+    os.kill(pid, signum)
+  except ProcessLookupError:
+    pass
+
+
 def install_worker_reaper() -> None:
   """Makes TFF's local executor factory start reaped `worker_binary`s."""
   global _installed
@@ -149,6 +174,12 @@ def install_worker_reaper() -> None:
   # Only the module's own references are replaced; `subprocess` and
   # `portpicker` elsewhere are untouched.
   executor_factory.subprocess = types.SimpleNamespace(Popen=_TffPopen)
+  # TFF's clean-up signals its worker's pid; `shutdown` may have reaped it
+  # already (when the context outlives `shutdown`'s collection, e.g. held by
+  # a stopped run's traceback), and the late signal raised ProcessLookupError
+  # into a traceback printed at exit.
+  executor_factory.os = types.SimpleNamespace(path=os.path,
+                                              kill=_signal_if_alive)
   executor_factory.portpicker = types.SimpleNamespace(
       pick_unused_port=_pick_port)
   # TFF polls a new worker's channel every 1 s and looks before the channel
@@ -229,8 +260,11 @@ def install() -> None:
 
   Defers tensorflow_probability (`defer_import`), which has to happen
   before TensorFlow Federated is imported to save its start-up time, then
-  installs the worker reaper (`install_worker_reaper`). Safe to call twice.
+  installs the worker reaper (`install_worker_reaper`), with gRPC's fork
+  handlers off unless `GRPC_ENABLE_FORK_SUPPORT` is set. Safe to call twice.
   """
+  # Read when gRPC starts, so before TensorFlow Federated is imported.
+  os.environ.setdefault('GRPC_ENABLE_FORK_SUPPORT', 'false')
   defer_import('tensorflow_probability')
   install_worker_reaper()
 
