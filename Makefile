@@ -26,8 +26,11 @@ $(DEV_STAMP): $(STAMP) requirements-dev.txt
 	$(VENV)/bin/pip install --quiet --no-deps -r requirements-dev.txt
 	touch $(DEV_STAMP)
 
+# Two pytest workers (pytest-xdist), each test file on one of them: the
+# suite's end-to-end runs are mostly single-threaded Python and tracing.
+TEST_WORKERS ?= 2
 test: $(DEV_STAMP)
-	$(VENV)/bin/python -m pytest tests -q --durations=25 $(ARGS)
+	$(VENV)/bin/python -m pytest tests -q -n $(TEST_WORKERS) --dist loadfile --durations=25 $(ARGS)
 
 # The suite without the end-to-end runs marked slow (a few minutes).
 test-fast: $(DEV_STAMP)
