@@ -223,6 +223,10 @@ def _stopped(e: BaseException, root_dir: str) -> None:
   the log file); a bug keeps its traceback."""
   logging.info('the run stopped on %s', type(e).__name__, exc_info=e)
   if _stop_signal is not None:
+    # The signal may land inside the program's asyncio work (a release):
+    # the tasks it cancels are reported as "exception was never retrieved"
+    # when they are collected at exit, after the one line. Expected here.
+    std_logging.getLogger('asyncio').setLevel(std_logging.CRITICAL)
     _fail(f'stopped by {_stop_signal}; {_how_to_resume(root_dir)}')
   if isinstance(e, errors.UserError):
     _fail(str(e))
