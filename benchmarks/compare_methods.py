@@ -123,14 +123,6 @@ _OUT = flags.DEFINE_string('out', 'benchmarks/results/compare_mnist',
                            'Result folder.')
 
 
-def _parse(value: str):
-  for cast in (int, float):
-    try:
-      return cast(value)
-    except ValueError:
-      pass
-  return {'true': True, 'false': False}.get(value.lower(), value)
-
 
 def make_config(variant: str, seed: int, rounds=None, overrides=()):
   """The config of one (variant, seed) run."""
@@ -150,7 +142,7 @@ def make_config(variant: str, seed: int, rounds=None, overrides=()):
   settings.with_overrides(c, own)
   for item in overrides:
     key, _, value = item.partition('=')
-    settings.with_overrides(c, {key: _parse(value)})
+    settings.with_overrides(c, {key: settings.parse_value(value)})
   return c
 
 

@@ -112,21 +112,13 @@ def _digest(value) -> str:
   return h.hexdigest()[:16]
 
 
-def _parse(value: str) -> Any:
-  for cast in (int, float):
-    try:
-      return cast(value)
-    except ValueError:
-      pass
-  return {'true': True, 'false': False}.get(value.lower(), value)
-
 
 def fingerprint(case: str, overrides: Sequence[str] = ()) -> dict[str, Any]:
   """Runs one case (plus `key=value` overrides) and returns its metrics and
   state digests."""
-  extra = dict(item.partition('=')[::2] for item in overrides)
-  config = config_for({**CASES[case],
-                       **{k: _parse(v) for k, v in extra.items()}})
+  extra = {key: settings.parse_value(value) for key, value in (
+      item.partition('=')[::2] for item in overrides)}
+  config = config_for({**CASES[case], **extra})
   experiment.set_context(config)  # DaFKD's private mode: the test context.
   with tempfile.TemporaryDirectory() as root:
     result = experiment.run(config, root, progress=False)

@@ -181,3 +181,11 @@ def test_with_overrides_sets_dotted_keys_and_names_unknown_ones():
     with pytest.raises(errors.ConfigError,
                        match=f"config key '{key}' does not exist"):
       settings.with_overrides(settings.default_config(), {key: 1})
+
+
+def test_parse_value_reads_numbers_bools_and_strings():
+  assert settings.parse_value('3') == 3
+  assert settings.parse_value('1e-3') == 1e-3
+  assert settings.parse_value('False') is False
+  assert settings.parse_value('true') is True
+  assert settings.parse_value('fedd3a') == 'fedd3a'

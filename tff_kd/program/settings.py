@@ -571,6 +571,17 @@ def needs_secure_sum(config: ml_collections.ConfigDict) -> bool:
   return secure_sum is not None and secure_sum(config)
 
 
+def parse_value(value: str) -> Any:
+  """A `key=value` override's value from text: an int, a float, a bool
+  (`true` / `false`, any case) or else the string itself."""
+  for cast in (int, float):
+    try:
+      return cast(value)
+    except ValueError:
+      pass
+  return {'true': True, 'false': False}.get(value.lower(), value)
+
+
 def with_overrides(config: ml_collections.ConfigDict,
                    overrides: Mapping[str, Any]) -> ml_collections.ConfigDict:
   """`config` with dotted-key `overrides` set in place, e.g.
