@@ -97,11 +97,11 @@ def _saved_state(exp, process, root: str):
 def one_fed_eval_build(monkeypatch):
   """`tff.learning.algorithms.build_fed_eval`, built once per test.
 
-  The evaluation manager asks for a new evaluation process at every
-  evaluation (3 per `train_model` run here, 6 for FedD3A), always for the
-  same model (`build_evaluation_manager` of one experiment); the builds
-  are identical and each costs about what a training round does. The
-  manager still creates, initialises and runs an evaluation every round.
+  `build_evaluation_manager` builds its evaluation process once per manager
+  (the manager asks for one at every evaluation); a test here makes two
+  managers of the same model, one per `train_model` run, and this shares
+  the build between them. Each manager still creates, initialises and runs
+  an evaluation every round.
   """
   real = tff.learning.algorithms.build_fed_eval
   built = []
@@ -157,3 +157,23 @@ def test_train_model_trains_and_resumes_like_experiment_run(
   for a, b in zip(want, got):
     np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=0,
                                atol=1e-5)
+
+
+def test_evaluation_manager_builds_its_process_once(tmp_path, monkeypatch):
+  # The manager asks for an evaluation process at every evaluation; the
+  # build (about a training round's cost) happens once per manager.
+  real = tff.learning.algorithms.build_fed_eval
+  calls = []
+
+  def counted(*args, **kwargs):
+    calls.append(1)
+    return real(*args, **kwargs)
+
+  monkeypatch.setattr(tff.learning.algorithms, 'build_fed_eval', counted)
+  exp = experiment.prepare(helpers.smoke_config('fedavg', rounds=3),
+                           str(tmp_path / 'keyed'))
+  process = experiment.build_dataset_process(exp)
+  recorder, eval_recorder = _Recorder(), _Recorder()
+  _train(exp, process, str(tmp_path / 'program'), 3, recorder, eval_recorder)
+  assert sorted(eval_recorder.released) == [1, 2, 3]
+  assert len(calls) == 1

@@ -217,8 +217,14 @@ def build_evaluation_manager(
         loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=[tf.keras.metrics.SparseCategoricalAccuracy()])
 
+  built = []
+
   def create_process_fn(unused_name: str):
-    return tff.learning.algorithms.build_fed_eval(tff_model_fn), None
+    # The manager asks for a process at every evaluation, always for this
+    # model: built once (a build costs about what a training round does).
+    if not built:
+      built.append(tff.learning.algorithms.build_fed_eval(tff_model_fn))
+    return built[0], None
 
   def create_state_manager_fn(name: str):
     return tff.program.FileProgramStateManager(
