@@ -37,6 +37,7 @@ import statistics
 import sys
 import tempfile
 import time
+from typing import Optional, Sequence
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
@@ -87,6 +88,10 @@ VARIANTS = {
     'feddf_bn_update': ('feddf', {'distill.student_training': True}),
     'fedd3a': ('fedd3a', {}),
     'fedd3a_avg': ('fedd3a', {'fedd3a.weighting': 'avg'}),
+    # Table 1's other strategies: each sample's best-scoring teacher only,
+    # and seeded random weights.
+    'fedd3a_onehot': ('fedd3a', {'fedd3a.weighting': 'onehot'}),
+    'fedd3a_random': ('fedd3a', {'fedd3a.weighting': 'random'}),
     # FedDF's logit average instead of eq. 7's probability average: with avg
     # weights, FedD3A is then FedDF bit for bit
     # (tests/methods/fedd3a/test_fedd3a_vs_feddf.py).
@@ -128,7 +133,20 @@ _OUT = flags.DEFINE_string('out', 'benchmarks/results/fedd3a_digits',
                            'Result path prefix (.json and .md).')
 
 
-def _config(variant: str, seed: int):
+def make_config(variant: str, seed: int, *, domains: Sequence[str] = (),
+            proxy: str = '', extra: Optional[dict] = None):
+  """A variant's config from the flags.
+
+  Args:
+    variant: A key of `VARIANTS`.
+    seed: The run's seed.
+    domains: Client domains (default `--domains`).
+    proxy: The server's pool domain (default `--proxy`).
+    extra: Overrides applied after the variant's own.
+
+  Returns:
+    The validated config.
+  """
   method, overrides = VARIANTS[variant]
   if _PER_DOMAIN.value > 1:
     c = fedd3a_digits_device.get_config()
@@ -136,7 +154,8 @@ def _config(variant: str, seed: int):
     c.partition.alpha = _BETA.value
   else:
     c = fedd3a_digits_silo.get_config()
-  names = [d.strip() for d in _DOMAINS.value.split(',') if d.strip()]
+  names = list(domains) or [d.strip() for d in _DOMAINS.value.split(',')
+                            if d.strip()]
   c.method = method
   c.seed = seed
   c.rounds = _ROUNDS.value
@@ -147,7 +166,7 @@ def _config(variant: str, seed: int):
   c.partition.num_clients = len(names) * _PER_DOMAIN.value
   c.clients_per_round = (len(names) if _PER_DOMAIN.value == 1 else
                          _PER_ROUND.value or 5)
-  c.server_data.proxy = _PROXY.value
+  c.server_data.proxy = proxy or _PROXY.value
   c.server_data.proxy_size = _PROXY_SIZE.value
   c.distill.steps = _STEPS.value
   c.fedd3a.alpha = _ALPHA.value
@@ -155,21 +174,24 @@ def _config(variant: str, seed: int):
   c.model.weights = os.path.expanduser(_WEIGHTS.value)
   c.checkpoint_every = c.rounds
   c.export = False
-  return settings.with_overrides(c, overrides)
+  return settings.with_overrides(settings.with_overrides(c, overrides),
+                                 extra or {})
 
 
-def _mean(values) -> float:
+def mean(values) -> float:
   values = list(values)
   return statistics.fmean(values) if values else float('nan')
 
 
-def _std(values) -> float:
+def std(values) -> float:
   values = list(values)
   return statistics.stdev(values) if len(values) > 1 else 0.0
 
 
-def _run_variant(variant: str, seed: int, root: str) -> dict:
-  config = _config(variant, seed)
+def run_variant(variant: str, seed: int, root: str,
+                config=None) -> dict:
+  """Runs one variant and seed in `root`; its per-round record."""
+  config = config or make_config(variant, seed)
   method = config.method
   names = experiment.domain_names(config)
   t0 = time.perf_counter()
@@ -184,7 +206,7 @@ def _run_variant(variant: str, seed: int, root: str) -> dict:
                        for n in names},
       train_loss=[x['train/loss'] for x in h],
       final_accuracy=run.final['test/accuracy'],
-      seconds_per_round=_mean(times[1:] or times),  # Round 1 compiles.
+      seconds_per_round=mean(times[1:] or times),  # Round 1 compiles.
       first_round_seconds=times[0],
       wall_seconds=time.perf_counter() - t0)
   if method in ('feddf', 'fedd3a'):
@@ -209,24 +231,24 @@ def summarize(runs: dict) -> dict:
   for variant, by_seed in runs.items():
     rs = [by_seed[k] for k in sorted(by_seed)]
     finals = [r['final_accuracy'] for r in rs]
-    last5 = [_mean(r['accuracy'][-5:]) for r in rs]
-    row = dict(seeds=sorted(by_seed), finals=finals, final_mean=_mean(finals),
-               final_std=_std(finals), last5_mean=_mean(last5),
-               last5_std=_std(last5),
-               domain_final={d: _mean(r['domain_accuracy'][d][-1]
+    last5 = [mean(r['accuracy'][-5:]) for r in rs]
+    row = dict(seeds=sorted(by_seed), finals=finals, final_mean=mean(finals),
+               final_std=std(finals), last5_mean=mean(last5),
+               last5_std=std(last5),
+               domain_final={d: mean(r['domain_accuracy'][d][-1]
                                       for r in rs)
                              for d in rs[0]['domain_accuracy']},
-               seconds_per_round=_mean(r['seconds_per_round'] for r in rs),
-               curve=[_mean(r['accuracy'][i] for r in rs)
+               seconds_per_round=mean(r['seconds_per_round'] for r in rs),
+               curve=[mean(r['accuracy'][i] for r in rs)
                       for i in range(min(len(r['accuracy']) for r in rs))])
     for key in ('ensemble_accuracy', 'uniform_accuracy',
                 'labeled_accuracy_before', 'labeled_accuracy_after',
                 'ensemble_val_accuracy', 'val_accuracy_before',
                 'val_accuracy_after'):
       if key in rs[0]:
-        row[key] = _mean(_mean(r[key]) for r in rs)
+        row[key] = mean(mean(r[key]) for r in rs)
     if 'client_weight' in rs[0]:
-      row['client_weight'] = {d: _mean(_mean(r['client_weight'][d])
+      row['client_weight'] = {d: mean(mean(r['client_weight'][d])
                                        for r in rs)
                               for d in rs[0]['client_weight']}
     out[variant] = row
@@ -387,7 +409,7 @@ def main(argv):
                          f'{", ".join(VARIANTS)}')
   root = _ROOT.value or tempfile.mkdtemp(prefix='fedd3a_bench_')
   seeds = [int(v) for v in _SEEDS.value]
-  base = _config('fedd3a', seeds[0])
+  base = make_config('fedd3a', seeds[0])
   result = dict(
       command=' '.join(['python -m benchmarks.fedd3a_digits'] +
                        sys.argv[1:]),
@@ -418,7 +440,7 @@ def main(argv):
       print('table 2:', result['table2'], flush=True)
     for seed in seeds:
       for variant in _METHODS.value:
-        entry = _run_variant(variant, seed, root)
+        entry = run_variant(variant, seed, root)
         result['methods'].setdefault(variant, {})[seed] = entry
         result['total_seconds'] = time.perf_counter() - t_start
         _write(result)

@@ -252,6 +252,34 @@ def test_early_stopping_on_plateau():
   assert float(result.optimizer_state['learning_rate']) == 0.0
 
 
+@pytest.mark.parametrize('steps', [7, 23])  # < eval_every; not a multiple.
+def test_the_steps_after_the_last_validation_are_kept_when_better(steps):
+  rng = np.random.default_rng(4)
+  init = (rng.normal(size=(4, 3)), np.zeros(3))
+  x = rng.normal(size=(40, 4)).astype(np.float32)
+  # Targets the student can fit: every step lowers the validation loss.
+  targets = _np_softmax(x @ rng.normal(size=(4, 3))).astype(np.float32)
+  config = distillation.DistillConfig.plain(
+      steps=steps, batch_size=8, val_fraction=0.25, eval_every=10,
+      patience=4, seed=3, cosine_decay=False)
+  optimizer = tff.learning.optimizers.build_sgdm(0.5)
+  eager = distillation.distill(_dense(*init), optimizer, x, targets, config)
+
+  @tff.tensorflow.computation(tff.TensorType(np.float32, [40, 4]),
+                              tff.TensorType(np.float32, [40, 3]))
+  def distill_in_tff(pool, probs):
+    result = distillation.distill(_dense(*init), optimizer, pool, probs,
+                                  config)
+    return result.weights.trainable, result.best_step
+
+  tff_weights, tff_best = distill_in_tff(x, targets)
+  assert int(eager.steps_run) == steps
+  assert int(eager.best_step) == steps == int(tff_best)
+  assert not np.allclose(eager.weights.trainable[0], init[0])
+  np.testing.assert_allclose(tff_weights[0], eager.weights.trainable[0],
+                             rtol=1e-5, atol=1e-6)
+
+
 def test_early_stopping_restores_best_weights():
   rng = np.random.default_rng(3)
   init = (rng.normal(size=(4, 3)), rng.normal(size=3))

@@ -550,7 +550,8 @@ def distill(student: tf.keras.Model,
   Early stopping: with `validation='pool'` and `val_fraction > 0`, the mean
   KD loss on the held-out part of the pool (`validation_split`); with
   `validation='labeled'`, the mean cross-entropy on `labeled`. It is
-  measured before training and every `eval_every` steps; training stops
+  measured before training, every `eval_every` steps and after the last
+  step; training stops
   after `patience` validations without a strict improvement, and the best
   student seen (trainable and non-trainable variables) is restored at the
   end. With `accept='no_worse'` the initial student is returned instead
@@ -782,6 +783,14 @@ def _distill(student, optimizer, x, targets, config, learning_rate,
       break
 
   if use_val:
+    # The steps after the last full window are validated too: otherwise
+    # they would always be dropped (all of them when steps < eval_every).
+    if tf.not_equal(steps_run % config.eval_every, 0):
+      val_loss = val_loss_fn(val_targets)
+      if val_loss < best_val:
+        best_val = val_loss
+        best_weights = _values(variables)
+        best_step = steps_run
     tf.nest.map_structure(lambda v, b: v.assign(b), variables, best_weights)
   accuracy_after, accepted = _accept_or_restore(
       student, labeled, batch_size, config, initial_weights, accuracy_before)
