@@ -133,7 +133,7 @@ def _cell(by_seed: dict) -> str:
 def _markdown(result: dict) -> str:
   s = result['setting']
   runs = result['runs']
-  servers = [d for d in s['server_domains'] if d in runs]
+  servers = [d for d in s['all_domains'] if d in runs]
   variants = list(dict.fromkeys(v for d in servers for v in runs[d]))
   title = ("Table 1's protocol: one round of "
            f"{s['table1_epochs']} local epochs" if s['table1'] else
@@ -151,7 +151,8 @@ def _markdown(result: dict) -> str:
       f"the pool); FedD3A alpha {s['alpha']}. Accuracy: the final global "
       "model on each client domain's test set, mean over the client domains;"
       ' mean ± std over seeds.', '',
-      f"Command: `{result['command']}`. Machine: {result['machine']}. "
+      'Commands: ' + '; '.join(f'`{c}`' for c in result['commands']) +
+      f". Machine: {result['machine']}. "
       f"Wall time so far {result['total_seconds']:.0f} s.", '',
       '| variant | ' + ' | '.join(f'server {d}' for d in servers) +
       ' | mean over server domains |', '|---' * (2 + len(servers)) + '|']
@@ -196,6 +197,27 @@ def _write(result: dict) -> None:
     f.write(_markdown(result))
 
 
+def _previous(setting: dict) -> dict | None:
+  """The record an earlier invocation left at `--out`, if any.
+
+  Its runs are kept and skipped, so seeds, server domains and variants can
+  be added by later invocations (or a stopped one continued). A record with
+  other settings is refused in one line.
+  """
+  path = digits._OUT.value + '.json'  # pylint: disable=protected-access
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    result = json.load(f)
+  if result.get('setting') != json.loads(json.dumps(setting)):
+    raise app.UsageError(f'{path} holds runs with other settings; choose '
+                         'another --out')
+  result['runs'] = {server: {variant: {int(k): e for k, e in by_seed.items()}
+                             for variant, by_seed in by_variant.items()}
+                    for server, by_variant in result['runs'].items()}
+  return result
+
+
 def main(argv):
   del argv
   context.set_local_context()
@@ -213,31 +235,34 @@ def main(argv):
   root = digits._ROOT.value or tempfile.mkdtemp(prefix='fedd3a_protocol_')  # pylint: disable=protected-access
   seeds = [int(v) for v in digits._SEEDS.value]  # pylint: disable=protected-access
   base = _server_config('fedd3a', seeds[0], servers[0])
-  result = dict(
-      command=' '.join(['python -m benchmarks.fedd3a_protocol'] +
-                       sys.argv[1:]),
-      setting=dict(
-          all_domains=_ALL.value, server_domains=servers,
-          proxy_size=base.server_data.proxy_size,
-          train_limit=base.dataset.train_limit, rounds=base.rounds,
-          table1=_TABLE1.value, table1_epochs=_T1_EPOCHS.value,
-          seeds=seeds, val_size=base.server_data.val_size,
-          start=(f'weights {base.model.weights}' if base.model.weights
-                 else 'seeded initialisation'),
-          client_lr=base.client_optimizer.learning_rate,
-          momentum=base.client_optimizer.momentum,
-          batch_size=base.local.batch_size, mu=base.fedprox.mu,
-          distill_steps=base.distill.steps,
-          distill_batch=base.distill.batch_size,
-          pool_epochs=_POOL_EPOCHS.value, alpha=base.fedd3a.alpha),
+  setting = dict(
+      all_domains=_ALL.value, proxy_size=base.server_data.proxy_size,
+      train_limit=base.dataset.train_limit, rounds=base.rounds,
+      table1=_TABLE1.value, table1_epochs=_T1_EPOCHS.value,
+      val_size=base.server_data.val_size,
+      start=(f'weights {base.model.weights}' if base.model.weights
+             else 'seeded initialisation'),
+      client_lr=base.client_optimizer.learning_rate,
+      momentum=base.client_optimizer.momentum,
+      batch_size=base.local.batch_size, mu=base.fedprox.mu,
+      distill_steps=base.distill.steps,
+      distill_batch=base.distill.batch_size,
+      pool_epochs=_POOL_EPOCHS.value, alpha=base.fedd3a.alpha)
+  result = _previous(setting) or dict(
+      commands=[], setting=setting,
       machine=f'{platform.processor() or platform.machine()}, '
               f'{os.cpu_count()} cores, TF {tf.__version__}',
       runs={}, total_seconds=0.0)
+  result['commands'].append(' '.join(['python -m benchmarks.fedd3a_protocol']
+                                     + sys.argv[1:]))
+  done_before = result['total_seconds']
   t_start = time.perf_counter()
   try:
     for seed in seeds:
       for server in servers:
         for variant in variants:
+          if seed in result['runs'].get(server, {}).get(variant, {}):
+            continue  # Done by an earlier invocation with this --out.
           if variant == 'ceiling':
             entry = _ceiling(seed, server)
           else:
@@ -246,7 +271,8 @@ def main(argv):
                 _server_config(variant, seed, server))
           result['runs'].setdefault(server, {}).setdefault(
               variant, {})[seed] = entry
-          result['total_seconds'] = time.perf_counter() - t_start
+          result['total_seconds'] = (done_before + time.perf_counter() -
+                                     t_start)
           _write(result)
           print(f'server {server}, {variant}, seed {seed}: final '
                 f"{entry['final_accuracy']:.4f}", flush=True)

@@ -769,7 +769,11 @@ def _distill(student, optimizer, x, targets, config, learning_rate,
     steps_run = step + 1
 
     if use_val:
-      if tf.equal(steps_run % config.eval_every, 0):
+      # The last step validates too: otherwise the steps after the last
+      # full window would always be dropped (all of them when steps <
+      # eval_every).
+      if tf.logical_or(tf.equal(steps_run % config.eval_every, 0),
+                       tf.equal(steps_run, config.steps)):
         val_loss = val_loss_fn(val_targets)
         if val_loss < best_val:
           best_val = val_loss
@@ -783,14 +787,6 @@ def _distill(student, optimizer, x, targets, config, learning_rate,
       break
 
   if use_val:
-    # The steps after the last full window are validated too: otherwise
-    # they would always be dropped (all of them when steps < eval_every).
-    if tf.not_equal(steps_run % config.eval_every, 0):
-      val_loss = val_loss_fn(val_targets)
-      if val_loss < best_val:
-        best_val = val_loss
-        best_weights = _values(variables)
-        best_step = steps_run
     tf.nest.map_structure(lambda v, b: v.assign(b), variables, best_weights)
   accuracy_after, accepted = _accept_or_restore(
       student, labeled, batch_size, config, initial_weights, accuracy_before)
