@@ -14,6 +14,10 @@ process's resource usage):
     data, partition and client files, tracing), i.e. the wall time minus
     every round's train, evaluation and checkpoint seconds;
   * seconds per round: the median `time/train_s` of rounds 2..R;
+  * the server step: the median over rounds 2..R of the KD server's own
+    wall time inside the round (FedDF: `distill/teacher_seconds +
+    distill/distill_seconds`; DaFKD: `distill/server_seconds`, the pool,
+    the teachers, the diagnostics and the distillation);
   * peak RSS: the largest process of the run's tree (`worker_binary` or the
     driver), "Maximum resident set size";
   * bytes per round: `comm/bytes_down + comm/bytes_up` of round 1;
@@ -124,6 +128,7 @@ def run_setting(method: str, n: int, k: int, root: str) -> dict:
   record.update(
       startup_s=wall - spent,
       seconds_per_round=statistics.median(train[1:] or train),
+      server_step_s=_server_step_s(rows),
       first_round_s=train[0],
       bytes_per_round=(float(rows[0]['comm/bytes_down']) +
                        float(rows[0]['comm/bytes_up'])),
@@ -131,6 +136,20 @@ def run_setting(method: str, n: int, k: int, root: str) -> dict:
       client_files_mb=_du(os.path.join(root, 'client_data')) / 2**20,
       final_accuracy=float(rows[-1]['test/accuracy']))
   return record
+
+
+# The metrics that time a method's server step, summed per round.
+_SERVER_STEP_KEYS = (('distill/server_seconds',),
+                     ('distill/teacher_seconds', 'distill/distill_seconds'))
+
+
+def _server_step_s(rows: list[dict]) -> float | None:
+  """The median server step of rounds 2..R, or None (no KD server step)."""
+  for keys in _SERVER_STEP_KEYS:
+    if all(k in rows[0] for k in keys):
+      per_round = [sum(float(r[k]) for k in keys) for r in rows]
+      return statistics.median(per_round[1:] or per_round)
+  return None
 
 
 def _cell(value, fmt: str) -> str:
@@ -142,20 +161,21 @@ def markdown(records: list[dict], meta: dict) -> str:
            f"Command: `{meta['command']}`. Machine: {meta['machine']}.", '',
            meta['setting'], '',
            '| method | N | K | local steps | start-up s | s/round | '
-           'round 1 s | peak RSS GB | MB per round | checkpoint MB | '
-           'client files MB |', '|---' * 11 + '|']
+           'server step s | round 1 s | peak RSS GB | MB per round | '
+           'checkpoint MB | client files MB |', '|---' * 12 + '|']
   for r in records:
     if 'error' in r:
       lines.append(f"| {r['method']} | {r['num_clients']} | "
                    f"{r['clients_per_round']} | {r['local_steps']} | failed "
                    f"(exit {r['returncode']}, {r['wall_s']:.0f} s, peak "
                    f"{_cell(r['peak_rss_gb'], '.2f')} GB): "
-                   f"{r['error'][:120]} | | | | | | |")
+                   f"{r['error'][:120]} | | | | | | | |")
       continue
     lines.append(
         f"| {r['method']} | {r['num_clients']} | {r['clients_per_round']} | "
         f"{r['local_steps']} | {r['startup_s']:.1f} | "
-        f"{r['seconds_per_round']:.2f} | {r['first_round_s']:.2f} | "
+        f"{r['seconds_per_round']:.2f} | "
+        f"{_cell(r.get('server_step_s'), '.2f')} | {r['first_round_s']:.2f} | "
         f"{r['peak_rss_gb']:.2f} | {r['bytes_per_round'] / 2**20:.1f} | "
         f"{_cell(r['checkpoint_mb'], '.1f')} | "
         f"{r['client_files_mb']:.1f} |")

@@ -208,6 +208,8 @@ def test_round_metrics_and_model_views(plain):
   assert fin['alpha_sum_error'] < 1e-5
   assert 0.0 <= fin['alpha_entropy'] <= np.log(2) + 1e-6
   assert fin['steps'] == 3.0 and np.isfinite(fin['last_loss'])
+  assert 0.0 < fin['target_entropy'] <= np.log(NUM_CLASSES) + 1e-6
+  assert fin['server_seconds'] > 0.0
   for key in ('agreement_before', 'agreement_after'):
     assert 0.0 <= fin[key] <= 1.0, key
   cw = outputs[0]['client_work']['train']
@@ -240,7 +242,8 @@ def test_private_mode_equals_plain_mode(plain, private):
       np.testing.assert_allclose(a, b, atol=1e-6)
     for a, b in zip(p_clf.trainable, q_clf.trainable):
       np.testing.assert_allclose(a, b, atol=1e-5)
-    for key in ('first_loss', 'last_loss', 'mean_disc_score'):
+    for key in ('first_loss', 'last_loss', 'mean_disc_score',
+                'target_entropy'):
       assert private_out[r - 1]['finalizer'][key] == pytest.approx(
           plain_out[r - 1]['finalizer'][key], rel=1e-4, abs=1e-6), key
   # The discriminators stay (simulated) on the clients: the store is kept.

@@ -70,6 +70,9 @@ def test_dafkd_run_reports_its_mechanism(tmp_path, candidate):
       assert key in row, key
     # Share of G(z, y) the averaged model labels y (issue: the pool's labels).
     assert 0.0 <= row['distill/label_fidelity'] <= 1.0
+    assert 0.0 <= row['distill/target_entropy'] <= math.log(10) + 1e-6
+    # The server round's wall time, within the round's.
+    assert 0.0 < row['distill/server_seconds'] < row['time/train_s']
 
 
 @pytest.mark.slow
@@ -93,7 +96,8 @@ def test_diagnostics_every_skips_only_the_diagnostics(tmp_path):
     assert every_other[1][key] == every_round[1][key], key
   for r in range(2):
     for key, value in every_round[r].items():
-      if key not in diagnostics and not key.startswith('time/'):
+      if key not in diagnostics and not (key.startswith('time/') or
+                                         key.endswith('_seconds')):
         assert every_other[r][key] == value, (r, key)
 
 

@@ -524,6 +524,10 @@ class ServerRoundResult(NamedTuple):
       classifier (before distillation) classifies as its pseudo label y;
       -1 for a real pool. About 1/C when the generator ignores its label.
     diagnostics: `Diagnostics`, or None (private mode, or no validation).
+    target_entropy: Mean entropy (nats) of the distillation targets over
+      the pool: ln C for uniform targets, 0 for one-hot ones.
+    seconds: Wall time of the whole server round (pool, teachers,
+      diagnostics and distillation).
   """
 
   classifier: ModelWeights
@@ -536,6 +540,8 @@ class ServerRoundResult(NamedTuple):
   agreement_after: tf.Tensor
   label_fidelity: tf.Tensor
   diagnostics: Optional[Diagnostics] = None
+  target_entropy: Optional[tf.Tensor] = None
+  seconds: Optional[tf.Tensor] = None
 
 
 class ServerSettings(NamedTuple):
@@ -675,6 +681,7 @@ def server_round(models: gan.GanModels,
   Returns:
     A `ServerRoundResult`.
   """
+  t_start = tf.timestamp()  # Stateful: ordered before the variable writes.
   classifier, discriminator, generator = models
   valid = uploads.valid
   config = settings.distill
@@ -740,7 +747,12 @@ def server_round(models: gan.GanModels,
   labeled = None if validation is None else (validation.x, validation.y)
   result = distillation.distill(classifier.model, distill_optimizer, pool,
                                 target, config, labeled=labeled)
+  after = argmax_agreement(student_logits(), target)
+  with tf.control_dependencies([after, *tf.nest.flatten(result.weights)]):
+    seconds = tf.cast(tf.timestamp() - t_start, tf.float32)
   return ServerRoundResult(result.weights, new_generator, result, entropy,
-                           sum_error, mean_score, before,
-                           argmax_agreement(student_logits(), target),
-                           fidelity, diagnostics)
+                           sum_error, mean_score, before, after, fidelity,
+                           diagnostics,
+                           # The same mean entropy, over classes per sample.
+                           gan.weights_entropy(tf.transpose(target)),
+                           seconds)

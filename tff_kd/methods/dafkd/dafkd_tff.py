@@ -486,7 +486,9 @@ def build_finalizer(
   on the pool, before / after distillation), `label_fidelity` (the share of
   the generated pool the averaged classifier labels as G's pseudo label; -1
   for a real pool), the distillation's `steps`,
-  `first_loss`, `last_loss` and `pool_size`. With a labeled validation set
+  `first_loss`, `last_loss`, `pool_size`, `target_entropy` (the mean
+  entropy of the distillation targets, ln C for uniform ones) and
+  `server_seconds` (the wall time of the server's whole round). With a labeled validation set
   (`server_data.val_size` > 0): `labeled_accuracy_before` / `_after` and
   `accepted` (`DistillConfig.accept`), and in plain mode the mechanism
   diagnostics of `diagnostic_metrics` (eq. 7's holder mass against
@@ -563,7 +565,9 @@ def build_finalizer(
         steps=tf.cast(r.distill.steps_run, tf.float32),
         first_loss=r.distill.first_loss,
         last_loss=r.distill.last_loss,
-        pool_size=tf.constant(float(pool_size)))
+        pool_size=tf.constant(float(pool_size)),
+        target_entropy=r.target_entropy,
+        server_seconds=r.seconds)
     if validation_fn is not None:
       metrics.update(
           labeled_accuracy_before=r.distill.labeled_accuracy_before,
