@@ -38,8 +38,6 @@ Usage:
 
 import json
 import os
-import platform
-import sys
 import tempfile
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
@@ -50,6 +48,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from benchmarks import common
 from configs import fedgen_mnist
 from tff_kd.core import local_training
 from tff_kd.program import context
@@ -155,7 +154,7 @@ def _flat_layers(model: tf.keras.Model) -> list:
 def _summarise(paths: list[str], out: str) -> None:
   lines = ['# The early accuracy gap: every run of benchmarks/accuracy_gap.py',
            '', 'Command:', '',
-           '    python -m benchmarks.accuracy_gap ' + ' '.join(sys.argv[1:]),
+           '    ' + common.command('accuracy_gap'),
            '', 'Accuracy on the union of the users\' test slices. "ours": '
            'global model with averaged BatchNorm statistics; "reference '
            'semantics": each user with its own statistics on its own slice.',
@@ -272,11 +271,8 @@ def main(argv):
         reference_curves.append([r.get('acc') for r in run['per_round']] +
                                 [run['final_accuracy']])
   results = dict(
-      command=' '.join(['python -m benchmarks.accuracy_gap'] + sys.argv[1:]),
-      machine=dict(cpus=os.cpu_count(), python=platform.python_version()),
+      command=common.command('accuracy_gap'), machine=common.machine(),
       rows=rows, reference_curves=reference_curves)
-  with open(_OUT.value + '.json', 'w') as f:
-    json.dump(results, f, indent=1)
   lines = [
       '# The early accuracy gap to the FedGen reference, decomposed', '',
       'Command:', '', f"    {results['command']}", '',
@@ -305,8 +301,7 @@ def main(argv):
     for curve in reference_curves:
       lines.append('* ' + ' '.join('-' if a is None else f'{a:.3f}'
                                    for a in curve))
-  with open(_OUT.value + '.md', 'w') as f:
-    f.write('\n'.join(lines) + '\n')
+  common.write_result(_OUT.value, results, '\n'.join(lines) + '\n', indent=1)
   context.shutdown()
 
 

@@ -25,9 +25,7 @@ Usage (about 3-8 minutes per variant and seed on 2 CPU cores):
 import json
 import math
 import os
-import platform
 import statistics
-import sys
 import tempfile
 import time
 import traceback
@@ -42,7 +40,8 @@ from tff_kd.program import settings
 
 from absl import app  # pylint: disable=g-bad-import-order
 from absl import flags
-import tensorflow as tf
+
+from benchmarks import common
 
 import importlib
 
@@ -274,15 +273,12 @@ def main(argv):
   root = _ROOT.value or tempfile.mkdtemp(prefix='compare_')
   run_dir = os.path.join(_OUT.value, 'runs')
   os.makedirs(run_dir, exist_ok=True)
-  command = ' '.join(['python -m benchmarks.compare_methods'] + sys.argv[1:])
   meta_path = os.path.join(_OUT.value, 'meta.json')
-  meta = dict(commands=[], machine=(
-      f'{platform.processor() or platform.machine()}, {os.cpu_count()} '
-      f'cores, TF {tf.__version__}'))
+  meta = dict(commands=[], machine=common.machine())
   if os.path.exists(meta_path):
     with open(meta_path) as f:
       meta = json.load(f)
-  meta['commands'].append(command)
+  meta['commands'].append(common.command('compare_methods'))
   meta['config'] = _CONFIG.value
   c = make_config('fedavg', 0, _ROUNDS.value, _OVERRIDES.value)
   meta['setting'] = (
@@ -322,10 +318,8 @@ def main(argv):
     with open(os.path.join(run_dir, name)) as f:
       runs.append(json.load(f))
   summary = summarize(runs)
-  with open(os.path.join(_OUT.value, 'summary.json'), 'w') as f:
-    json.dump(summary, f, indent=2)
-  with open(os.path.join(_OUT.value, 'summary.md'), 'w') as f:
-    f.write(markdown(summary, meta))
+  common.write_result(os.path.join(_OUT.value, 'summary'), summary,
+                      lambda s: markdown(s, meta))
   by_variant = histories(runs)
   if by_variant:
     plots.plot_histories(by_variant, os.path.join(_OUT.value, 'curves.png'),

@@ -44,11 +44,8 @@ Usage (about 5 minutes on 2 busy cores):
       --variant=dafkd --timed_rounds=3
 """
 
-import json
 import os
-import platform
 import statistics
-import sys
 import tempfile
 import time
 from typing import Any, Callable, Optional
@@ -63,6 +60,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 from tensorflow_federated.python.core.impl.context_stack import context_stack_impl
 
+from benchmarks import common as benchmark_common
 from benchmarks import compare_methods  # Installs the tff_kd context.
 from tff_kd import hparams as hp
 from tff_kd.core import distillation
@@ -629,10 +627,8 @@ def main(argv):
         max_abs_diff_generator_vs_runtime=max(
             r['max_abs_diff_generator_vs_runtime'] for r in rows))
   result = dict(
-      command=' '.join(['python -m benchmarks.dafkd_breakdown'] +
-                       sys.argv[1:]),
-      machine=dict(cpus=os.cpu_count(), python=platform.python_version(),
-                   tensorflow=tf.__version__, tff=tff.__version__),
+      command=benchmark_common.command('dafkd_breakdown'),
+      machine=benchmark_common.machine(),
       note=('A shared 2-core machine (other benchmarks and tests ran at the '
             'same time): absolute numbers are noisy; the parts of a round '
             'ran one after the other in that round, so their ratios are '
@@ -648,12 +644,7 @@ def main(argv):
       tff_kd_path=os.path.dirname(os.path.dirname(os.path.abspath(
           dafkd_tf.__file__))))
   out = _RESULT.value or f'benchmarks/results/dafkd_breakdown_{variant}'
-  os.makedirs(os.path.dirname(out) or '.', exist_ok=True)
-  with open(out + '.json', 'w') as f:
-    json.dump(result, f, indent=1)
-  with open(out + '.md', 'w') as f:
-    f.write(markdown(result))
-  print(markdown(result))
+  print(benchmark_common.write_result(out, result, markdown, indent=1))
 
 
 if __name__ == '__main__':

@@ -30,11 +30,8 @@ Usage:
   ... --domains=mnist,mnist_m,digits --proxy=usps --proxy_size=5000
 """
 
-import json
 import os
-import platform
 import statistics
-import sys
 import tempfile
 import time
 from typing import Optional, Sequence
@@ -51,6 +48,7 @@ from absl import flags
 import numpy as np
 import tensorflow as tf
 
+from benchmarks import common
 from configs import fedd3a_digits_device
 from configs import fedd3a_digits_silo
 from tff_kd import data as data_lib
@@ -389,11 +387,7 @@ def _histories(methods: dict) -> dict[str, list[dict]]:
 
 
 def _write(result: dict) -> None:
-  os.makedirs(os.path.dirname(_OUT.value) or '.', exist_ok=True)
-  with open(_OUT.value + '.json', 'w') as f:
-    json.dump(result, f, indent=2)
-  with open(_OUT.value + '.md', 'w') as f:
-    f.write(_markdown(result))
+  common.write_result(_OUT.value, result, _markdown)
   if result['methods']:
     plots.plot_histories(_histories(result['methods']), _OUT.value + '.png',
                          title='mean client-domain accuracy, mean ± std '
@@ -411,8 +405,7 @@ def main(argv):
   seeds = [int(v) for v in _SEEDS.value]
   base = make_config('fedd3a', seeds[0])
   result = dict(
-      command=' '.join(['python -m benchmarks.fedd3a_digits'] +
-                       sys.argv[1:]),
+      command=common.command('fedd3a_digits'),
       setting=dict(
           domains=base.dataset.domains, proxy=base.server_data.proxy,
           proxy_size=base.server_data.proxy_size,
@@ -428,8 +421,7 @@ def main(argv):
           beta=base.partition.alpha, clients_per_round=base.clients_per_round,
           table2_epochs=_T2_EPOCHS.value, table2_train=_T2_TRAIN.value,
           table2_batch=_T2_BATCH.value, table2_alphas=_T2_ALPHAS.value),
-      machine=f'{platform.processor() or platform.machine()}, '
-              f'{os.cpu_count()} cores, TF {tf.__version__}',
+      machine=common.machine(),
       methods={}, table2={})
   t_start = time.perf_counter()
   try:

@@ -40,11 +40,10 @@ Usage:
 import json
 import math
 import os
-import platform
-import sys
 import tempfile
 import time
 
+from benchmarks import common
 from benchmarks import fedd3a_digits as digits  # Defines the shared flags.
 from tff_kd.program import context
 from tff_kd.program import experiment
@@ -189,12 +188,7 @@ def _markdown(result: dict) -> str:
 
 
 def _write(result: dict) -> None:
-  out = digits._OUT.value  # pylint: disable=protected-access
-  os.makedirs(os.path.dirname(out) or '.', exist_ok=True)
-  with open(out + '.json', 'w') as f:
-    json.dump(result, f, indent=2)
-  with open(out + '.md', 'w') as f:
-    f.write(_markdown(result))
+  common.write_result(digits._OUT.value, result, _markdown)  # pylint: disable=protected-access
 
 
 def _previous(setting: dict) -> dict | None:
@@ -250,11 +244,9 @@ def main(argv):
       pool_epochs=_POOL_EPOCHS.value, alpha=base.fedd3a.alpha)
   result = _previous(setting) or dict(
       commands=[], setting=setting,
-      machine=f'{platform.processor() or platform.machine()}, '
-              f'{os.cpu_count()} cores, TF {tf.__version__}',
+      machine=common.machine(),
       runs={}, total_seconds=0.0)
-  result['commands'].append(' '.join(['python -m benchmarks.fedd3a_protocol']
-                                     + sys.argv[1:]))
+  result['commands'].append(common.command('fedd3a_protocol'))
   done_before = result['total_seconds']
   t_start = time.perf_counter()
   try:

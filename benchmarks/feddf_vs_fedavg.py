@@ -26,11 +26,8 @@ Usage:
       --manual_dir=../shared/data/mnist --rounds=30
 """
 
-import json
 import os
-import platform
 import statistics
-import sys
 import tempfile
 import time
 
@@ -42,8 +39,8 @@ from tff_kd.program import experiment
 
 from absl import app  # pylint: disable=g-bad-import-order
 from absl import flags
-import tensorflow as tf
 
+from benchmarks import common
 from configs import feddf_mnist
 
 _MANUAL_DIR = flags.DEFINE_string('manual_dir', '../shared/data',
@@ -147,8 +144,7 @@ def main(argv):
   root = _ROOT.value or tempfile.mkdtemp(prefix='feddf_bench_')
   base = _config('feddf')
   result = dict(
-      command=' '.join(['python -m benchmarks.feddf_vs_fedavg'] +
-                       sys.argv[1:]),
+      command=common.command('feddf_vs_fedavg'),
       setting=dict(
           rounds=base.rounds, seed=base.seed, alpha=base.partition.alpha,
           num_clients=base.partition.num_clients,
@@ -161,8 +157,7 @@ def main(argv):
           drop_worst=base.feddf.drop_worst,
           distill_steps=base.distill.steps,
           distill_batch=base.distill.batch_size),
-      machine=f'{platform.processor() or platform.machine()}, '
-              f'{os.cpu_count()} cores, TF {tf.__version__}',
+      machine=common.machine(),
       methods={})
   t_start = time.perf_counter()
   for method in _METHODS.value:
@@ -196,12 +191,7 @@ def main(argv):
     print(f'{method}: final {entry["final_accuracy"]:.4f}, '
           f'{entry["seconds_per_round"]:.1f} s/round', flush=True)
   result['total_seconds'] = time.perf_counter() - t_start
-  os.makedirs(os.path.dirname(_OUT.value) or '.', exist_ok=True)
-  with open(_OUT.value + '.json', 'w') as f:
-    json.dump(result, f, indent=2)
-  with open(_OUT.value + '.md', 'w') as f:
-    f.write(_markdown(result))
-  print(_markdown(result))
+  print(common.write_result(_OUT.value, result, _markdown))
 
 
 if __name__ == '__main__':

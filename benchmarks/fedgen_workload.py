@@ -37,9 +37,7 @@ Usage:
 
 import json
 import os
-import platform
 import statistics
-import sys
 import tempfile
 import time
 from typing import Optional
@@ -57,6 +55,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from benchmarks import common
 from configs import fedgen_mnist
 from tff_kd.core import local_training
 from tff_kd.program import sampling
@@ -199,10 +198,7 @@ def main(argv):
                             intra_op_threads=_INTRA_OP_THREADS.value)
   context_s = time.perf_counter() - t0
   results = dict(
-      command=' '.join(['python -m benchmarks.fedgen_workload'] +
-                       sys.argv[1:]),
-      machine=dict(cpus=os.cpu_count(), python=platform.python_version(),
-                   tensorflow=tf.__version__, tff=tff.__version__),
+      command=common.command('fedgen_workload'), machine=common.machine(),
       method=_METHOD.value,
       reference=_REFERENCE[_METHOD.value],
       runs=[])

@@ -25,8 +25,6 @@ Usage (about 2 minutes for the CNN on 2 CPU cores):
 
 import json
 import os
-import platform
-import sys
 import time
 from typing import Sequence
 
@@ -36,6 +34,7 @@ from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
 import tensorflow as tf
 
+from benchmarks import common
 from tff_kd import data as data_lib
 from tff_kd import models
 
@@ -127,7 +126,7 @@ def main(argv):
   _, accuracy = model.evaluate(ds.x_test, ds.y_test, batch_size=1000,
                                verbose=0)
   result = dict(
-      command=' '.join(['python -m benchmarks.pretrain'] + sys.argv[1:]),
+      command=common.command('pretrain'),
       model=_MODEL.value, norm=_NORM.value, image_shape=list(shape),
       dataset=DATASET, train_images=int(len(ds.y_train)),
       parameters=int(models.num_parameters(model)), seed=_SEED.value,
@@ -135,14 +134,11 @@ def main(argv):
       learning_rate=_LR.value, weights=path,
       fashion_mnist_test_accuracy=round(float(accuracy), 4),
       load_s=round(load_s, 1), trained=trained,
-      machine=f'{platform.machine()}, {os.cpu_count()} cores',
-      tensorflow=tf.__version__)
-  os.makedirs(_OUT.value, exist_ok=True)
-  out = os.path.join(_OUT.value, f'pretrain_{_MODEL.value}.json')
-  with open(out, 'w') as f:
-    json.dump(result, f, indent=2)
+      machine=common.machine(), tensorflow=tf.__version__)
+  out = os.path.join(_OUT.value, f'pretrain_{_MODEL.value}')
+  common.write_result(out, result)
   print(json.dumps(result, indent=2))
-  print(f'wrote {out}; test accuracy {accuracy:.4f}; weights {path}')
+  print(f'wrote {out}.json; test accuracy {accuracy:.4f}; weights {path}')
 
 
 if __name__ == '__main__':

@@ -20,20 +20,17 @@ Usage:
       --manual_dir=../shared/data/mnist --rounds=30 --repeats=2
 """
 
-import json
 import os
-import platform
 import statistics
-import sys
 import tempfile
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
 from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
-import tensorflow as tf
 import tensorflow_federated as tff
 
+from benchmarks import common
 from configs import fedgen_mnist
 from tff_kd.program import context
 context.install()  # The program opts in to tff_kd's process set-up.
@@ -106,10 +103,7 @@ def main(argv):
   workers = runtime.start_local_workers(3)
   addresses = [a for a, _ in workers]
   report = dict(
-      command=' '.join(['python -m benchmarks.remote_workers'] +
-                       sys.argv[1:]),
-      machine=(f'{platform.processor() or platform.machine()}, '
-               f'{os.cpu_count()} cores, TF {tf.__version__}'),
+      command=common.command('remote_workers'), machine=common.machine(),
       rows=[])
   try:
     root = tempfile.mkdtemp(prefix='remote_workers_')
@@ -124,12 +118,7 @@ def main(argv):
         report['rows'].append(dict(method=method, repeat=repeat, runs=runs))
   finally:
     runtime.stop_workers(workers)
-  os.makedirs(os.path.dirname(_OUT.value), exist_ok=True)
-  with open(_OUT.value + '.json', 'w') as f:
-    json.dump(report, f, indent=2)
-  with open(_OUT.value + '.md', 'w') as f:
-    f.write(_markdown(report))
-  print(_markdown(report))
+  print(common.write_result(_OUT.value, report, _markdown))
 
 
 if __name__ == '__main__':

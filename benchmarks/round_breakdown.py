@@ -48,11 +48,8 @@ import time
 _T0 = time.perf_counter()
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-import json
 import os
-import platform
 import statistics
-import sys
 import tempfile
 from typing import Any, Callable
 
@@ -87,6 +84,7 @@ _IMPORTS['tff_kd (program, algorithms)'] = time.perf_counter() - _t
 _t = time.perf_counter()
 from absl import app
 from absl import flags
+from benchmarks import common as benchmark_common
 from configs import fedgen_mnist
 _IMPORTS['absl, configs'] = time.perf_counter() - _t
 _IMPORTS_TOTAL = time.perf_counter() - _T0
@@ -346,10 +344,8 @@ def main(argv):
   per_stage = {k: _stats([row[k] for row in rows]) for k in stage_keys}
   startup['stages_build_s'] = stages_build_s
   result = dict(
-      command=' '.join(['python -m benchmarks.round_breakdown'] +
-                       sys.argv[1:]),
-      machine=dict(cpus=os.cpu_count(), python=platform.python_version(),
-                   tensorflow=tf.__version__, tff=tff.__version__),
+      command=benchmark_common.command('round_breakdown'),
+      machine=benchmark_common.machine(),
       note=('Timed on a shared 2-core machine: another engineer ran tests at '
             'the same time, so absolute numbers are noisy; the stages of one '
             'round were interleaved so their ratios are comparable.'),
@@ -365,12 +361,7 @@ def main(argv):
       tff_kd_path=os.path.dirname(os.path.dirname(
           os.path.abspath(learning.__file__))))
   out = _OUT.value
-  os.makedirs(os.path.dirname(out) or '.', exist_ok=True)
-  with open(out + '.json', 'w') as f:
-    json.dump(result, f, indent=1)
-  with open(out + '.md', 'w') as f:
-    f.write(_markdown(result))
-  print(_markdown(result))
+  print(benchmark_common.write_result(out, result, _markdown, indent=1))
   root_holder.cleanup()
 
 

@@ -32,7 +32,6 @@ Usage (about 15 minutes for the default grid on 2 cores):
 import csv
 import json
 import os
-import platform
 import re
 import shutil
 import statistics
@@ -43,6 +42,8 @@ import time
 
 from absl import app
 from absl import flags
+
+from benchmarks import common
 
 _METHODS = flags.DEFINE_list('methods', ['fedavg', 'feddf', 'dafkd'],
                              'Methods.')
@@ -208,20 +209,16 @@ def main(argv):
   finally:
     shutil.rmtree(scratch, ignore_errors=True)
   meta = dict(
-      command=' '.join(['python -m benchmarks.scale'] + sys.argv[1:]),
-      machine=(f'{platform.machine()}, {os.cpu_count()} cores'),
+      command=common.command('scale'), machine=common.machine(),
       setting=(f'IID MNIST, the small CNN, {_ROUNDS.value} rounds, '
                f'{_EXAMPLES.value} local examples per round in batches of '
                f'{_BATCH} over the K clients; FedDF and DaFKD with a 2,000-'
                'image server pool, a 200-image labeled set and 50 '
                'distillation steps; DaFKD with the DCGAN generator and GAN '
                'terms in every local step.'))
-  with open(os.path.join(_OUT.value, 'scale.json'), 'w') as f:
-    json.dump(dict(meta=meta, records=records), f, indent=2)
-  text = markdown(records, meta)
-  with open(os.path.join(_OUT.value, 'scale.md'), 'w') as f:
-    f.write(text)
-  print(text)
+  print(common.write_result(
+      os.path.join(_OUT.value, 'scale'), dict(meta=meta, records=records),
+      lambda result: markdown(result['records'], result['meta'])))
 
 
 if __name__ == '__main__':

@@ -19,19 +19,16 @@ Usage:
       --manual_dir=../shared/data/mnist --rounds=5 --repeats=2
 """
 
-import json
 import os
-import platform
 import statistics
-import sys
 import tempfile
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
 from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
-import tensorflow as tf
 
+from benchmarks import common
 from configs import compare_mnist
 from tff_kd.program import context
 context.install()  # The program opts in to tff_kd's process set-up.
@@ -94,9 +91,7 @@ def main(argv):
   del argv
   context.set_local_context()
   report = dict(
-      command=' '.join(['python -m benchmarks.server_device'] + sys.argv[1:]),
-      machine=(f'{platform.processor() or platform.machine()}, '
-               f'{os.cpu_count()} cores, TF {tf.__version__}'),
+      command=common.command('server_device'), machine=common.machine(),
       rows=[])
   root = tempfile.mkdtemp(prefix='server_device_')
   for method in _METHODS.value:
@@ -106,12 +101,7 @@ def main(argv):
               for setting in SETTINGS]
       print(method, repeat, runs, flush=True)
       report['rows'].append(dict(method=method, repeat=repeat, runs=runs))
-  os.makedirs(os.path.dirname(_OUT.value), exist_ok=True)
-  with open(_OUT.value + '.json', 'w') as f:
-    json.dump(report, f, indent=2)
-  with open(_OUT.value + '.md', 'w') as f:
-    f.write(_markdown(report))
-  print(_markdown(report))
+  print(common.write_result(_OUT.value, report, _markdown))
 
 
 if __name__ == '__main__':

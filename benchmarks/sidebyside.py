@@ -72,6 +72,8 @@ from typing import Any, Optional
 from absl import app
 from absl import flags
 
+from benchmarks import common
+
 _REFERENCE_DIR = flags.DEFINE_string(
     'reference_dir', None, 'A checkout of github.com/zhuangdizhu/FedGen.')
 _REFERENCE_PYTHON = flags.DEFINE_string(
@@ -732,12 +734,7 @@ def _ratios(runs: list[dict[str, Any]], average=_mean) -> dict[str, float]:
 
 
 def _write(result: dict[str, Any], out: str) -> None:
-  os.makedirs(os.path.dirname(out) or '.', exist_ok=True)
-  with open(out + '.json', 'w') as f:
-    json.dump(result, f, indent=1)
-  with open(out + '.md', 'w') as f:
-    f.write(markdown(result))
-  print(markdown(result))
+  print(common.write_result(out, result, markdown, indent=1))
 
 
 def main(argv):
@@ -758,9 +755,8 @@ def main(argv):
   os.makedirs(run_dir, exist_ok=True)
   print('run logs in', run_dir, flush=True)
   result = dict(
-      command=' '.join(['python -m benchmarks.sidebyside'] + sys.argv[1:]),
-      machine=dict(cpus=os.cpu_count(), python=platform.python_version(),
-                   platform=platform.platform()),
+      command=common.command('sidebyside'),
+      machine=f'{common.machine()}, {platform.platform()}',
       note=('Timed on a shared 2-core machine (other jobs, e.g. tests, '
             'may have run at the same time): compare the ratios taken '
             'within this alternated run, not absolute numbers across runs.'),

@@ -21,7 +21,6 @@ Usage:
 
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -29,6 +28,8 @@ import tempfile
 
 from absl import app
 from absl import flags
+
+from benchmarks import common
 
 _MANUAL_DIR = flags.DEFINE_string('manual_dir', '../shared/data/mnist',
                                   'Raw MNIST IDX files.')
@@ -67,37 +68,29 @@ def _run(method: str, concurrent: int, intra: int) -> dict:
       accuracy=run['curve'][-1][2])
 
 
-def main(argv):
-  del argv
-  results = dict(
-      command=' '.join(['python -m benchmarks.threads'] + sys.argv[1:]),
-      machine=dict(cpus=os.cpu_count(), python=platform.python_version()),
-      settings=[dict(concurrent_clients=c, intra_op_threads=i, label=l)
-                for c, i, l in _SETTINGS],
-      runs=[])
-  for method in _METHODS.value:
-    for repeat in range(_REPEATS.value):
-      for concurrent, intra, _ in _SETTINGS:
-        row = dict(method=method, repeat=repeat,
-                   concurrent_clients=concurrent, intra_op_threads=intra,
-                   **_run(method, concurrent, intra))
-        print(json.dumps(row), flush=True)
-        results['runs'].append(row)
-  with open(_OUT.value + '.json', 'w') as f:
-    json.dump(results, f, indent=1)
+def _markdown(results: dict, methods: list[str], rounds: int) -> str:
+  """The results as a Markdown report.
 
+  Args:
+    results: what `main` records.
+    methods: the methods run, in the report's order.
+    rounds: the rounds of every run.
+
+  Returns:
+    The report.
+  """
   lines = ['# Worker threads and concurrency, FedGen reference workload', '',
            'Command:', '', f"    {results['command']}", '',
            f"Machine: {results['machine']}. Each run is its own process; "
            'settings alternate within every repeat. Seconds per round, '
-           f'mean over the repeats of each run\'s rounds 2..{_ROUNDS.value - 1}'
+           f'mean over the repeats of each run\'s rounds 2..{rounds - 1}'
            ' (median for `process.next`); accuracy on the users\' slices '
-           f'after {_ROUNDS.value} rounds.', '',
+           f'after {rounds} rounds.', '',
            '| method | concurrent_clients | intra_op_threads | setting | '
            '`process.next` median | train + eval mean | first round '
            '`process.next` | ratio to defaults (train + eval) | accuracy |',
            '|---|---|---|---|---|---|---|---|---|']
-  for method in _METHODS.value:
+  for method in methods:
     rows = {}
     for concurrent, intra, label in _SETTINGS:
       runs = [r for r in results['runs'] if r['method'] == method and
@@ -116,8 +109,27 @@ def main(argv):
           f"{m['first_round_next']:.3f} s | "
           f"{m['train_eval_mean'] / base:.2f} | "
           f"{' / '.join(f'{a:.4f}' for a in acc)} |")
-  with open(_OUT.value + '.md', 'w') as f:
-    f.write('\n'.join(lines) + '\n')
+  return '\n'.join(lines) + '\n'
+
+
+def main(argv):
+  del argv
+  results = dict(
+      command=common.command('threads'), machine=common.machine(),
+      settings=[dict(concurrent_clients=c, intra_op_threads=i, label=l)
+                for c, i, l in _SETTINGS],
+      runs=[])
+  for method in _METHODS.value:
+    for repeat in range(_REPEATS.value):
+      for concurrent, intra, _ in _SETTINGS:
+        row = dict(method=method, repeat=repeat,
+                   concurrent_clients=concurrent, intra_op_threads=intra,
+                   **_run(method, concurrent, intra))
+        print(json.dumps(row), flush=True)
+        results['runs'].append(row)
+  common.write_result(
+      _OUT.value, results,
+      lambda r: _markdown(r, _METHODS.value, _ROUNDS.value), indent=1)
 
 
 if __name__ == '__main__':
