@@ -49,6 +49,7 @@ import tensorflow_federated as tff
 from tff_kd import errors
 from tff_kd import hparams as hp
 from tff_kd.core import local_training
+from tff_kd.core import loops
 
 TargetFn = Callable[[tf.Tensor], tf.Tensor]
 Targets = Union[tf.Tensor, np.ndarray, TargetFn]
@@ -456,17 +457,6 @@ def _permutation(n: tf.Tensor, seed) -> tf.Tensor:
   return tf.cast(tf.argsort(keys, stable=True), tf.int32)
 
 
-def _map_batches(fn: TargetFn, x: tf.Tensor, batch_size) -> tf.Tensor:
-  """`fn` applied to consecutive batches of `x`, concatenated (float32)."""
-  n = tf.shape(x)[0]
-  num_batches = (n + batch_size - 1) // batch_size
-  outputs = tf.TensorArray(tf.float32, size=num_batches, infer_shape=False)
-  for i in tf.range(num_batches):
-    outputs = outputs.write(
-        i, tf.cast(fn(x[i * batch_size:(i + 1) * batch_size]), tf.float32))
-  return outputs.concat()
-
-
 def _static_input_shape(model: tf.keras.Model) -> tf.TensorShape | None:
   try:
     shape = model.input_shape
@@ -613,7 +603,8 @@ def _labeled_metrics(student: tf.keras.Model, labeled, batch_size
                      ) -> tuple[tf.Tensor, tf.Tensor]:
   """(mean cross-entropy, accuracy) of `student` on `labeled`, inference."""
   x, y = labeled
-  logits = _map_batches(lambda b: student(b, training=False), x, batch_size)
+  logits = loops.map_batches(lambda b: student(b, training=False), x,
+                             batch_size)
   loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
       labels=y, logits=logits))
   accuracy = tf.reduce_mean(tf.cast(tf.equal(
@@ -729,7 +720,7 @@ def _distill(student, optimizer, x, targets, config, learning_rate,
       val_targets = tf.zeros([0, 0])  # Unused.
     elif callable(targets):
       val_targets = tf.stop_gradient(
-          _map_batches(targets, tf.gather(x, val_idx), batch_size))
+          loops.map_batches(targets, tf.gather(x, val_idx), batch_size))
     else:
       val_targets = tf.gather(targets, val_idx)
     best_val = val_loss_fn(val_targets)
@@ -835,6 +826,6 @@ def teacher_logits(models: Sequence[tf.keras.Model], x: tf.Tensor,
 @tf.function
 def _teacher_logits(models, x, batch_size):
   return tf.stack([
-      _map_batches(lambda b, m=m: m(b, training=False), x, batch_size)
+      loops.map_batches(lambda b, m=m: m(b, training=False), x, batch_size)
       for m in models
   ])

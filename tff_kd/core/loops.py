@@ -13,9 +13,11 @@ with `autograph=False` into the same graph, and compute the same numbers.
 
 Their `step` must trace as plain Python: no Python `if`, `for` or `while`
 on tensors (loops over Python lists, like the model's variables, are fine).
+`map_batches` is `fold_range` over the batches of a pool: a model's (or
+several heads') outputs on N examples, a batch at a time.
 """
 
-from typing import Callable, TypeVar
+from typing import Any, Callable, Optional, TypeVar, Union
 
 import tensorflow as tf
 
@@ -76,3 +78,49 @@ def fold_range(n: int, step: Callable[[State, tf.Tensor], State],
                            (tf.constant(0), state),
                            maximum_iterations=n)
   return state
+
+
+def map_batches(fn: Callable[[Any], Union[tf.Tensor, tuple[tf.Tensor, ...]]],
+                inputs: Any, batch_size: Union[int, tf.Tensor],
+                num_outputs: Optional[int] = None
+                ) -> Union[tf.Tensor, tuple[tf.Tensor, ...]]:
+  """`fn` on consecutive batches of `inputs`, its outputs concatenated.
+
+  Batch i is `inputs[i * batch_size:(i + 1) * batch_size]`, every tensor of
+  the nest sliced alike along axis 0; None entries stay None. Each output
+  of `fn` is cast to float32 and the batches' outputs are concatenated
+  along axis 0 (a `fold_range` over the batches writing `tf.TensorArray`s).
+
+  Args:
+    fn: batch (the structure of `inputs`) -> a tensor, or a tuple of
+      `num_outputs` tensors.
+    inputs: A tensor, or a nest of tensors (and None) that share their
+      first dimension N >= 1 (`TensorArray.concat` of no batches fails).
+    batch_size: Examples per call of `fn` (a Python int or an int32 scalar).
+    num_outputs: None when `fn` returns one tensor, else the length of the
+      tuple it returns (the loop's outputs must exist before `fn` is traced).
+
+  Returns:
+    The concatenated output [N, ...] (float32), or a tuple of them.
+  """
+  flat = [None if t is None else tf.convert_to_tensor(t)
+          for t in tf.nest.flatten(inputs)]
+  n = tf.shape(next(t for t in flat if t is not None))[0]
+  num_batches = (n + batch_size - 1) // batch_size
+
+  def step(outputs, i):
+    batch = tf.nest.pack_sequence_as(inputs, [
+        None if t is None else t[i * batch_size:(i + 1) * batch_size]
+        for t in flat])
+    values = fn(batch)
+    if num_outputs is None:
+      values = (values,)
+    return tuple(out.write(i, tf.cast(value, tf.float32))
+                 for out, value in zip(outputs, values, strict=True))
+
+  outputs = tuple(
+      tf.TensorArray(tf.float32, size=num_batches, infer_shape=False)
+      for _ in range(1 if num_outputs is None else num_outputs))
+  concatenated = tuple(out.concat()
+                       for out in fold_range(num_batches, step, outputs))
+  return concatenated[0] if num_outputs is None else concatenated

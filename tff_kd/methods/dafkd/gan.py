@@ -326,23 +326,16 @@ def teacher_outputs(classifier: classifiers.Classifier,
   if discriminator.conditional and labels is None:
     raise ValueError('a projection discriminator needs the labels of the '
                      'samples it scores')
-  x = tf.convert_to_tensor(x)
-  num_batches = (tf.shape(x)[0] + batch_size - 1) // batch_size
 
-  def step(outputs, i):
-    logits_out, scores_out = outputs
-    batch = slice(i * batch_size, (i + 1) * batch_size)
-    features = classifier.features(x[batch], training=False)
+  def both_heads(batch):
+    x_batch, labels_batch = batch
+    features = classifier.features(x_batch, training=False)
     logits = classifier.head(features, training=False)
-    scores = tf.sigmoid(discriminator.head_logits(
-        features, None if labels is None else labels[batch]))
-    return (logits_out.write(i, tf.cast(logits, tf.float32)),
-            scores_out.write(i, tf.reshape(tf.cast(scores, tf.float32), [-1])))
+    scores = tf.sigmoid(discriminator.head_logits(features, labels_batch))
+    return logits, tf.reshape(scores, [-1])
 
-  outputs = (tf.TensorArray(tf.float32, size=num_batches, infer_shape=False),
-             tf.TensorArray(tf.float32, size=num_batches, infer_shape=False))
-  logits, scores = loops.fold_range(num_batches, step, outputs)
-  return logits.concat(), scores.concat()
+  return loops.map_batches(both_heads, (x, labels), batch_size,
+                           num_outputs=2)
 
 
 def _unique(variables) -> list:
