@@ -154,15 +154,22 @@ def _markdown(result: dict) -> str:
       f". Machine: {result['machine']}. "
       f"Wall time so far {result['total_seconds']:.0f} s.", '',
       '| variant | ' + ' | '.join(f'server {d}' for d in servers) +
-      ' | mean over server domains |', '|---' * (2 + len(servers)) + '|']
+      ' | mean over server domains | the same per seed |',
+      '|---' * (3 + len(servers)) + '|']
   for v in variants:
     cells = [_cell(runs[d][v]) if v in runs[d] else '' for d in servers]
     done = [d for d in servers if v in runs[d]]
     overall = digits.mean(
         digits.mean(e['final_accuracy'] for e in runs[d][v].values())
         for d in done)
+    # Seeds that every server domain ran: the mean over domains per seed.
+    seeds = sorted(set.intersection(*(set(runs[d][v]) for d in done)))
+    per_seed = ', '.join(
+        f"s{k} {100 * digits.mean(runs[d][v][k]['final_accuracy'] for d in done):.2f}"
+        for k in seeds)
     lines.append(f'| {v} | ' + ' | '.join(cells) +
-                 f' | {100 * overall:.2f} ({len(done)} domains) |')
+                 f' | {100 * overall:.2f} ({len(done)} domains) | '
+                 f'{per_seed} |')
   diag = []
   for d in servers:
     summary = digits.summarize({v: r for v, r in runs[d].items()
