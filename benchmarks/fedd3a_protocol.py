@@ -40,13 +40,14 @@ Usage:
 import json
 import math
 import os
+import sys
 import tempfile
 import time
+from typing import NoReturn
 
 from benchmarks import common
 from benchmarks import fedd3a_digits as digits  # Defines the shared flags.
 from tff_kd.program import context
-from tff_kd.program import experiment
 
 from absl import app  # pylint: disable=g-bad-import-order
 from absl import flags
@@ -198,6 +199,11 @@ def _write(result: dict) -> None:
   common.write_result(digits._OUT.value, result, _markdown)  # pylint: disable=protected-access
 
 
+def _fail(message: str) -> NoReturn:
+  """One line on stderr and a non-zero exit, before any run starts."""
+  sys.exit(f'fedd3a_protocol: error: {message}')
+
+
 def _previous(setting: dict) -> dict | None:
   """The record an earlier invocation left at `--out`, if any.
 
@@ -211,8 +217,7 @@ def _previous(setting: dict) -> dict | None:
   with open(path) as f:
     result = json.load(f)
   if result.get('setting') != json.loads(json.dumps(setting)):
-    raise app.UsageError(f'{path} holds runs with other settings; choose '
-                         'another --out')
+    _fail(f'{path} holds runs with other settings; choose another --out')
   result['runs'] = {server: {variant: {int(k): e for k, e in by_seed.items()}
                              for variant, by_seed in by_variant.items()}
                     for server, by_variant in result['runs'].items()}
@@ -221,18 +226,17 @@ def _previous(setting: dict) -> dict | None:
 
 def main(argv):
   del argv
-  context.set_local_context()
   variants = (['ceiling', *TABLE1_VARIANTS] if _TABLE1.value else
               digits._METHODS.value)  # pylint: disable=protected-access
   unknown = [v for v in variants
              if v not in digits.VARIANTS and v != 'ceiling']
   if unknown:
-    raise app.UsageError(f'unknown variants {unknown}; choose from '
-                         f'{", ".join(digits.VARIANTS)}')
+    _fail(f'unknown variants {unknown}; choose from '
+          f'{", ".join(digits.VARIANTS)}')
   servers = _SERVERS.value or _ALL.value
   if set(servers) - set(_ALL.value):
-    raise app.UsageError(f'--server_domains {servers} not all in '
-                         f'--all_domains {_ALL.value}')
+    _fail(f'--server_domains {servers} not all in --all_domains '
+          f'{_ALL.value}')
   root = digits._ROOT.value or tempfile.mkdtemp(prefix='fedd3a_protocol_')  # pylint: disable=protected-access
   seeds = [int(v) for v in digits._SEEDS.value]  # pylint: disable=protected-access
   base = _server_config('fedd3a', seeds[0], servers[0])
@@ -254,6 +258,7 @@ def main(argv):
       machine=common.machine(),
       runs={}, total_seconds=0.0)
   result['commands'].append(common.command('fedd3a_protocol'))
+  context.set_local_context()
   done_before = result['total_seconds']
   t_start = time.perf_counter()
   try:

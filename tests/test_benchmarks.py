@@ -46,3 +46,21 @@ def test_fedgen_workload_runs_with_any_pure_tf_rounds(
     assert run['pure_tf_local_work_s'] is None
     assert run['tff_overhead_ratio'] is None
   wait_for_no_tagged_workers(tag)  # Its worker is gone.
+
+
+def test_fedd3a_protocol_refuses_a_record_of_other_settings(tmp_path):
+  """A later invocation adds to its `--out` record only with the same
+  settings; otherwise one line, before any data is read or run starts."""
+  out = tmp_path / 'protocol'
+  out.with_suffix('.json').write_text(json.dumps(
+      {'setting': {'rounds': 7}, 'runs': {}, 'commands': []}))
+  proc = subprocess.run(
+      [sys.executable, '-m', 'benchmarks.fedd3a_protocol', f'--out={out}',
+       f'--manual_dir={SHARED_DATA}', f'--data_dir={tmp_path / "tfds"}'],
+      cwd=ROOT, capture_output=True, text=True, timeout=300,
+      env={**os.environ, 'TF_CPP_MIN_LOG_LEVEL': '3'})
+  assert proc.returncode != 0
+  assert proc.stderr.strip().splitlines() == [
+      f'fedd3a_protocol: error: {out}.json holds runs with other settings; '
+      'choose another --out']
+  assert not (tmp_path / 'tfds').exists()
