@@ -130,6 +130,26 @@ def _check_teacher_shapes(logits: tf.Tensor, weights: tf.Tensor) -> None:
 
 
 @tf.autograph.experimental.do_not_convert
+def mean_entropy(probs: tf.Tensor, axis: int) -> tf.Tensor:
+  """Mean entropy (nats) of the distributions along `axis`, 0 log 0 = 0.
+
+  For [K, N] teacher weights (`axis=0`): 0 when every sample trusts one
+  teacher, log K when the weights are uniform. For [N, C] distillation
+  targets (`axis=-1`): 0 for one-hot targets, log C for uniform ones. A
+  per-round diagnostic of DaFKD and FedD3A.
+
+  Args:
+    probs: Non-negative values summing to 1 along `axis`.
+    axis: The axis each distribution lies along; the mean is over the rest.
+
+  Returns:
+    Scalar float32.
+  """
+  p = tf.convert_to_tensor(probs, tf.float32)
+  logs = tf.math.log(tf.where(p > 0, p, tf.ones_like(p)))
+  return tf.reduce_mean(-tf.reduce_sum(p * logs, axis=axis))
+
+
 def weighted_ensemble(teacher_logits: tf.Tensor,
                       weights: tf.Tensor,
                       *,
@@ -541,9 +561,8 @@ def distill(student: tf.keras.Model,
   KD loss on the held-out part of the pool (`validation_split`); with
   `validation='labeled'`, the mean cross-entropy on `labeled`. It is
   measured before training, every `eval_every` steps and after the last
-  step; training stops
-  after `patience` validations without a strict improvement, and the best
-  student seen (trainable and non-trainable variables) is restored at the
+  step; training stops after `patience` validations without a strict
+  improvement, and the best student seen (trainable and non-trainable variables) is restored at the
   end. With `accept='no_worse'` the initial student is returned instead
   when the result is less accurate on `labeled` than it.
 

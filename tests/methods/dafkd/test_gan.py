@@ -66,11 +66,12 @@ def test_correlation_weights_eq7_and_entropy():
                              rtol=1e-6)
   np.testing.assert_allclose(alpha.sum(0), 1.0, rtol=1e-6)
   # Entropy: samples (1, 0) and (.5, .5): mean(0, log 2) = log(2) / 2.
-  ent = gan.weights_entropy(np.array([[1.0, 0.5], [0.0, 0.5]], np.float32))
+  ent = distillation.mean_entropy(
+      np.array([[1.0, 0.5], [0.0, 0.5]], np.float32), axis=0)
   assert float(ent) == pytest.approx(0.34657359027997264, rel=1e-6)
   ent_alpha = -np.mean(np.sum(alpha * np.log(alpha), 0))
-  assert float(gan.weights_entropy(alpha)) == pytest.approx(ent_alpha,
-                                                            rel=1e-6)
+  assert float(distillation.mean_entropy(alpha, axis=0)) == pytest.approx(
+      ent_alpha, rel=1e-6)
 
 
 def test_gradient_penalty_matches_numpy():
@@ -350,7 +351,7 @@ def test_discriminators_of_disjoint_clients_weight_their_own_data():
     alpha = gan.correlation_weights(scores).numpy()
     assert np.mean(alpha[0] > 0.5) >= 0.9, (k, alpha[0])
     assert np.mean(alpha[0]) > 0.75
-    assert float(gan.weights_entropy(alpha)) < 0.5 * np.log(2)
+    assert float(distillation.mean_entropy(alpha, axis=0)) < 0.5 * np.log(2)
     # Theorem 1: f_k(x) = p_k / (p_k + p) = 2/3 on own data, 0 on the other's.
     assert abs(float(tf.reduce_mean(scores[0])) - 2 / 3) < 0.12
     assert float(tf.reduce_mean(scores[1])) < 0.1

@@ -713,7 +713,7 @@ def server_round(models: gan.GanModels,
     target = distillation.weighted_ensemble(
         logits, alpha, temperature=config.temperature,
         ensemble=settings.ensemble)
-    entropy = gan.weights_entropy(alpha)
+    entropy = distillation.mean_entropy(alpha, axis=0)
     sum_error = tf.reduce_max(tf.abs(tf.reduce_sum(alpha, axis=0) - 1.0))
     mean_score = tf.reduce_sum(tf.reduce_mean(scores, axis=1)) / num_clients
     if validation is not None:
@@ -753,6 +753,5 @@ def server_round(models: gan.GanModels,
   return ServerRoundResult(result.weights, new_generator, result, entropy,
                            sum_error, mean_score, before, after, fidelity,
                            diagnostics,
-                           # The same mean entropy, over classes per sample.
-                           gan.weights_entropy(tf.transpose(target)),
+                           distillation.mean_entropy(target, axis=-1),
                            seconds)

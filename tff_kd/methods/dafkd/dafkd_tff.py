@@ -488,8 +488,8 @@ def build_finalizer(
   for a real pool), the distillation's `steps`,
   `first_loss`, `last_loss`, `pool_size`, `target_entropy` (the mean
   entropy of the distillation targets, ln C for uniform ones) and
-  `server_seconds` (the wall time of the server's whole round). With a labeled validation set
-  (`server_data.val_size` > 0): `labeled_accuracy_before` / `_after` and
+  `server_seconds` (the wall time of the server's whole round). With a
+  labeled validation set (`server_data.val_size` > 0): `labeled_accuracy_before` / `_after` and
   `accepted` (`DistillConfig.accept`), and in plain mode the mechanism
   diagnostics of `diagnostic_metrics` (eq. 7's holder mass against
   uniform, weighted / uniform / oracle ensemble accuracy on the labeled

@@ -209,24 +209,6 @@ def correlation_weights(disc_probs: tf.Tensor,
   return distillation.normalize_weights(disc_probs, eps)
 
 
-def weights_entropy(alpha: tf.Tensor) -> tf.Tensor:
-  """Mean over samples of the entropy (nats) of the teacher weights.
-
-  -1/N sum_i sum_k alpha[k, i] log alpha[k, i], with 0 log 0 = 0: 0 when
-  every sample trusts one teacher, log K when the weights are uniform (then
-  DaFKD's eq. 8 is FedDF's plain average). A per-round diagnostic.
-
-  Args:
-    alpha: [K, N] weights, columns summing to 1.
-
-  Returns:
-    Scalar float32.
-  """
-  alpha = tf.cast(alpha, tf.float32)
-  plogp = alpha * tf.math.log(tf.maximum(alpha, _TINY))
-  return -tf.reduce_mean(tf.reduce_sum(plogp, axis=0))
-
-
 def private_teacher_terms(disc_probs_k: tf.Tensor,
                           logits_k: tf.Tensor,
                           temperature: float = 1.0

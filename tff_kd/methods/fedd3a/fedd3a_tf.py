@@ -308,13 +308,6 @@ def masked_teacher_weights(scores: tf.Tensor, valid: tf.Tensor,
   return tf.cond(tf.size(rows) > 0, weighted, lambda: tf.zeros_like(scores))
 
 
-def weight_entropy(weights: tf.Tensor) -> tf.Tensor:
-  """Mean over samples of -sum_k w log w (nats; 0 log 0 = 0)."""
-  w = tf.convert_to_tensor(weights, tf.float32)
-  logs = tf.math.log(tf.where(w > 0, w, tf.ones_like(w)))
-  return tf.reduce_mean(-tf.reduce_sum(w * logs, axis=0))
-
-
 class ServerRound(NamedTuple):
   """What one FedD3A server round produces.
 

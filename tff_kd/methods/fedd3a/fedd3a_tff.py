@@ -256,7 +256,7 @@ def _round_metrics(result: fedd3a_tf.ServerRound, stack: stacking_tf.Stack,
   metrics = collections.OrderedDict(
       num_teachers=tf.cast(stack.count, tf.float32),
       score_mean=tf.reduce_sum(tf.reduce_mean(result.scores, 1)) / count,
-      weight_entropy=fedd3a_tf.weight_entropy(w),
+      weight_entropy=distillation.mean_entropy(w, axis=0),
       weight_max=tf.reduce_mean(tf.reduce_max(w, axis=0)),
       projection_trace=tf.reduce_sum(
           traces * tf.cast(valid, tf.float32)) / count,
