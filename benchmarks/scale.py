@@ -24,6 +24,9 @@ process's resource usage):
   * checkpoint size: the newest checkpoint folder on disk;
   * client files: the size of the run's client data folder.
 
+`--clients_per_call=1,10` also runs FedAvg with `runtime.clients_per_call`
+G = 10 (the column G): ten clients per TFF client call.
+
 Usage (about 15 minutes for the default grid on 2 cores):
   .venv/bin/python -m benchmarks.scale --manual_dir=../shared/data/mnist \
       --out=benchmarks/results/scale
@@ -51,6 +54,10 @@ _CLIENTS = flags.DEFINE_list('num_clients', ['100', '1000', '5000'],
                              'Total clients N.')
 _PER_ROUND = flags.DEFINE_list('clients_per_round', ['10', '100'],
                                'Clients per round K.')
+_PER_CALL = flags.DEFINE_list(
+    'clients_per_call', ['1'],
+    'runtime.clients_per_call values; those > 1 run for the methods that '
+    'group clients (FedAvg) only.')
 _EXAMPLES = flags.DEFINE_integer(
     'examples_per_round', 6400,
     'Local examples per round over all K clients (batch 32 steps).')
@@ -92,7 +99,8 @@ def _newest_checkpoint(root: str) -> str | None:
   return os.path.join(folder, max(states, key=lambda d: int(d.split('_')[-1])))
 
 
-def run_setting(method: str, n: int, k: int, root: str) -> dict:
+def run_setting(method: str, n: int, k: int, root: str,
+                per_call: int = 1) -> dict:
   """One `train` run; its costs (or an error)."""
   steps = max(1, _EXAMPLES.value // (k * _BATCH))
   command = [
@@ -105,6 +113,7 @@ def run_setting(method: str, n: int, k: int, root: str) -> dict:
       '--config.local.unit=steps', f'--config.local.amount={steps}',
       f'--config.local.batch_size={_BATCH}', '--config.export=false',
       f'--config.checkpoint_every={_ROUNDS.value}', '--noplot',
+      f'--config.runtime.clients_per_call={per_call}',
       '--noprogress', *_METHOD_FLAGS[method]]
   t0 = time.perf_counter()
   proc = subprocess.run(command, capture_output=True, text=True,
@@ -112,7 +121,8 @@ def run_setting(method: str, n: int, k: int, root: str) -> dict:
                         env={**os.environ, 'TF_CPP_MIN_LOG_LEVEL': '3'})
   wall = time.perf_counter() - t0
   record = dict(method=method, num_clients=n, clients_per_round=k,
-                local_steps=steps, wall_s=wall, returncode=proc.returncode)
+                clients_per_call=per_call, local_steps=steps, wall_s=wall,
+                returncode=proc.returncode)
   match = re.search(r'Maximum resident set size \(kbytes\): (\d+)',
                     proc.stderr)
   record['peak_rss_gb'] = int(match.group(1)) / 2**20 if match else None
@@ -139,6 +149,9 @@ def run_setting(method: str, n: int, k: int, root: str) -> dict:
   return record
 
 
+# Methods whose clients may be grouped (`runtime.clients_per_call`).
+_GROUPS = ('fedavg',)
+
 # The metrics that time a method's server step, summed per round.
 _SERVER_STEP_KEYS = (('distill/server_seconds',),
                      ('distill/teacher_seconds', 'distill/distill_seconds'))
@@ -161,19 +174,21 @@ def markdown(records: list[dict], meta: dict) -> str:
   lines = ['# Cost at scale (benchmarks/scale.py)', '',
            f"Command: `{meta['command']}`. Machine: {meta['machine']}.", '',
            meta['setting'], '',
-           '| method | N | K | local steps | start-up s | s/round | '
+           '| method | N | K | G | local steps | start-up s | s/round | '
            'server step s | round 1 s | peak RSS GB | MB per round | '
-           'checkpoint MB | client files MB |', '|---' * 12 + '|']
+           'checkpoint MB | client files MB |', '|---' * 13 + '|']
   for r in records:
     if 'error' in r:
       lines.append(f"| {r['method']} | {r['num_clients']} | "
-                   f"{r['clients_per_round']} | {r['local_steps']} | failed "
+                   f"{r['clients_per_round']} | "
+                   f"{r.get('clients_per_call', 1)} | {r['local_steps']} | failed "
                    f"(exit {r['returncode']}, {r['wall_s']:.0f} s, peak "
                    f"{_cell(r['peak_rss_gb'], '.2f')} GB): "
                    f"{r['error'][:120]} | | | | | | | |")
       continue
     lines.append(
         f"| {r['method']} | {r['num_clients']} | {r['clients_per_round']} | "
+        f"{r.get('clients_per_call', 1)} | "
         f"{r['local_steps']} | {r['startup_s']:.1f} | "
         f"{r['seconds_per_round']:.2f} | "
         f"{_cell(r.get('server_step_s'), '.2f')} | {r['first_round_s']:.2f} | "
@@ -192,20 +207,23 @@ def main(argv):
     for method in _METHODS.value:
       for n in map(int, _CLIENTS.value):
         for k in map(int, _PER_ROUND.value):
-          if k > n:
-            continue
-          root = os.path.join(scratch, f'{method}_{n}_{k}')
-          try:
-            record = run_setting(method, n, k, root)
-          except subprocess.TimeoutExpired:
-            record = dict(method=method, num_clients=n, clients_per_round=k,
-                          local_steps=max(1, _EXAMPLES.value // (k * _BATCH)),
-                          wall_s=float(_TIMEOUT.value), returncode=None,
-                          peak_rss_gb=None,
-                          error=f'not finished in {_TIMEOUT.value} s')
-          shutil.rmtree(root, ignore_errors=True)
-          records.append(record)
-          print(json.dumps(record), flush=True)
+          for g in map(int, _PER_CALL.value):
+            if k > n or (g > 1 and method not in _GROUPS):
+              continue
+            root = os.path.join(scratch, f'{method}_{n}_{k}_{g}')
+            try:
+              record = run_setting(method, n, k, root, g)
+            except subprocess.TimeoutExpired:
+              record = dict(
+                  method=method, num_clients=n, clients_per_round=k,
+                  clients_per_call=g,
+                  local_steps=max(1, _EXAMPLES.value // (k * _BATCH)),
+                  wall_s=float(_TIMEOUT.value), returncode=None,
+                  peak_rss_gb=None,
+                  error=f'not finished in {_TIMEOUT.value} s')
+            shutil.rmtree(root, ignore_errors=True)
+            records.append(record)
+            print(json.dumps(record), flush=True)
   finally:
     shutil.rmtree(scratch, ignore_errors=True)
   meta = dict(

@@ -33,6 +33,8 @@ from tff_kd.program import experiment
      r'runtime.concurrent_clients must be an integer >= -1 .*got -2'),
     ('runtime.intra_op_threads', -1,
      r'runtime.intra_op_threads must be an integer >= 0, got -1'),
+    ('runtime.clients_per_call', 0,
+     r'runtime.clients_per_call must be an integer >= 1, got 0'),
 ])
 def test_bad_settings_fail_before_any_compute(tmp_path, key, value, match):
   with pytest.raises(errors.ConfigError, match=match):

@@ -20,7 +20,7 @@ down to and up from the clients.
 """
 
 import collections
-from typing import Callable, NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional, Sequence, Union
 
 import numpy as np
 import tensorflow as tf
@@ -28,6 +28,7 @@ import tensorflow_federated as tff
 
 from tff_kd import errors
 from tff_kd.core import local_training
+from tff_kd.core import loops
 from tff_kd.core import stacking as stacking_tf
 from tff_kd.federated import composer
 
@@ -37,7 +38,8 @@ DatasetFn = Callable[[tf.Tensor], tf.data.Dataset]
 
 def client_data_type(element_spec: collections.OrderedDict,
                      dataset_fn: Optional[DatasetFn] = None, *,
-                     with_id: bool = False) -> tff.Type:
+                     with_id: bool = False,
+                     clients_per_call: int = 1) -> tff.Type:
   """What each client receives as its data.
 
   Without `dataset_fn`, a `tff.SequenceType` of batches: the standard TFF
@@ -53,9 +55,14 @@ def client_data_type(element_spec: collections.OrderedDict,
   of a dataset graph between two computations for every client, which costs
   the TFF runtime about 0.4 s per round on the FedGen workload
   (benchmarks/fedgen_workload.py).
+
+  With `dataset_fn` and `clients_per_call` G > 1, a [G] vector of such keys:
+  one TFF client then runs G clients in turn (`group_keys`,
+  `build_client_work`), '' padding the last group.
   """
   if dataset_fn is not None:
-    return tff.TensorType(np.str_)
+    return tff.TensorType(np.str_, [clients_per_call] if clients_per_call > 1
+                          else [])
   sequence = tff.SequenceType(spec_to_type(element_spec))
   if with_id:
     return tff.types.StructWithPythonType(
@@ -79,6 +86,23 @@ class ClientInput(NamedTuple):
   dataset: tf.data.Dataset
   client_id: tf.Tensor
   key: tf.Tensor
+
+
+def group_keys(keys: Sequence[str], clients_per_call: int
+               ) -> list[Union[str, np.ndarray]]:
+  """A round's client keys as a process with `clients_per_call` G takes them.
+
+  G = 1: the keys themselves. G > 1: consecutive groups of G keys, each a
+  [G] string array, the last one padded with '' (`merge_clients` skips
+  them).
+  """
+  if clients_per_call <= 1:
+    return list(keys)
+  keys = list(keys)
+  return [np.array(keys[i:i + clients_per_call] +
+                   [''] * max(0, i + clients_per_call - len(keys)),
+                   dtype=object)
+          for i in range(0, len(keys), clients_per_call)]
 
 
 def client_id_of_key(key: tf.Tensor) -> tf.Tensor:
@@ -162,11 +186,20 @@ def build_client_work(
     learning_rate_decay: float = 1.0,
     proximal_strength: float = 0.0,
     dataset_fn: Optional[DatasetFn] = None,
+    clients_per_call: int = 1,
 ) -> tff.templates.MeasuredProcess:
   """Local (proximal) training as a client-work process.
 
   See `build_scheduled_client_work` for the state (the round number, which
   drives the learning-rate schedule) and the measurements.
+
+  With `clients_per_call` G > 1 (keys only), each TFF client receives G
+  keys and trains those clients in turn, from the same broadcast weights,
+  inside one TensorFlow call (`merge_clients`): the round's weighted mean
+  is the same up to float round-off, and the runtime's per-client costs
+  (a call, a broadcast copy, an aggregation step) are paid once per G
+  clients. A simulation setting: the aggregator then sees group sums, so
+  per-client aggregation (secure sums, DP, stacking) cannot use it.
 
   Args:
     model_fn: No-arg callable building the Keras classifier (logits).
@@ -176,21 +209,28 @@ def build_client_work(
     learning_rate_decay: Multiplicative decay per round.
     proximal_strength: FedProx mu (0 for FedAvg).
     dataset_fn: See `client_data_type`.
+    clients_per_call: Clients per TFF client (>= 1; > 1 needs
+      `dataset_fn`).
 
   Returns:
     A `tff.learning.templates.ClientWorkProcess`, or with `dataset_fn` a
-    `tff.templates.MeasuredProcess` of the same signature taking keys.
+    `tff.templates.MeasuredProcess` of the same signature taking keys (or
+    [G] vectors of keys).
+
+  Raises:
+    ValueError: `clients_per_call` > 1 without `dataset_fn`.
   """
+  if clients_per_call > 1 and dataset_fn is None:
+    raise ValueError('clients_per_call > 1 needs keyed client data '
+                     '(dataset_fn)')
   weights_type = _unplaced_weights_type(model_fn)
-  data_type = client_data_type(element_spec, dataset_fn)
+  data_type = client_data_type(element_spec, dataset_fn,
+                               clients_per_call=clients_per_call)
   # Per client: the broadcast weights down; the update plus its weight up.
   bytes_down = float(payload_bytes(weights_type))
   bytes_up = bytes_down + np.dtype(np.float32).itemsize
 
-  @tff.tensorflow.computation(weights_type, data_type, np.float32)
-  def client_update(initial_weights, data, lr):
-    dataset = data if dataset_fn is None else dataset_fn(data)
-    model = model_fn()
+  def one_client(model, initial_weights, dataset, lr):
     result = local_training.train_locally(
         model, client_optimizer, initial_weights, dataset, lr,
         proximal_strength=proximal_strength)
@@ -199,22 +239,88 @@ def build_client_work(
     return screen_client(client_result,
                          client_stats(result, bytes_down, bytes_up))[:2]
 
+  if clients_per_call > 1:
+
+    @tff.tensorflow.computation(weights_type, data_type, np.float32)
+    def client_update(initial_weights, keys, lr):
+      model = model_fn()
+      return merge_clients(
+          lambda key: one_client(model, initial_weights, dataset_fn(key), lr),
+          keys, initial_weights)
+  else:
+
+    @tff.tensorflow.computation(weights_type, data_type, np.float32)
+    def client_update(initial_weights, data, lr):
+      dataset = data if dataset_fn is None else dataset_fn(data)
+      return one_client(model_fn(), initial_weights, dataset, lr)
+
   return build_scheduled_client_work(
       client_update, learning_rate=learning_rate,
       learning_rate_decay=learning_rate_decay,
       sequence_data=dataset_fn is None)
 
 
+def merge_clients(
+    one_client: Callable[[tf.Tensor], tuple[
+        tff.learning.templates.ClientResult, collections.OrderedDict]],
+    keys: tf.Tensor, weights_like: tff.learning.models.ModelWeights
+) -> tuple[tff.learning.templates.ClientResult, collections.OrderedDict]:
+  """Several clients' work as one client's (`clients_per_call`).
+
+  Runs `one_client(key)` for each non-empty key of `keys`, in order (a
+  graph loop), and merges the results into what a weighted mean sees of
+  them: the update is the update-weight-weighted mean of their updates
+  (zeros when every weight is 0), its weight their summed weights, so that
+  the aggregator's weighted mean over groups equals the one over clients;
+  the stats are summed, plus `num_clients`, the number of keys run, which
+  `client_measurements` reports instead of the number of TFF clients.
+
+  Args:
+    one_client: key -> (`ClientResult`, `client_stats`) of one (screened)
+      client, traceable in a graph loop.
+    keys: [G] string keys; '' pads a short last group.
+    weights_like: A `ModelWeights` of the update's structure.
+
+  Returns:
+    (`ClientResult`, stats).
+  """
+  count = tf.reduce_sum(tf.cast(tf.strings.length(keys) > 0, tf.int32))
+  stats_like = collections.OrderedDict(
+      (name, tf.constant(0.0)) for name in CLIENT_STATS)
+
+  def step(state, i):
+    weighted_sum, weight_sum, stats_sum = state
+    result, stats = one_client(keys[i])
+    weight = tf.cast(result.update_weight, tf.float32)
+    weighted_sum = tf.nest.map_structure(lambda s, u: s + weight * u,
+                                         weighted_sum, result.update)
+    stats_sum = collections.OrderedDict(
+        (k, stats_sum[k] + tf.cast(stats[k], tf.float32)) for k in stats_sum)
+    return weighted_sum, weight_sum + weight, stats_sum
+
+  zeros = tf.nest.map_structure(tf.zeros_like, weights_like)
+  weighted_sum, weight_sum, stats_sum = loops.fold_range(
+      count, step, (zeros, tf.constant(0.0), stats_like))
+  update = tf.nest.map_structure(lambda s: tf.math.divide_no_nan(s, weight_sum),
+                                 weighted_sum)
+  stats_sum['num_clients'] = tf.cast(count, tf.float32)
+  return (tff.learning.templates.ClientResult(update=update,
+                                              update_weight=weight_sum),
+          stats_sum)
+
+
+# The per-client statistics, in `client_stats`' order (float32 scalars).
+CLIENT_STATS = ('loss_sum', 'num_examples', 'num_steps', 'bytes_down',
+                'bytes_up', 'excluded')
+
+
 def client_stats(result: local_training.LocalResult, bytes_down: tf.Tensor,
                  bytes_up: tf.Tensor) -> collections.OrderedDict:
   """The per-client statistics `build_scheduled_client_work` sums up."""
-  return collections.OrderedDict(
-      loss_sum=result.loss_sum,
-      num_examples=result.num_examples,
-      num_steps=tf.cast(result.num_steps, tf.float32),
-      bytes_down=tf.cast(bytes_down, tf.float32),
-      bytes_up=tf.cast(bytes_up, tf.float32),
-      excluded=tf.constant(0.0))
+  return collections.OrderedDict(zip(CLIENT_STATS, (
+      result.loss_sum, result.num_examples,
+      tf.cast(result.num_steps, tf.float32), tf.cast(bytes_down, tf.float32),
+      tf.cast(bytes_up, tf.float32), tf.constant(0.0))))
 
 
 def all_finite(structure) -> tf.Tensor:
@@ -312,6 +418,11 @@ def client_measurements(stats, lr) -> collections.OrderedDict:
   learning rate and the number of clients.
   """
   totals = tff.federated_sum(stats)
+  names = [name for name, _ in
+           tff.structure.iter_elements(stats.type_signature.member)]
+  # Grouped clients (`merge_clients`) count their own clients.
+  num_clients = (totals.num_clients if 'num_clients' in names else
+                 tff.federated_sum(tff.federated_value(1.0, tff.CLIENTS)))
   return collections.OrderedDict(
       bytes_down=totals.bytes_down,
       bytes_up=totals.bytes_up,
@@ -319,7 +430,7 @@ def client_measurements(stats, lr) -> collections.OrderedDict:
       num_examples=totals.num_examples,
       num_steps=totals.num_steps,
       learning_rate=lr,
-      num_clients=tff.federated_sum(tff.federated_value(1.0, tff.CLIENTS)),
+      num_clients=num_clients,
       num_excluded=totals.excluded)
 
 
@@ -548,6 +659,7 @@ def build_keras_learning_process(
     learning_rate_decay: float = 1.0,
     proximal_strength: float = 0.0,
     dataset_fn: Optional[DatasetFn] = None,
+    clients_per_call: int = 1,
 ) -> tff.learning.templates.LearningProcess:
   """Composes broadcast, client work, weighted mean and finalizer.
 
@@ -560,17 +672,20 @@ def build_keras_learning_process(
     learning_rate_decay: Multiplicative client lr decay per round.
     proximal_strength: FedProx mu (0 for FedAvg).
     dataset_fn: Optional key -> dataset function; see `client_data_type`.
+    clients_per_call: Clients per TFF client (`build_client_work`).
 
   Returns:
     A `tff.learning.templates.LearningProcess` whose `next` takes
     `(state, {element_spec*}@CLIENTS)`, or `(state, {str}@CLIENTS)` of keys
-    when `dataset_fn` is given.
+    when `dataset_fn` is given (`{str[G]}@CLIENTS`, `group_keys`, with
+    `clients_per_call` G > 1).
   """
   weights_type = _unplaced_weights_type(model_fn)
   client_work = build_client_work(
       model_fn, element_spec, client_optimizer,
       learning_rate=learning_rate, learning_rate_decay=learning_rate_decay,
-      proximal_strength=proximal_strength, dataset_fn=dataset_fn)
+      proximal_strength=proximal_strength, dataset_fn=dataset_fn,
+      clients_per_call=clients_per_call)
   aggregator = tff.aggregators.MeanFactory().create(
       weights_type, tff.TensorType(np.float32))
   return composer.compose_learning_process(

@@ -71,6 +71,9 @@ class Method(NamedTuple):
     secure_sum: Whether a config makes the process use secure sums (DaFKD's
       private mode), which only TFF's test context simulates
       (`tff_kd.program.context.set_context_for`); None: never.
+    groups_clients: The method's clients may be grouped several to a TFF
+      client (`runtime.clients_per_call`): its aggregation is a weighted
+      mean of updates and it keeps no per-client state or stack.
     global_model_per_architecture: The method keeps one global model per
       entry of its section's `client_models` (FedDF's heterogeneous
       prototypes); the program builds one model function and one evaluator
@@ -91,6 +94,7 @@ class Method(NamedTuple):
   hparams: Optional[type[hp.Hparams]] = None
   uses_distill: bool = False
   secure_sum: Optional[Callable[[ml_collections.ConfigDict], bool]] = None
+  groups_clients: bool = False
   global_model_per_architecture: bool = False
   smoke: Mapping[str, Any] = types.MappingProxyType({})
 
@@ -119,6 +123,14 @@ def common_kwargs(inputs: ProcessInputs,
       server_optimizer=build_optimizer(config.server_optimizer),
       learning_rate=config.client_optimizer.learning_rate,
       learning_rate_decay=config.client_optimizer.lr_decay)
+
+def clients_per_call(inputs: ProcessInputs,
+                     config: ml_collections.ConfigDict) -> int:
+  """`runtime.clients_per_call` for keyed clients, else 1 (clients that
+  take datasets, e.g. under `tff.learning.programs.train_model`, are one
+  TFF client each)."""
+  return config.runtime.clients_per_call if inputs.dataset_fn else 1
+
 
 def distill_config(config: ml_collections.ConfigDict
                    ) -> distillation.DistillConfig:

@@ -36,6 +36,8 @@ import tensorflow_federated as tff
 import tqdm
 
 from tff_kd import errors
+from tff_kd.federated import learning
+from tff_kd.methods import common
 from tff_kd.program import aio
 from tff_kd.program import checkpoints
 from tff_kd.program import context
@@ -305,8 +307,9 @@ def _run(config: ml_collections.ConfigDict, root_dir: str, progress: bool,
   for round_num in range(start, config.rounds):
     clients = sampling.sample_clients(num_clients, config.clients_per_round,
                                       seed=config.seed, round_num=round_num)
-    keys = exp.client_data.keys(clients, seed=config.seed,
-                                round_num=round_num)
+    keys = learning.group_keys(
+        exp.client_data.keys(clients, seed=config.seed, round_num=round_num),
+        common.clients_per_call(exp.inputs, config))
     t0 = time.perf_counter()
     output = exp.process.next(state, keys)
     t_train = time.perf_counter() - t0

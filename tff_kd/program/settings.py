@@ -384,6 +384,14 @@ class RuntimeSettings(hp.Hparams):
       (0: TensorFlow's default, every core). The defaults are the fastest
       measured for this library's models (benchmarks/results/threads.md);
       remote workers take theirs from `tff_kd_worker`'s flags.
+    clients_per_call: Clients each TFF client call trains, in turn (1: one
+      per call). More cuts the runtime's per-client cost (a call, a
+      broadcast copy and an aggregation step, ~5 ms of CPU each here) at
+      the same round up to float round-off: FedAvg's K = 100 clients of 2
+      local steps cost 2.6x K = 10 of 20 steps with 1, 2.2x with 10
+      (benchmarks/README.md, "Grouped clients"). Keep K / G at least the
+      worker's concurrent calls. FedAvg and FedProx only (a weighted mean
+      of updates; the KD methods stack every client's model).
   """
 
   SECTION: ClassVar[str] = 'runtime'
@@ -393,6 +401,7 @@ class RuntimeSettings(hp.Hparams):
   server_device: str = hp.field(server_stage.IN_RUNTIME, _text)
   concurrent_clients: int = hp.field(0, _at_least_minus_one)
   intra_op_threads: int = hp.field(1, hp.non_negative_int)
+  clients_per_call: int = hp.field(1, hp.positive_int)
 
   @property
   def worker_addresses(self) -> list[str]:
@@ -412,6 +421,11 @@ class RuntimeSettings(hp.Hparams):
           f'runtime.server_device={self.server_device!r}: {method.name} has '
           'no server step to move out of the runtime (its server applies an '
           "optimizer step); use 'runtime'")
+    if self.clients_per_call > 1 and not method.groups_clients:
+      raise errors.ConfigError(
+          f'runtime.clients_per_call={self.clients_per_call}: {method.name} '
+          'keeps every client\'s model apart (a stack of teachers or '
+          'per-client state); only fedavg and fedprox group clients. Use 1')
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,6 +25,7 @@ def build_fedavg_process(
     learning_rate: float,
     learning_rate_decay: float = 1.0,
     dataset_fn: Optional[learning.DatasetFn] = None,
+    clients_per_call: int = 1,
 ) -> tff.learning.templates.LearningProcess:
   """Builds FedAvg with example-weighted averaging.
 
@@ -37,6 +38,9 @@ def build_fedavg_process(
     learning_rate_decay: Client lr multiplier per round, in (0, 1].
     dataset_fn: Optional key -> dataset function; clients then receive keys
       (see `tff_kd.federated.learning.client_data_type`).
+    clients_per_call: Clients per TFF client, with `dataset_fn`
+      (`tff_kd.federated.learning.build_client_work`); `next` then takes
+      [clients_per_call] vectors of keys (`learning.group_keys`).
 
   Returns:
     A `tff.learning.templates.LearningProcess`.
@@ -45,7 +49,8 @@ def build_fedavg_process(
   return learning.build_keras_learning_process(
       model_fn, element_spec, client_optimizer=client_optimizer,
       server_optimizer=server_optimizer, learning_rate=learning_rate,
-      learning_rate_decay=learning_rate_decay, dataset_fn=dataset_fn)
+      learning_rate_decay=learning_rate_decay, dataset_fn=dataset_fn,
+      clients_per_call=clients_per_call)
 
 
 def build_from_config(
@@ -53,9 +58,10 @@ def build_from_config(
 ) -> tff.learning.templates.LearningProcess:
   """The registry's builder: fedavg from an experiment config."""
   return build_fedavg_process(inputs.model_fn, inputs.element_spec,
-                              **common.common_kwargs(inputs, config))
+                              clients_per_call=common.clients_per_call(inputs, config),
+      **common.common_kwargs(inputs, config))
 
 
 METHOD = common.Method(
     'fedavg', build_from_config, 'FedAvg (McMahan et al., 2017)',
-    server_step=False, smoke={})
+    server_step=False, groups_clients=True, smoke={})

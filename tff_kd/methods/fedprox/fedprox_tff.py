@@ -28,6 +28,7 @@ def build_fedprox_process(
     learning_rate: float,
     learning_rate_decay: float = 1.0,
     dataset_fn: Optional[learning.DatasetFn] = None,
+    clients_per_call: int = 1,
 ) -> tff.learning.templates.LearningProcess:
   """Builds FedProx: FedAvg whose clients add mu/2 ||w - w_global||^2.
 
@@ -41,6 +42,9 @@ def build_fedprox_process(
     learning_rate_decay: Client lr multiplier per round, in (0, 1].
     dataset_fn: Optional key -> dataset function; clients then receive keys
       (see `tff_kd.federated.learning.client_data_type`).
+    clients_per_call: Clients per TFF client, with `dataset_fn`
+      (`tff_kd.federated.learning.build_client_work`); `next` then takes
+      [clients_per_call] vectors of keys (`learning.group_keys`).
 
   Returns:
     A `tff.learning.templates.LearningProcess`.
@@ -54,7 +58,8 @@ def build_fedprox_process(
       model_fn, element_spec, client_optimizer=client_optimizer,
       server_optimizer=server_optimizer, learning_rate=learning_rate,
       learning_rate_decay=learning_rate_decay,
-      proximal_strength=hparams.mu, dataset_fn=dataset_fn)
+      proximal_strength=hparams.mu, dataset_fn=dataset_fn,
+      clients_per_call=clients_per_call)
 
 
 def build_from_config(
@@ -64,9 +69,10 @@ def build_from_config(
   return build_fedprox_process(
       inputs.model_fn, inputs.element_spec,
       hparams=hp.section_hparams(config, hparams_lib.FedProxHparams),
+      clients_per_call=common.clients_per_call(inputs, config),
       **common.common_kwargs(inputs, config))
 
 
 METHOD = common.Method(
     'fedprox', build_from_config, 'FedProx (Li et al., 2020)',
-    server_step=False, hparams=hparams_lib.FedProxHparams, smoke={})
+    server_step=False, groups_clients=True, hparams=hparams_lib.FedProxHparams, smoke={})
