@@ -278,7 +278,9 @@ def merge_clients(
   Args:
     one_client: key -> (`ClientResult`, `client_stats`) of one (screened)
       client, traceable in a graph loop.
-    keys: [G] string keys; '' pads a short last group.
+    keys: [G] string keys, the real ones first: '' pads a short last group
+      (`group_keys`), and the loop runs the first (number of non-empty
+      keys) of them.
     weights_like: A `ModelWeights` of the update's structure.
 
   Returns:
