@@ -99,10 +99,15 @@ def _newest_checkpoint(root: str) -> str | None:
   return os.path.join(folder, max(states, key=lambda d: int(d.split('_')[-1])))
 
 
+def _local_steps(k: int) -> int:
+  """Local steps per client that spread the round's examples over K."""
+  return max(1, _EXAMPLES.value // (k * _BATCH))
+
+
 def run_setting(method: str, n: int, k: int, root: str,
                 per_call: int = 1) -> dict:
   """One `train` run; its costs (or an error)."""
-  steps = max(1, _EXAMPLES.value // (k * _BATCH))
+  steps = _local_steps(k)
   command = [
       '/usr/bin/time', '-v', os.path.join(os.path.dirname(sys.executable),
                                           'train'),
@@ -149,7 +154,9 @@ def run_setting(method: str, n: int, k: int, root: str,
   return record
 
 
-# Methods whose clients may be grouped (`runtime.clients_per_call`).
+# Methods of `--methods` whose clients may be grouped
+# (`runtime.clients_per_call`; `Method.groups_clients`, which `train`
+# checks: this driver does not import the library).
 _GROUPS = ('fedavg',)
 
 # The metrics that time a method's server step, summed per round.
@@ -181,7 +188,8 @@ def markdown(records: list[dict], meta: dict) -> str:
     if 'error' in r:
       lines.append(f"| {r['method']} | {r['num_clients']} | "
                    f"{r['clients_per_round']} | "
-                   f"{r.get('clients_per_call', 1)} | {r['local_steps']} | failed "
+                   f"{r.get('clients_per_call', 1)} | {r['local_steps']} | "
+                   "failed "
                    f"(exit {r['returncode']}, {r['wall_s']:.0f} s, peak "
                    f"{_cell(r['peak_rss_gb'], '.2f')} GB): "
                    f"{r['error'][:120]} | | | | | | | |")
@@ -217,7 +225,7 @@ def main(argv):
               record = dict(
                   method=method, num_clients=n, clients_per_round=k,
                   clients_per_call=g,
-                  local_steps=max(1, _EXAMPLES.value // (k * _BATCH)),
+                  local_steps=_local_steps(k),
                   wall_s=float(_TIMEOUT.value), returncode=None,
                   peak_rss_gb=None,
                   error=f'not finished in {_TIMEOUT.value} s')

@@ -562,9 +562,10 @@ def distill(student: tf.keras.Model,
   `validation='labeled'`, the mean cross-entropy on `labeled`. It is
   measured before training, every `eval_every` steps and after the last
   step; training stops after `patience` validations without a strict
-  improvement, and the best student seen (trainable and non-trainable variables) is restored at the
-  end. With `accept='no_worse'` the initial student is returned instead
-  when the result is less accurate on `labeled` than it.
+  improvement, and the best student seen (trainable and non-trainable
+  variables) is restored at the end. With `accept='no_worse'` the initial
+  student is returned instead when the result is less accurate on
+  `labeled` than it.
 
   The loss is `kd_loss` alone: the student's `losses` (Keras weight
   regularisers) are not added, as in `local_training.train_locally`.

@@ -124,6 +124,7 @@ def common_kwargs(inputs: ProcessInputs,
       learning_rate=config.client_optimizer.learning_rate,
       learning_rate_decay=config.client_optimizer.lr_decay)
 
+
 def clients_per_call(inputs: ProcessInputs,
                      config: ml_collections.ConfigDict) -> int:
   """`runtime.clients_per_call` for keyed clients, else 1 (clients that

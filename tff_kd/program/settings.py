@@ -386,12 +386,13 @@ class RuntimeSettings(hp.Hparams):
       remote workers take theirs from `tff_kd_worker`'s flags.
     clients_per_call: Clients each TFF client call trains, in turn (1: one
       per call). More cuts the runtime's per-client cost (a call, a
-      broadcast copy and an aggregation step, ~5 ms of CPU each here) at
-      the same round up to float round-off: FedAvg's K = 100 clients of 2
-      local steps cost 2.6x K = 10 of 20 steps with 1, 2.2x with 10
-      (benchmarks/README.md, "Grouped clients"). Keep K / G at least the
-      worker's concurrent calls. FedAvg and FedProx only (a weighted mean
-      of updates; the KD methods stack every client's model).
+      broadcast copy and an aggregation step; ~1.2 ms of a round's wall
+      time per client here) at the same round up to float round-off:
+      FedAvg's K = 100 clients of 2 local steps cost 2.6x K = 10 of 20
+      steps with 1, 2.2x with 10 (benchmarks/README.md, "Grouped
+      clients"). Keep K / G at least the worker's concurrent calls.
+      FedAvg and FedProx only (a weighted mean of updates; the KD methods
+      stack every client's model).
   """
 
   SECTION: ClassVar[str] = 'runtime'
@@ -425,7 +426,9 @@ class RuntimeSettings(hp.Hparams):
       raise errors.ConfigError(
           f'runtime.clients_per_call={self.clients_per_call}: {method.name} '
           'keeps every client\'s model apart (a stack of teachers or '
-          'per-client state); only fedavg and fedprox group clients. Use 1')
+          'per-client state); only ' + ' and '.join(
+              m.name for m in registry.METHODS.values() if m.groups_clients)
+          + ' group clients. Use 1')
 
 
 @dataclasses.dataclass(frozen=True)
