@@ -72,6 +72,9 @@ _LOCAL_AUX = {**_LOCAL, 'dafkd.aux_weight': 1.0}
 # ... and a projection discriminator f_k(x, y), which eq. 7 reads with the
 # pool's pseudo labels.
 _LOCAL_AUX_PROJ = {**_LOCAL_AUX, 'dafkd.discriminator': 'projection'}
+# ... and the hard pool: 4 x 1,280 candidates, of which the 1,280 where the
+# averaged classifier disagrees most with eq. 8's target are distilled on.
+_HARD = {**_LOCAL_AUX_PROJ, 'dafkd.pool_candidates': 4}
 VARIANTS: dict[str, tuple[str, dict]] = {
     'fedavg': ('fedavg', {}),
     'fedprox': ('fedprox', {}),
@@ -96,6 +99,9 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     'dafkd_aux_proj': ('dafkd', {**_AUX, 'dafkd.discriminator': 'projection'}),
     'dafkd_local_aux_proj_no_correlation': ('dafkd', {
         **_LOCAL_AUX_PROJ, 'dafkd.no_correlation': True}),
+    'dafkd_hard': ('dafkd', _HARD),
+    'dafkd_hard_no_correlation': ('dafkd', {**_HARD,
+                                            'dafkd.no_correlation': True}),
     'fedgen': ('fedgen', {}),
     'fedftg': ('fedftg', {}),
 }

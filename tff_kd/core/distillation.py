@@ -19,7 +19,9 @@ the weights come from; this module owns everything else.
 * FedDF's drop-worst (`drop_worst`): teachers at or below random-guess
   accuracy on a server validation set get weight 0.
 * The loss (`kd_loss`): T^2 * mean_i KL(target_i || softmax(s(x_i) / T))
-  (Hinton et al., 2015; FedD3A eq. 8; FedDF with T = 1).
+  (Hinton et al., 2015; FedD3A eq. 8; FedDF with T = 1), and the pool
+  filter that keeps the samples where that KL is largest
+  (`hardest_samples`).
 * The loop (`distill`): seeded minibatches of the pool, one
   `tff.learning.optimizers` step per batch, optional global-norm clipping
   (FedDF clips at 5), optional cosine learning-rate decay (FedDF's code) and
@@ -207,6 +209,30 @@ def kl_per_example(student_logits: tf.Tensor, target_probs: tf.Tensor,
   tiny = np.finfo(np.float32).tiny
   log_p = tf.math.log(tf.maximum(target_probs, tiny))
   return tf.reduce_sum(target_probs * (log_p - log_q), axis=-1)
+
+
+def hardest_samples(student_logits: tf.Tensor, target_probs: tf.Tensor,
+                    temperature: float, count: int) -> tf.Tensor:
+  """Indices of the `count` samples the student matches worst.
+
+  The samples with the largest KL(target_i || softmax(s_i / T)), hardest
+  first (ties: the lower index first). A pool filter in the spirit of
+  FedFTG's hard-sample mining (Zhang et al., CVPR 2022): distillation only
+  moves the student on samples where it disagrees with the target.
+
+  Args:
+    student_logits: [N, C] student logits (untempered).
+    target_probs: [N, C] target probabilities (already tempered).
+    temperature: T > 0, as in `kd_loss`.
+    count: How many to keep (at most N).
+
+  Returns:
+    int32 [count] indices into the N samples.
+  """
+  _check_temperature(temperature)
+  kl = kl_per_example(student_logits, target_probs, temperature)
+  return tf.ensure_shape(tf.math.top_k(kl, k=count, sorted=True).indices,
+                         [count])
 
 
 @tf.autograph.experimental.do_not_convert

@@ -290,6 +290,10 @@ def _bad(data, match, **kwargs):
     (dict(generator_hidden='8,0'), 'dafkd.generator_hidden must be'),
     (dict(holder_share=0.0), r'dafkd.holder_share must be in \(0, 1\]'),
     (dict(pool='real', private=True), "pool='real' is an ablation"),
+    (dict(pool_candidates=0), 'pool_candidates must be an integer >= 1'),
+    (dict(pool_candidates=2, private=True),
+     "pool_candidates=2: the selection needs every teacher"),
+    (dict(pool_candidates=3, pool='real'), 'pool_candidates=3: the selection'),
     (dict(distill_config=distillation.DistillConfig.plain(steps=0)),
      'distill.steps must be'),
 ])

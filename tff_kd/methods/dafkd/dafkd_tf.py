@@ -556,6 +556,8 @@ class ServerSettings(NamedTuple):
       (appendix B: clients have no other) instead of theta_{t+1}.
     ensemble: 'probs' (eq. 8) or 'logits' (the reference code).
     correlation: Weights of eq. (7), or uniform (ablation).
+    pool_candidates: m: draw m x pool_size generated images and distil on
+      the pool_size hardest (`select_hardest`); 1: the paper's pool.
   """
 
   gan: gan.GanSettings
@@ -564,6 +566,36 @@ class ServerSettings(NamedTuple):
   pool_from_broadcast: bool
   ensemble: str = 'probs'
   correlation: bool = True
+  pool_candidates: int = 1
+
+
+class _PoolTerms(NamedTuple):
+  """The pool and what the server computed on it, sample by sample."""
+
+  images: tf.Tensor
+  labels: Optional[tf.Tensor]
+  logits: tf.Tensor
+  scores: tf.Tensor
+  alpha: tf.Tensor
+  target: tf.Tensor
+  student_logits: tf.Tensor
+
+
+def select_hardest(terms: _PoolTerms, count: int,
+                   temperature: float) -> _PoolTerms:
+  """The `count` samples where the student matches eq. (8)'s target worst.
+
+  A variant, not the paper's: a generated pool that the averaged classifier
+  already labels as the target does gives distillation nothing to move
+  (`distillation.hardest_samples`).
+  """
+  idx = distillation.hardest_samples(terms.student_logits, terms.target,
+                                     temperature, count)
+  sample_axis = {'logits': 1, 'scores': 1, 'alpha': 1}
+  return _PoolTerms(**{
+      name: None if value is None else tf.gather(
+          value, idx, axis=sample_axis.get(name, 0))
+      for name, value in terms._asdict().items()})
 
 
 class Uploads(NamedTuple):
@@ -696,14 +728,21 @@ def server_round(models: gan.GanModels,
     tf.nest.map_structure(
         lambda v, t: v.assign(t), gen_vars,
         global_weights[1] if settings.pool_from_broadcast else new_generator)
-    pool, pool_labels = pseudo_pool(generator, settings.pool_size,
-                                    noise_dim=settings.gan.noise_dim,
-                                    num_classes=settings.gan.num_classes,
-                                    seed=pool_seed_value, with_labels=True)
+    pool, pool_labels = pseudo_pool(
+        generator, settings.pool_size * settings.pool_candidates,
+        noise_dim=settings.gan.noise_dim,
+        num_classes=settings.gan.num_classes, seed=pool_seed_value,
+        with_labels=True)
   else:
     pool, pool_labels = real_pool, None
   num_clients = tf.maximum(tf.reduce_sum(tf.cast(valid, tf.float32)), 1.0)
+  student_vars = local_training.model_weights(classifier.model)
+
+  def student_logits():
+    return distillation.teacher_logits([classifier.model], pool)[0]
+
   diagnostics = None
+  fidelity = None
   if uploads.private_sums is None:
     logits, scores = teacher_outputs(
         classifier, discriminator, global_weights[0],
@@ -713,6 +752,15 @@ def server_round(models: gan.GanModels,
     target = distillation.weighted_ensemble(
         logits, alpha, temperature=config.temperature,
         ensemble=settings.ensemble)
+    if settings.pool_candidates > 1:
+      tf.nest.map_structure(lambda v, t: v.assign(t), student_vars,
+                            new_classifier)
+      candidates = _PoolTerms(pool, pool_labels, logits, scores, alpha,
+                              target, student_logits())
+      # Label fidelity is the generator's: measured on every candidate.
+      fidelity = argmax_agreement(candidates.student_logits, pool_labels)
+      pool, pool_labels, logits, scores, alpha, target, _ = select_hardest(
+          candidates, settings.pool_size, config.temperature)
     entropy = distillation.mean_entropy(alpha, axis=0)
     sum_error = tf.reduce_max(tf.abs(tf.reduce_sum(alpha, axis=0) - 1.0))
     mean_score = tf.reduce_sum(tf.reduce_mean(scores, axis=1)) / num_clients
@@ -733,17 +781,13 @@ def server_round(models: gan.GanModels,
     entropy = tf.constant(-1.0)
     sum_error = tf.constant(0.0)
     mean_score = tf.reduce_mean(sum_f) / num_clients
-  tf.nest.map_structure(lambda v, t: v.assign(t),
-                        local_training.model_weights(classifier.model),
+  tf.nest.map_structure(lambda v, t: v.assign(t), student_vars,
                         new_classifier)
-
-  def student_logits():
-    return distillation.teacher_logits([classifier.model], pool)[0]
-
   logits_before = student_logits()
   before = argmax_agreement(logits_before, target)
-  fidelity = (tf.constant(-1.0) if pool_labels is None else
-              argmax_agreement(logits_before, pool_labels))
+  if fidelity is None:
+    fidelity = (tf.constant(-1.0) if pool_labels is None else
+                argmax_agreement(logits_before, pool_labels))
   labeled = None if validation is None else (validation.x, validation.y)
   result = distillation.distill(classifier.model, distill_optimizer, pool,
                                 target, config, labeled=labeled)

@@ -451,7 +451,8 @@ def server_settings(spec: ModelSpec, hparams: hparams_lib.DaFKDHparams,
   return dafkd_tf.ServerSettings(
       spec.settings, config, pool_size,
       pool_from_broadcast=hparams.resolved_pool_generator == 'broadcast',
-      ensemble=hparams.weights_on, correlation=not hparams.no_correlation)
+      ensemble=hparams.weights_on, correlation=not hparams.no_correlation,
+      pool_candidates=hparams.pool_candidates)
 
 
 def diagnostics_round(every: int, round_num) -> Optional[tf.Tensor]:
@@ -484,8 +485,8 @@ def build_finalizer(
   weights; -1 in private mode), `alpha_sum_error`, `mean_disc_score`,
   `agreement_before` / `agreement_after` (classifier argmax = target argmax
   on the pool, before / after distillation), `label_fidelity` (the share of
-  the generated pool the averaged classifier labels as G's pseudo label; -1
-  for a real pool), the distillation's `steps`,
+  the generated pool, every candidate of `hparams.pool_candidates`, that the
+  averaged classifier labels as G's pseudo label; -1 for a real pool), the distillation's `steps`,
   `first_loss`, `last_loss`, `pool_size`, `target_entropy` (the mean
   entropy of the distillation targets, ln C for uniform ones) and
   `server_seconds` (the wall time of the server's whole round). With a
@@ -498,8 +499,8 @@ def build_finalizer(
 
   Args:
     spec: `ModelSpec`.
-    hparams: `config.dafkd`: the pool (`pool_size`, `pool`,
-      `pool_generator`), the teachers' `weights_on` and `no_correlation`,
+    hparams: `config.dafkd`: the pool (`pool_size`, `pool_candidates`,
+      `pool`, `pool_generator`), the teachers' `weights_on` and `no_correlation`,
       `private` (the aggregate is `build_private_aggregator`'s), the
       models' `aggregation` and the diagnostics' `holder_share` and
       `diagnostics_every`.

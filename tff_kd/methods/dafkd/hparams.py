@@ -33,6 +33,10 @@ class DaFKDHparams(hp.Hparams):
 
   Attributes:
     pool_size: Generated distillation images per round (reference: 1,280).
+    pool_candidates: m: draw m x pool_size images and distil on the
+      pool_size of them where the averaged classifier disagrees most with
+      eq. (8)'s target (largest KL, `distillation.hardest_samples`);
+      1 (the paper): no selection.
     noise_dim: The generator's noise size (paper: 100).
     generator_hidden: The MLP generator's FC+BN+LeakyReLU hp.widths, a comma
       list.
@@ -99,6 +103,7 @@ class DaFKDHparams(hp.Hparams):
       'no_sharing': hp.Alias('shared_extractor', operator.not_)}
 
   pool_size: int = hp.field(1280, hp.positive_int)
+  pool_candidates: int = hp.field(1, hp.positive_int)
   noise_dim: int = hp.field(100, hp.positive_int)
   generator_hidden: str = hp.field('256,512', hp.widths)
   generator_learning_rate: float = hp.field(1e-3, hp.positive_number)
@@ -159,6 +164,12 @@ class DaFKDHparams(hp.Hparams):
       raise errors.ConfigError(
           "dafkd.discriminator='projection' has no gradient penalty (it "
           'interpolates images of different labels): set dafkd.gp_weight=0')
+    if self.pool_candidates > 1 and (self.private or self.pool == 'real'):
+      raise errors.ConfigError(
+          f'dafkd.pool_candidates={self.pool_candidates}: the selection '
+          'needs every teacher on every candidate at the server and a '
+          "generated pool: set dafkd.private=False and dafkd.pool='generator'"
+          ', or dafkd.pool_candidates=1')
     if self.private and self.pool == 'real':
       raise errors.ConfigError(
           "dafkd.pool='real' is an ablation of the plain (non-private) "
