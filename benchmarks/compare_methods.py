@@ -99,6 +99,11 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     'dafkd_aux_proj': ('dafkd', {**_AUX, 'dafkd.discriminator': 'projection'}),
     'dafkd_local_aux_proj_no_correlation': ('dafkd', {
         **_LOCAL_AUX_PROJ, 'dafkd.no_correlation': True}),
+    # Generator capacity and steps per GAN step, on the conditional pool.
+    'dafkd_local_aux_proj_g2': ('dafkd', {**_LOCAL_AUX_PROJ,
+                                          'dafkd.generator_steps': 2}),
+    'dafkd_local_aux_proj_w128': ('dafkd', {**_LOCAL_AUX_PROJ,
+                                            'dafkd.generator_width': 128}),
     'dafkd_hard': ('dafkd', _HARD),
     'dafkd_hard_no_correlation': ('dafkd', {**_HARD,
                                             'dafkd.no_correlation': True}),
