@@ -40,6 +40,45 @@ def test_stack_accumulates_rows_in_order_and_merges():
   tf.nest.map_structure(np.testing.assert_array_equal, merged, sequential)
 
 
+def test_slots_hold_the_stack_row_by_row():
+  """`Slots` (the TFF aggregator's accumulator) give the `Stack`'s rows,
+  weights and count, also when merged."""
+  specs = dict(a=_spec(2), b=_spec(dtype=tf.int32))
+  values = [dict(a=np.array([i, -i], np.float32), b=np.int32(10 + i))
+            for i in range(1, 5)]
+  weights = [1.0, 0.0, 3.0, 4.0]  # The 0-weight client takes no row.
+
+  def fill(empty, accumulate, pairs):
+    for v, w in pairs:
+      empty = accumulate(empty, v, w)
+    return empty
+
+  pairs = list(zip(values, weights))
+  stack = fill(stacking.empty_stack(specs, 5), stacking.stack_accumulate,
+               pairs)
+  slots = fill(stacking.empty_slots(specs, 5), stacking.slots_accumulate,
+               pairs)
+  assert len(slots.values) == 5
+  tf.nest.map_structure(np.testing.assert_array_equal,
+                        stacking.slots_to_stack(slots, specs), stack)
+  tf.nest.map_structure(
+      np.testing.assert_array_equal,
+      stacking.slots_to_stack(stacking.stack_to_slots(stack), specs), stack)
+  for split in range(len(pairs) + 1):
+    merged = stacking.slots_merge(
+        fill(stacking.empty_slots(specs, 5), stacking.slots_accumulate,
+             pairs[:split]),
+        fill(stacking.empty_slots(specs, 5), stacking.slots_accumulate,
+             pairs[split:]))
+    tf.nest.map_structure(np.testing.assert_array_equal,
+                          stacking.slots_to_stack(merged, specs), stack)
+  full = stacking.empty_slots(_spec(1), 1)
+  full = stacking.slots_accumulate(full, np.ones([1], np.float32), 1.0)
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match='more clients than the 1 teacher slots'):
+    stacking.slots_accumulate(full, np.ones([1], np.float32), 1.0)
+
+
 def test_stack_overflow_is_a_clear_error():
   stack = stacking.empty_stack(_spec(1), 1)
   stack = stacking.stack_accumulate(stack, np.ones([1], np.float32), 1.0)

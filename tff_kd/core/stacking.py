@@ -4,11 +4,17 @@ Every KD method here (FedDF, Lin et al., NeurIPS 2020; FedD3A; FedGen, Zhu
 et al., ICML 2021; FedFTG, Zhang et al., CVPR 2022; DaFKD, Wang et al., CVPR
 2023) needs each client's model at the server, not only their mean: the
 clients are the teachers. Their values are stacked: each client's value is
-written into row `count` of a fixed-size [M, ...] accumulator (M = clients
-per round). `stack_accumulate` / `stack_merge` are the accumulate and merge
-functions of a `tff.federated_aggregate` (`tff_kd.federated.stacking`), and
-plain functions here, so the same maths runs eagerly in tests. Rows past
-`count` stay zero and are masked out.
+written into row `count` of a fixed-size [M, ...] `Stack` (M = clients per
+round). Rows past `count` stay zero and are masked out.
+
+TFF's aggregation (`tff_kd.federated.stacking`) builds the stack in `Slots`,
+M separate rows that each step passes on without copying
+(`slots_accumulate` / `slots_merge` are its accumulate and merge functions,
+`slots_to_stack` its report), because TFF's C++ runtime keeps every step's
+accumulator until the round's aggregate is done: a [M, ...] accumulator
+rewritten per client (`stack_accumulate` / `stack_merge`, the reference
+formulation) would cost K x M x P values at once. All are plain functions
+here, so the same maths runs eagerly in tests.
 
 `example_weights` and `average_update` give the FedAvg mean of the stacked
 updates (McMahan et al., AISTATS 2017), from which the methods start their
@@ -113,6 +119,161 @@ def stack_merge(first: Stack, second: Stack) -> Stack:
   return Stack(tf.nest.map_structure(merge, first.values, second.values),
                merge(first.weights, second.weights),
                first.count + second.count)
+
+
+class Slots(NamedTuple):
+  """A `Stack` held as M separate slots: the accumulator of TFF's stacking
+  aggregator (`tff_kd.federated.stacking.build_stacking_aggregator`).
+
+  A slot holds one client's value flattened: one vector per dtype of its
+  leaves (in `tf.nest.flatten` order, grouped by dtype in order of first
+  appearance, `_dtype_groups`), with a leading dimension of 1, or of 0 for
+  an empty slot (static shape [None, n]).
+
+  Attributes:
+    values: A tuple of M slots, each a tuple of [0 or 1, n_d] tensors:
+      slot k holds the k-th client received; slots >= `count` are empty.
+    weights: [M] float32 client weights; 0 past `count`.
+    count: int32 number of slots filled.
+  """
+
+  values: tuple
+  weights: tf.Tensor
+  count: tf.Tensor
+
+
+def _dtype_groups(value_specs) -> list[tuple[tf.DType, list[int]]]:
+  """The flattened leaves' indices grouped by dtype (first seen first)."""
+  groups: dict[tf.DType, list[int]] = {}
+  for i, spec in enumerate(tf.nest.flatten(value_specs)):
+    groups.setdefault(tf.as_dtype(spec.dtype), []).append(i)
+  return list(groups.items())
+
+
+def _flat(leaves: Sequence[tf.Tensor], batch_dims: int) -> tuple:
+  """One vector per dtype group of `leaves` ([rows, n_d] with a batch
+  dimension, else [n_d])."""
+  groups = _dtype_groups([tf.TensorSpec(l.shape[batch_dims:], l.dtype)
+                          for l in leaves])
+
+  def vec(l):
+    if not batch_dims:
+      return tf.reshape(l, [-1])
+    return tf.reshape(l, tf.concat([tf.shape(l)[:batch_dims], [-1]], 0))
+
+  return tuple(tf.concat([vec(leaves[i]) for i in index], batch_dims)
+               for _, index in groups)
+
+
+def empty_slots(value_specs, num_slots: int) -> Slots:
+  """`Slots` with `num_slots` empty slots for values shaped like the specs.
+
+  An empty slot is [0, n_d]: the zero accumulator holds no rows at all.
+  """
+  stack = empty_stack((), num_slots)  # Validates num_slots.
+  specs = tf.nest.flatten(value_specs)
+  empty = tuple(
+      tf.compat.v1.placeholder_with_default(
+          tf.zeros([0, sum(specs[i].shape.num_elements() for i in index)],
+                   dtype), [None, None])
+      for dtype, index in _dtype_groups(value_specs))
+  return Slots(tuple(empty for _ in range(num_slots)), stack.weights,
+               stack.count)
+
+
+def slots_accumulate(slots: Slots, value, weight) -> Slots:
+  """`stack_accumulate` on `Slots`: the value goes into slot `count`.
+
+  The value is flattened once (`Slots`); then every slot's new value is a
+  `tf.cond` that passes on either that flat value or the slot's old value,
+  so no slot is copied: a step of TFF's aggregation allocates one client
+  value, whatever M is, which keeps the runtime's memory linear in the
+  clients (`tff_kd.federated.stacking`).
+
+  Raises `tf.errors.InvalidArgumentError` (at run time) if all slots are
+  full, as `stack_accumulate`.
+  """
+  slots_count = len(slots.values)
+  weight = tf.cast(weight, tf.float32)
+  take = weight > 0
+  check = tf.debugging.Assert(
+      tf.logical_or(tf.logical_not(take), slots.count < slots_count),
+      [f'more clients than the {slots_count} teacher slots this stacking '
+       'process was built for (clients_per_round)'])
+  with tf.control_dependencies([check]):
+    count = tf.identity(slots.count)
+  flat = tuple(v[tf.newaxis] for v in _flat(
+      [tf.convert_to_tensor(l) for l in tf.nest.flatten(value)], 0))
+
+  def slot(k: int, old: tuple) -> tuple:
+    return tf.cond(tf.logical_and(take, tf.equal(count, k)),
+                   lambda: flat,
+                   lambda: tuple(tf.identity(o) for o in old))
+
+  values = tuple(slot(k, old) for k, old in enumerate(slots.values))
+  row = tf.reshape(tf.minimum(count, slots_count - 1), [1, 1])
+  weights = tf.where(
+      take, tf.tensor_scatter_nd_update(slots.weights, row, weight[None]),
+      slots.weights)
+  return Slots(values, weights, count + tf.cast(take, count.dtype))
+
+
+def _filled_rows(slots: Slots) -> tuple:
+  """Per dtype group, the filled slots concatenated: [count, n_d]."""
+  return tuple(tf.concat(rows, 0) for rows in zip(*slots.values))
+
+
+def slots_to_stack(slots: Slots, value_specs) -> Stack:
+  """The `Stack` of `Slots`: the filled slots in order, then zero rows.
+
+  Args:
+    slots: The `Slots`.
+    value_specs: `tf.TensorSpec` structure of one client's value.
+
+  Returns:
+    The `Stack` (leaves [M, ...] in `value_specs`' structure).
+  """
+  slots_count = len(slots.values)
+  specs = tf.nest.flatten(value_specs)
+  leaves = [None] * len(specs)
+  for rows, (_, index) in zip(_filled_rows(slots),
+                              _dtype_groups(value_specs)):
+    padded = tf.concat(
+        [rows, tf.zeros([slots_count - tf.shape(rows)[0], tf.shape(rows)[1]],
+                        rows.dtype)], 0)
+    sizes = [specs[i].shape.num_elements() for i in index]
+    for i, part in zip(index, tf.split(padded, sizes, axis=1)):
+      leaves[i] = tf.reshape(part, [slots_count, *specs[i].shape])
+  return Stack(tf.nest.pack_sequence_as(value_specs, leaves), slots.weights,
+               slots.count)
+
+
+def _split_rows(rows: tuple, count: tf.Tensor, slots_count: int) -> tuple:
+  """`Slots.values` of [count, n_d] filled rows: row k, or [0, n_d]."""
+  return tuple(
+      tuple(r[k:k + tf.cast(k < count, tf.int32)] for r in rows)
+      for k in range(slots_count))
+
+
+def stack_to_slots(stack: Stack) -> Slots:
+  """The `Slots` of a `Stack`: its first `count` rows, one slot each."""
+  rows = _flat(tf.nest.flatten(stack.values), 1)
+  return Slots(_split_rows(rows, stack.count, _num_slots(stack)),
+               stack.weights, stack.count)
+
+
+def slots_merge(first: Slots, second: Slots) -> Slots:
+  """`stack_merge` on `Slots`: first's filled slots, then second's.
+
+  Raises `tf.errors.InvalidArgumentError` if together they overflow.
+  """
+  slots_count = len(first.values)
+  merged = stack_merge(Stack((), first.weights, first.count),
+                       Stack((), second.weights, second.count))
+  rows = tuple(tf.concat([a, b], 0) for a, b in
+               zip(_filled_rows(first), _filled_rows(second)))
+  return Slots(_split_rows(rows, merged.count, slots_count), merged.weights,
+               merged.count)
 
 
 def example_weights(weights: tf.Tensor, valid: tf.Tensor) -> tf.Tensor:

@@ -342,7 +342,7 @@ def screen_client(
   Such a client (a diverged local run, corrupt local data) would make the
   round's aggregate NaN. Its update is replaced by zeros and its weight by
   0: weighted means ignore it, and the stacking aggregator
-  (`tff_kd.core.stacking.stack_accumulate`) leaves it out of the teachers. Its
+  (`tff_kd.core.stacking.slots_accumulate`) leaves it out of the teachers. Its
   loss, example and step counts are zeroed and `excluded` is 1, so the
   round reports `num_excluded`. Call it on the client, inside the client's
   TF computation.

@@ -2,9 +2,12 @@
 
 The KD methods' aggregator (FedDF, Lin et al., NeurIPS 2020; FedD3A; FedGen,
 Zhu et al., ICML 2021; FedFTG; DaFKD, Wang et al., CVPR 2023): a
-`tff.federated_aggregate` whose accumulator is a fixed-size `Stack` of the
-round's client values (`tff_kd.core.stacking`), so the server step sees each
-teacher, and their FedAvg mean.
+`tff.federated_aggregate` that reports a fixed-size `Stack` of the round's
+client values (`tff_kd.core.stacking`), so the server step sees each
+teacher, and their FedAvg mean. Its accumulator holds the stack's rows as
+separate slots, so that TFF's C++ runtime needs memory linear in the
+clients per round K, not K^2 (`build_stacking_aggregator`;
+benchmarks/results/stack_memory.md).
 """
 
 import numpy as np
@@ -18,8 +21,29 @@ def build_stacking_aggregator(
     value_type: tff.Type, num_slots: int) -> tff.templates.AggregationProcess:
   """Collects every client's value (and weight) into a [M, ...] stack.
 
-  A `tff.federated_aggregate` with `tff_kd.core.stacking.stack_accumulate` /
-  `stack_merge`; the result at the server is a `tff_kd.core.stacking.Stack`.
+  A `tff.federated_aggregate` whose accumulator is `tff_kd.core.stacking.
+  Slots`: M separate slots, each empty ([0, n]) or holding one client's
+  value flattened to one vector per dtype ([1, n]). A step passes the
+  client's value into slot `count` and every other slot on unchanged
+  (`slots_accumulate`), so it allocates one flat copy of the client's value
+  (none for a value with one leaf per dtype), whatever M is. The report
+  (`slots_to_stack`) is the `tff_kd.core.stacking.Stack` that
+  `build_dense_stacking_aggregator` gives, value for value.
+
+  Why not one [M, ...] accumulator: TFF 0.87's C++ runtime keeps every
+  step's accumulator until the round's aggregate is done. The federating
+  executor's AGGREGATE (`CallFederatedIntrinsic` in
+  cc/core/impl/executors/federating_executor.cc) issues all K
+  `CreateCall(accumulate, <current, client>)` at once, each on the
+  previous one's result; `TensorFlowExecutor::CreateCall`
+  (tensorflow_executor.cc) runs a call as a `std::packaged_task`
+  (`ThreadRun`, threading.h) whose lambda captures its argument's future,
+  and that lambda lives in the task's shared state as long as the call's
+  own future does. So the last step's future holds the whole chain. A
+  [M, ...] accumulator that each step rewrites then costs K x M x P values
+  at once (with M = K, the measured 4 K^2 P bytes:
+  benchmarks/results/stack_memory.md); slots that steps pass on share
+  their buffers, so this chain holds about the K client values.
 
   Args:
     value_type: Unplaced type of one client's value.
@@ -28,6 +52,51 @@ def build_stacking_aggregator(
   Returns:
     A weighted `tff.templates.AggregationProcess` (stateless); its
     measurement is the number of clients stacked.
+  """
+  specs = learning.tensor_specs(value_type)
+  stacking_tf.empty_stack(specs, num_slots)  # Validates num_slots.
+
+  @tff.tensorflow.computation
+  def zeros():
+    return stacking_tf.empty_slots(specs, num_slots)
+
+  slots_type = zeros.type_signature.result
+
+  @tff.tensorflow.computation(
+      slots_type, tff.types.StructWithPythonType(
+          [value_type, tff.TensorType(np.float32)], tuple))
+  def accumulate(slots, value_and_weight):
+    value, weight = value_and_weight
+    return stacking_tf.slots_accumulate(stacking_tf.Slots(*slots), value,
+                                        weight)
+
+  @tff.tensorflow.computation(slots_type, slots_type)
+  def merge(first, second):
+    return stacking_tf.slots_merge(stacking_tf.Slots(*first),
+                                   stacking_tf.Slots(*second))
+
+  @tff.tensorflow.computation(slots_type)
+  def report(slots):
+    return stacking_tf.slots_to_stack(stacking_tf.Slots(*slots), specs)
+
+  return _aggregation_process(value_type, zeros, accumulate, merge, report)
+
+
+def build_dense_stacking_aggregator(
+    value_type: tff.Type, num_slots: int) -> tff.templates.AggregationProcess:
+  """`build_stacking_aggregator` with one [M, ...] `Stack` as accumulator.
+
+  The same result; kept as the reference that tests and
+  benchmarks/stack_memory.py compare with. Its accumulate steps rewrite
+  the whole stack, so TFF's C++ runtime holds K x M x P values at once
+  (see `build_stacking_aggregator`).
+
+  Args:
+    value_type: Unplaced type of one client's value.
+    num_slots: M, the most clients one round may have.
+
+  Returns:
+    As `build_stacking_aggregator`.
   """
   specs = learning.tensor_specs(value_type)
   stacking_tf.empty_stack(specs, num_slots)  # Validates num_slots.
@@ -54,6 +123,17 @@ def build_stacking_aggregator(
   @tff.tensorflow.computation(stack_type)
   def report(stack):
     return stack
+
+  return _aggregation_process(value_type, zeros, accumulate, merge, report)
+
+
+def _aggregation_process(
+    value_type: tff.Type, zeros: tff.Computation,
+    accumulate: tff.Computation, merge: tff.Computation,
+    report: tff.Computation) -> tff.templates.AggregationProcess:
+  """The stateless, weighted process of one `tff.federated_aggregate`
+  whose report is a `Stack`; its measurement is the stack's count."""
+  stack_type = report.type_signature.result
 
   @tff.tensorflow.computation(stack_type)
   def count_of(stack):

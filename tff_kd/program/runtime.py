@@ -12,7 +12,7 @@ the `tensorflow-federated` wheel, listening for gRPC on a port
   mergeable form (the clients' part up to the aggregation, the merge, the
   server's part after it), runs the round's clients in one sub-round per
   worker, and merges the partial aggregates in order. The stacking
-  aggregators (`tff_kd.core.stacking.stack_merge`) and per-client stores
+  aggregators (`tff_kd.core.stacking.slots_merge`) and per-client stores
   (`tff_kd.federated.client_store`) are `federated_aggregate`s with
   merges, so every method splits this way; a run gives the model of the
   one-worker run (tests/program/test_runtime.py).

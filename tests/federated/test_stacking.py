@@ -1,0 +1,102 @@
+"""The stacking aggregator gives the dense one's stack, value for value.
+
+`tff_kd.federated.stacking.build_stacking_aggregator` holds the slots as
+separate values (so TFF's C++ runtime does not keep K copies of a [M, ...]
+accumulator, benchmarks/results/stack_memory.md); its result must be the
+`Stack` of `build_dense_stacking_aggregator`, the one-accumulator
+formulation it replaced: the same rows in client order, zero padding,
+weights and count, under the local runtime and split over two workers
+(TFF's mergeable context, which merges partial accumulators).
+"""
+
+import collections
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_kd.core import stacking as stacking_tf
+from tff_kd.federated import stacking
+from tff_kd.program import runtime
+
+_VALUE_TYPE = tff.types.to_type(collections.OrderedDict(
+    a=tff.TensorType(np.float32, [2, 3]),
+    b=(tff.TensorType(np.int32, []), tff.TensorType(np.float32, [4]))))
+
+
+def _values(count: int) -> list[collections.OrderedDict]:
+  rng = np.random.default_rng(count)
+  return [collections.OrderedDict(
+      a=rng.standard_normal([2, 3]).astype(np.float32),
+      b=(np.int32(10 + i), rng.standard_normal(4).astype(np.float32)))
+          for i in range(count)]
+
+
+def _expected(values, weights, num_slots: int):
+  """The stack by hand: taken clients (weight > 0) in order, zero rows."""
+  taken = [(v, w) for v, w in zip(values, weights) if w > 0]
+  rows = [v for v, _ in taken] + [
+      tf.nest.map_structure(np.zeros_like, values[0])] * (
+          num_slots - len(taken))
+  return stacking_tf.Stack(
+      tf.nest.map_structure(lambda *r: np.stack(r), *rows),
+      np.array([w for _, w in taken] + [0.0] * (num_slots - len(taken)),
+               np.float32),
+      np.int32(len(taken)))
+
+
+def _assert_same(actual, expected) -> None:
+  tf.nest.map_structure(np.testing.assert_array_equal, actual, expected)
+
+
+def _next(process, values, weights):
+  return process.next(process.initialize(), values, weights)
+
+
+# (slots, client weights): padding, a client of weight 0 (no slot), every
+# slot full, no client taken, one slot.
+_CASES = [(4, [1.0, 0.0, 3.0]), (3, [2.0, 1.0, 5.0]), (2, [0.0, 0.0]),
+          (1, [4.0])]
+
+
+@pytest.mark.parametrize('num_slots,weights', _CASES)
+def test_slots_give_the_dense_stack(num_slots, weights):
+  values = _values(len(weights))
+  slots = stacking.build_stacking_aggregator(_VALUE_TYPE, num_slots)
+  dense = stacking.build_dense_stacking_aggregator(_VALUE_TYPE, num_slots)
+  assert slots.next.type_signature == dense.next.type_signature
+  out = _next(slots, values, weights)
+  reference = _next(dense, values, weights)
+  _assert_same(out.result, reference.result)
+  _assert_same(out.result, _expected(values, weights, num_slots))
+  assert out.measurements == reference.measurements == sum(
+      w > 0 for w in weights)
+
+
+def test_more_clients_than_slots_is_a_clear_error():
+  slots = stacking.build_stacking_aggregator(_VALUE_TYPE, 2)
+  with pytest.raises(Exception, match='more clients than the 2 teacher'):
+    _next(slots, _values(3), [1.0, 2.0, 3.0])
+  # Clients of weight 0 take no slot, so they never overflow it.
+  out = _next(slots, _values(3), [1.0, 0.0, 3.0])
+  assert int(out.result.count) == 2
+
+
+@pytest.fixture
+def two_workers():
+  started = runtime.start_local_workers(2)
+  yield [address for address, _ in started]
+  runtime.stop_workers(started)
+
+
+def test_two_workers_merge_to_the_same_stack(two_workers):
+  """Each worker stacks its share of the clients; TFF merges the partial
+  accumulators in order (`tff_kd.core.stacking.slots_merge`)."""
+  weights = [1.0, 0.0, 3.0, 2.0, 5.0]
+  values = _values(len(weights))
+  slots = stacking.build_stacking_aggregator(_VALUE_TYPE, 6)
+  with tff.framework.get_context_stack().install(
+      runtime.remote_context(two_workers, timeout_s=30)):
+    out = _next(slots, values, weights)
+  _assert_same(out.result, _expected(values, weights, 6))
