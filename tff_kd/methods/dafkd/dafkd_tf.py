@@ -569,7 +569,7 @@ class ServerSettings(NamedTuple):
   pool_candidates: int = 1
 
 
-class _PoolTerms(NamedTuple):
+class PoolTerms(NamedTuple):
   """The pool and what the server computed on it, sample by sample."""
 
   images: tf.Tensor
@@ -581,8 +581,8 @@ class _PoolTerms(NamedTuple):
   student_logits: tf.Tensor
 
 
-def select_hardest(terms: _PoolTerms, count: int,
-                   temperature: float) -> _PoolTerms:
+def select_hardest(terms: PoolTerms, count: int,
+                   temperature: float) -> PoolTerms:
   """The `count` samples where the student matches eq. (8)'s target worst.
 
   A variant, not the paper's: a generated pool that the averaged classifier
@@ -592,7 +592,7 @@ def select_hardest(terms: _PoolTerms, count: int,
   idx = distillation.hardest_samples(terms.student_logits, terms.target,
                                      temperature, count)
   sample_axis = {'logits': 1, 'scores': 1, 'alpha': 1}
-  return _PoolTerms(**{
+  return PoolTerms(**{
       name: None if value is None else tf.gather(
           value, idx, axis=sample_axis.get(name, 0))
       for name, value in terms._asdict().items()})
@@ -755,7 +755,7 @@ def server_round(models: gan.GanModels,
     if settings.pool_candidates > 1:
       tf.nest.map_structure(lambda v, t: v.assign(t), student_vars,
                             new_classifier)
-      candidates = _PoolTerms(pool, pool_labels, logits, scores, alpha,
+      candidates = PoolTerms(pool, pool_labels, logits, scores, alpha,
                               target, student_logits())
       # Label fidelity is the generator's: measured on every candidate.
       fidelity = argmax_agreement(candidates.student_logits, pool_labels)
