@@ -66,6 +66,14 @@ def _num_slots(stack: Stack) -> int:
   return int(stack.weights.shape[0])
 
 
+def _room_check(take: tf.Tensor, count: tf.Tensor, num_slots: int):
+  """An assertion op: a client that takes a slot (`take`) finds one free."""
+  return tf.debugging.Assert(
+      tf.logical_or(tf.logical_not(take), count < num_slots),
+      [f'more clients than the {num_slots} teacher slots this stacking '
+       'process was built for (clients_per_round)'])
+
+
 def stack_accumulate(stack: Stack, value, weight) -> Stack:
   """Writes one client's value and weight into row `stack.count`.
 
@@ -79,11 +87,7 @@ def stack_accumulate(stack: Stack, value, weight) -> Stack:
   slots = _num_slots(stack)
   weight = tf.cast(weight, tf.float32)
   take = weight > 0
-  check = tf.debugging.Assert(
-      tf.logical_or(tf.logical_not(take), stack.count < slots),
-      [f'more clients than the {slots} teacher slots this stacking '
-       'process was built for (clients_per_round)'])
-  with tf.control_dependencies([check]):
+  with tf.control_dependencies([_room_check(take, stack.count, slots)]):
     row = tf.reshape(tf.minimum(stack.count, slots - 1), [1, 1])
 
   def write(s, v):
@@ -196,11 +200,8 @@ def slots_accumulate(slots: Slots, value, weight) -> Slots:
   slots_count = len(slots.values)
   weight = tf.cast(weight, tf.float32)
   take = weight > 0
-  check = tf.debugging.Assert(
-      tf.logical_or(tf.logical_not(take), slots.count < slots_count),
-      [f'more clients than the {slots_count} teacher slots this stacking '
-       'process was built for (clients_per_round)'])
-  with tf.control_dependencies([check]):
+  with tf.control_dependencies([_room_check(take, slots.count,
+                                            slots_count)]):
     count = tf.identity(slots.count)
   flat = tuple(v[tf.newaxis] for v in _flat(
       [tf.convert_to_tensor(l) for l in tf.nest.flatten(value)], 0))

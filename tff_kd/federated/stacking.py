@@ -10,6 +10,8 @@ clients per round K, not K^2 (`build_stacking_aggregator`;
 benchmarks/results/stack_memory.md).
 """
 
+from typing import Any, Callable, NamedTuple
+
 import numpy as np
 import tensorflow_federated as tff
 
@@ -43,7 +45,9 @@ def build_stacking_aggregator(
   [M, ...] accumulator that each step rewrites then costs K x M x P values
   at once (with M = K, the measured 4 K^2 P bytes:
   benchmarks/results/stack_memory.md); slots that steps pass on share
-  their buffers, so this chain holds about the K client values.
+  their buffers, so the worker's memory grows linearly in K (measured: 7-10
+  P-sized copies per client, most of them TFF's own copies of the M-row
+  report).
 
   Args:
     value_type: Unplaced type of one client's value.
@@ -53,33 +57,7 @@ def build_stacking_aggregator(
     A weighted `tff.templates.AggregationProcess` (stateless); its
     measurement is the number of clients stacked.
   """
-  specs = learning.tensor_specs(value_type)
-  stacking_tf.empty_stack(specs, num_slots)  # Validates num_slots.
-
-  @tff.tensorflow.computation
-  def zeros():
-    return stacking_tf.empty_slots(specs, num_slots)
-
-  slots_type = zeros.type_signature.result
-
-  @tff.tensorflow.computation(
-      slots_type, tff.types.StructWithPythonType(
-          [value_type, tff.TensorType(np.float32)], tuple))
-  def accumulate(slots, value_and_weight):
-    value, weight = value_and_weight
-    return stacking_tf.slots_accumulate(stacking_tf.Slots(*slots), value,
-                                        weight)
-
-  @tff.tensorflow.computation(slots_type, slots_type)
-  def merge(first, second):
-    return stacking_tf.slots_merge(stacking_tf.Slots(*first),
-                                   stacking_tf.Slots(*second))
-
-  @tff.tensorflow.computation(slots_type)
-  def report(slots):
-    return stacking_tf.slots_to_stack(stacking_tf.Slots(*slots), specs)
-
-  return _aggregation_process(value_type, zeros, accumulate, merge, report)
+  return _federated_stack(value_type, num_slots, _SLOTS)
 
 
 def build_dense_stacking_aggregator(
@@ -98,31 +76,56 @@ def build_dense_stacking_aggregator(
   Returns:
     As `build_stacking_aggregator`.
   """
+  return _federated_stack(value_type, num_slots, _DENSE)
+
+
+class _Formulation(NamedTuple):
+  """How an accumulator of the stack is made, filled, merged and reported
+  (`tff_kd.core.stacking`'s functions of one formulation)."""
+
+  wrap: Callable[..., Any]  # The accumulator's NamedTuple class.
+  empty: Callable[[Any, int], Any]
+  accumulate: Callable[[Any, Any, Any], Any]
+  merge: Callable[[Any, Any], Any]
+  report: Callable[[Any, Any], stacking_tf.Stack]
+
+
+_SLOTS = _Formulation(stacking_tf.Slots, stacking_tf.empty_slots,
+                      stacking_tf.slots_accumulate, stacking_tf.slots_merge,
+                      stacking_tf.slots_to_stack)
+_DENSE = _Formulation(stacking_tf.Stack, stacking_tf.empty_stack,
+                      stacking_tf.stack_accumulate, stacking_tf.stack_merge,
+                      lambda stack, specs: stack)
+
+
+def _federated_stack(value_type: tff.Type, num_slots: int,
+                     formulation: _Formulation
+                     ) -> tff.templates.AggregationProcess:
+  """The stacking process of one `_Formulation` of its accumulator."""
   specs = learning.tensor_specs(value_type)
   stacking_tf.empty_stack(specs, num_slots)  # Validates num_slots.
+  wrap = formulation.wrap
 
   @tff.tensorflow.computation
   def zeros():
-    return stacking_tf.empty_stack(specs, num_slots)
+    return formulation.empty(specs, num_slots)
 
-  stack_type = zeros.type_signature.result
+  accumulator_type = zeros.type_signature.result
 
   @tff.tensorflow.computation(
-      stack_type, tff.types.StructWithPythonType(
+      accumulator_type, tff.types.StructWithPythonType(
           [value_type, tff.TensorType(np.float32)], tuple))
-  def accumulate(stack, value_and_weight):
+  def accumulate(accumulator, value_and_weight):
     value, weight = value_and_weight
-    return stacking_tf.stack_accumulate(stacking_tf.Stack(*stack), value,
-                                        weight)
+    return formulation.accumulate(wrap(*accumulator), value, weight)
 
-  @tff.tensorflow.computation(stack_type, stack_type)
+  @tff.tensorflow.computation(accumulator_type, accumulator_type)
   def merge(first, second):
-    return stacking_tf.stack_merge(stacking_tf.Stack(*first),
-                                stacking_tf.Stack(*second))
+    return formulation.merge(wrap(*first), wrap(*second))
 
-  @tff.tensorflow.computation(stack_type)
-  def report(stack):
-    return stack
+  @tff.tensorflow.computation(accumulator_type)
+  def report(accumulator):
+    return formulation.report(wrap(*accumulator), specs)
 
   return _aggregation_process(value_type, zeros, accumulate, merge, report)
 
