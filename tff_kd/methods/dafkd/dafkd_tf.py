@@ -742,7 +742,7 @@ def server_round(models: gan.GanModels,
     return distillation.teacher_logits([classifier.model], pool)[0]
 
   diagnostics = None
-  fidelity = None
+  fidelity = logits_before = None
   if uploads.private_sums is None:
     logits, scores = teacher_outputs(
         classifier, discriminator, global_weights[0],
@@ -759,8 +759,9 @@ def server_round(models: gan.GanModels,
                               target, student_logits())
       # Label fidelity is the generator's: measured on every candidate.
       fidelity = argmax_agreement(candidates.student_logits, pool_labels)
-      pool, pool_labels, logits, scores, alpha, target, _ = select_hardest(
-          candidates, settings.pool_size, config.temperature)
+      (pool, pool_labels, logits, scores, alpha, target,
+       logits_before) = select_hardest(candidates, settings.pool_size,
+                                       config.temperature)
     entropy = distillation.mean_entropy(alpha, axis=0)
     sum_error = tf.reduce_max(tf.abs(tf.reduce_sum(alpha, axis=0) - 1.0))
     mean_score = tf.reduce_sum(tf.reduce_mean(scores, axis=1)) / num_clients
@@ -783,7 +784,8 @@ def server_round(models: gan.GanModels,
     mean_score = tf.reduce_mean(sum_f) / num_clients
   tf.nest.map_structure(lambda v, t: v.assign(t), student_vars,
                         new_classifier)
-  logits_before = student_logits()
+  if logits_before is None:  # Else the selection has them.
+    logits_before = student_logits()
   before = argmax_agreement(logits_before, target)
   if fidelity is None:
     fidelity = (tf.constant(-1.0) if pool_labels is None else

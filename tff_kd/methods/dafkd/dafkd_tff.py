@@ -485,14 +485,15 @@ def build_finalizer(
   weights; -1 in private mode), `alpha_sum_error`, `mean_disc_score`,
   `agreement_before` / `agreement_after` (classifier argmax = target argmax
   on the pool, before / after distillation), `label_fidelity` (the share of
-  the generated pool, every candidate of `hparams.pool_candidates`, that the
-  averaged classifier labels as G's pseudo label; -1 for a real pool), the distillation's `steps`,
-  `first_loss`, `last_loss`, `pool_size`, `target_entropy` (the mean
-  entropy of the distillation targets, ln C for uniform ones) and
-  `server_seconds` (the wall time of the server's whole round). With a
-  labeled validation set (`server_data.val_size` > 0): `labeled_accuracy_before` / `_after` and
-  `accepted` (`DistillConfig.accept`), and in plain mode the mechanism
-  diagnostics of `diagnostic_metrics` (eq. 7's holder mass against
+  the generated pool, every candidate of `hparams.pool_candidates`, that
+  the averaged classifier labels as G's pseudo label; -1 for a real pool),
+  the distillation's `steps`, `first_loss`, `last_loss`, `pool_size`,
+  `target_entropy` (the mean entropy of the distillation targets, ln C for
+  uniform ones) and `server_seconds` (the wall time of the server's whole
+  round). With a labeled validation set (`server_data.val_size` > 0):
+  `labeled_accuracy_before` / `_after` and `accepted`
+  (`DistillConfig.accept`), and in plain mode the mechanism diagnostics of
+  `diagnostic_metrics` (eq. 7's holder mass against
   uniform, weighted / uniform / oracle ensemble accuracy on the labeled
   images, pool quality, discriminator scores on real images and on the
   pool), NaN in the rounds that `hparams.diagnostics_every` skips.
@@ -500,10 +501,10 @@ def build_finalizer(
   Args:
     spec: `ModelSpec`.
     hparams: `config.dafkd`: the pool (`pool_size`, `pool_candidates`,
-      `pool`, `pool_generator`), the teachers' `weights_on` and `no_correlation`,
-      `private` (the aggregate is `build_private_aggregator`'s), the
-      models' `aggregation` and the diagnostics' `holder_share` and
-      `diagnostics_every`.
+      `pool`, `pool_generator`), the teachers' `weights_on` and
+      `no_correlation`, `private` (the aggregate is
+      `build_private_aggregator`'s), the models' `aggregation` and the
+      diagnostics' `holder_share` and `diagnostics_every`.
     aggregate_type: Unplaced type of the aggregator's result.
     distill_optimizer: Student optimiser (fresh state every round).
     config: `DistillConfig` (its temperature also tempers the teachers).
