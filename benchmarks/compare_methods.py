@@ -75,6 +75,10 @@ _LOCAL_AUX_PROJ = {**_LOCAL_AUX, 'dafkd.discriminator': 'projection'}
 # ... and the hard pool: 4 x 1,280 candidates, of which the 1,280 where the
 # averaged classifier disagrees most with eq. 8's target are distilled on.
 _HARD = {**_LOCAL_AUX_PROJ, 'dafkd.pool_candidates': 4}
+# Appendix A (Fig. 7): the conditional generator makes the extractor's
+# features; the discriminators and teachers read them with their heads and
+# the server distils the averaged classifier's head.
+_FEATURE = {**_LOCAL_AUX_PROJ, 'dafkd.generator': 'feature'}
 VARIANTS: dict[str, tuple[str, dict]] = {
     'fedavg': ('fedavg', {}),
     'fedprox': ('fedprox', {}),
@@ -107,6 +111,11 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     'dafkd_hard': ('dafkd', _HARD),
     'dafkd_hard_no_correlation': ('dafkd', {**_HARD,
                                             'dafkd.no_correlation': True}),
+    'dafkd_feature': ('dafkd', _FEATURE),
+    'dafkd_feature_no_correlation': ('dafkd', {**_FEATURE,
+                                               'dafkd.no_correlation': True}),
+    'dafkd_feature_paper': ('dafkd', {**_DAFKD,
+                                      'dafkd.generator': 'feature'}),
     'fedgen': ('fedgen', {}),
     'fedftg': ('fedftg', {}),
 }

@@ -294,6 +294,13 @@ def _bad(data, match, **kwargs):
     (dict(pool_candidates=2, private=True),
      "pool_candidates=2: the selection needs every teacher"),
     (dict(pool_candidates=3, pool='real'), 'pool_candidates=3: the selection'),
+    (dict(generator='feature', pool='real'),
+     r"generator='feature' \(appendix A\).*pool='real' holds images"),
+    (dict(generator='feature', gp_weight=0.3),
+     r"generator='feature'.*gp_weight > 0 interpolates"),
+    (dict(generator='feature', shared_extractor=False),
+     r"generator='feature'.*shared_extractor=False"),
+    (dict(feature_activation='tanh'), "feature_activation 'tanh' is unknown"),
     (dict(distill_config=distillation.DistillConfig.plain(steps=0)),
      'distill.steps must be'),
 ])

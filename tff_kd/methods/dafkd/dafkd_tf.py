@@ -92,6 +92,14 @@ def pseudo_pool(generator: tf.keras.Model, size: int, *, noise_dim: int,
   return (images, labels) if with_labels else images
 
 
+def pool_classifier(classifier: classifiers.Classifier,
+                    settings: gan.GanSettings) -> tf.keras.Model:
+  """What classifies a generated pool: the whole classifier on images, or
+  its head on appendix A's generated features (`GanSettings.feature_space`).
+  """
+  return classifier.head if settings.feature_space else classifier.model
+
+
 def argmax_agreement(logits_or_probs: tf.Tensor, reference) -> tf.Tensor:
   """Fraction of rows whose argmax equals `reference`'s (argmax or labels)."""
   reference = tf.convert_to_tensor(reference)
@@ -255,11 +263,12 @@ def _private_terms(models: gan.GanModels, gen_vars: ModelWeights,
                                num_classes=settings.num_classes,
                                seed=pool.seed, with_labels=True)
   if pool.correlation:
-    logits, scores = gan.teacher_outputs(models.classifier,
-                                         models.discriminator, images, labels)
+    logits, scores = gan.teacher_outputs(
+        models.classifier, models.discriminator, images, labels,
+        features_in=settings.feature_space)
   else:
-    logits = distillation.teacher_logits([models.classifier.model],
-                                         images)[0]
+    logits = distillation.teacher_logits(
+        [pool_classifier(models.classifier, settings)], images)[0]
     scores = tf.ones([pool.size, 1])
   fs, f = gan.private_teacher_terms(scores, logits, pool.temperature)
   # Static shapes: TFF's (secure) aggregation needs fully defined types.
@@ -377,7 +386,8 @@ def teacher_outputs(classifier: classifiers.Classifier,
                     valid: tf.Tensor,
                     x: tf.Tensor,
                     batch_size: int = 256,
-                    labels: Optional[tf.Tensor] = None
+                    labels: Optional[tf.Tensor] = None,
+                    features_in: bool = False
                     ) -> tuple[tf.Tensor, tf.Tensor]:
   """Every received client's logits s_k and discriminator score f_k on x.
 
@@ -397,6 +407,8 @@ def teacher_outputs(classifier: classifiers.Classifier,
     batch_size: Examples per forward pass.
     labels: [N] labels of x, read by a projection discriminator (f_k(x_i,
       y_i)); None for DaFKD's.
+    features_in: x are generated features (appendix A), which both heads
+      read directly.
 
   Returns:
     (logits [M, N, C], scores f_k(x_i) [M, N] in [0, 1]); zeros in invalid
@@ -422,7 +434,8 @@ def teacher_outputs(classifier: classifiers.Classifier,
     for v, d in zip(disc_vars, discriminator_rows):
       v.assign(d[k])
     logits, scores = gan.teacher_outputs(classifier, discriminator, x,
-                                         labels, batch_size)
+                                         labels, batch_size,
+                                         features_in=features_in)
     scores = tf.reshape(scores, [n])
     keep = tf.cast(valid[k], tf.float32)
     logits_out = logits_out.write(k, keep * logits)
@@ -715,6 +728,13 @@ def server_round(models: gan.GanModels,
   """
   t_start = tf.timestamp()  # Stateful: ordered before the variable writes.
   classifier, discriminator, generator = models
+  feature_space = settings.gan.feature_space
+  if feature_space and real_pool is not None:
+    raise ValueError('the oracle pool holds real images; the feature-space '
+                     'generator (appendix A) distils on features')
+  # Appendix A distils the head on generated features; the averaged
+  # extractor stays as it is.
+  student = pool_classifier(classifier, settings.gan)
   valid = uploads.valid
   config = settings.distill
   new_classifier = mean_update(global_weights[0], uploads.classifier_deltas,
@@ -739,7 +759,7 @@ def server_round(models: gan.GanModels,
   student_vars = local_training.model_weights(classifier.model)
 
   def student_logits():
-    return distillation.teacher_logits([classifier.model], pool)[0]
+    return distillation.teacher_logits([student], pool)[0]
 
   diagnostics = None
   fidelity = logits_before = None
@@ -747,7 +767,7 @@ def server_round(models: gan.GanModels,
     logits, scores = teacher_outputs(
         classifier, discriminator, global_weights[0],
         uploads.classifier_deltas, uploads.discriminator_rows, valid, pool,
-        labels=pool_labels)
+        labels=pool_labels, features_in=feature_space)
     alpha = teacher_weights(scores, valid, correlation=settings.correlation)
     target = distillation.weighted_ensemble(
         logits, alpha, temperature=config.temperature,
@@ -790,9 +810,19 @@ def server_round(models: gan.GanModels,
   if fidelity is None:
     fidelity = (tf.constant(-1.0) if pool_labels is None else
                 argmax_agreement(logits_before, pool_labels))
-  labeled = None if validation is None else (validation.x, validation.y)
-  result = distillation.distill(classifier.model, distill_optimizer, pool,
-                                target, config, labeled=labeled)
+  labeled = None
+  if validation is not None:
+    # The head's labeled inputs: the averaged extractor's features, which
+    # head-only distillation leaves unchanged.
+    labeled = (distillation.teacher_logits([classifier.features],
+                                           validation.x)[0]
+               if feature_space else validation.x, validation.y)
+  result = distillation.distill(student, distill_optimizer, pool, target,
+                                config, labeled=labeled)
+  if feature_space:
+    with tf.control_dependencies(tf.nest.flatten(result.weights)):
+      result = result._replace(weights=tf.nest.map_structure(
+          tf.identity, local_training.model_weights(classifier.model)))
   after = argmax_agreement(student_logits(), target)
   with tf.control_dependencies([after, *tf.nest.flatten(result.weights)]):
     seconds = tf.cast(tf.timestamp() - t_start, tf.float32)

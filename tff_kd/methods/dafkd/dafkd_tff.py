@@ -637,6 +637,13 @@ def model_spec(classifier_fn: Callable[[], classifiers.Classifier],
         generators.build_dcgan_generator, noise_dim=h.noise_dim,
         num_classes=num_classes, image_shape=input_shape,
         width=h.generator_width, seed=seed + 1)
+  elif h.generator == 'feature':
+    generator_fn = functools.partial(
+        generators.build_feature_generator, noise_dim=h.noise_dim,
+        num_classes=num_classes, feature_dim=clf.feature_dim,
+        hidden=h.hidden_widths[0],
+        output_activation=(None if h.feature_activation == 'linear'
+                           else h.feature_activation), seed=seed + 1)
   else:
     generator_fn = functools.partial(
         generators.build_image_generator, noise_dim=h.noise_dim,
@@ -648,7 +655,8 @@ def model_spec(classifier_fn: Callable[[], classifiers.Classifier],
       h.noise_dim, num_classes, h.adv_weight, h.gp_weight, h.generator_form,
       h.discriminator_mode, h.gan_steps, h.gan_window,
       generator_labels=h.generator_labels, aux_weight=h.aux_weight,
-      generator_steps=h.generator_steps)
+      generator_steps=h.generator_steps,
+      feature_space=h.generator == 'feature')
   return ModelSpec(classifier_fn, generator_fn, h.shared_extractor, seed + 2,
                    settings, projection=h.discriminator == 'projection')
 

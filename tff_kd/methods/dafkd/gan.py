@@ -283,7 +283,9 @@ def teacher_outputs(classifier: classifiers.Classifier,
                     discriminator: generators.DiscriminatorHead,
                     x: tf.Tensor,
                     labels: tf.Tensor | None = None,
-                    batch_size: int = 256) -> tuple[tf.Tensor, tf.Tensor]:
+                    batch_size: int = 256,
+                    *,
+                    features_in: bool = False) -> tuple[tf.Tensor, tf.Tensor]:
   """One teacher's logits s_k(x) [N, C] and scores f_k(x) [N], batched.
 
   Both in inference mode, as `distillation.teacher_logits` and
@@ -295,14 +297,16 @@ def teacher_outputs(classifier: classifiers.Classifier,
   Args:
     classifier: The teacher's `Classifier`.
     discriminator: Its `DiscriminatorHead`.
-    x: Images [N, ...].
+    x: Images [N, ...], or features [N, d] with `features_in`.
     labels: [N] labels of x for a projection discriminator, else None.
     batch_size: Examples per forward pass.
+    features_in: `x` are extracted features (appendix A's generated pool):
+      both heads read them directly.
 
   Returns:
     (logits [N, C], scores [N]) float32.
   """
-  if not discriminator.shared:
+  if not (discriminator.shared or features_in):
     return (distillation.teacher_logits([classifier.model], x, batch_size)[0],
             discriminator_scores(discriminator, x, labels, batch_size))
   if discriminator.conditional and labels is None:
@@ -311,7 +315,8 @@ def teacher_outputs(classifier: classifiers.Classifier,
 
   def both_heads(batch):
     x_batch, labels_batch = batch
-    features = classifier.features(x_batch, training=False)
+    features = (x_batch if features_in
+                else classifier.features(x_batch, training=False))
     logits = classifier.head(features, training=False)
     scores = tf.sigmoid(discriminator.head_logits(features, labels_batch))
     return logits, tf.reshape(scores, [-1])
@@ -476,6 +481,10 @@ class GanSettings(NamedTuple):
       it makes g respect its label. 0: the paper's eq. (3) alone.
     generator_steps: Generator updates per GAN step (1: Algorithm 1), each
       on a fresh noise batch.
+    feature_space: Appendix A (Fig. 7): the generator makes features of
+      the classifier's extractor instead of images, so the discriminator
+      reads them through its head alone (real images still go through the
+      extractor) and the auxiliary term through the classifier's head.
   """
 
   noise_dim: int
@@ -492,6 +501,7 @@ class GanSettings(NamedTuple):
   generator_labels: str = 'uniform'
   aux_weight: float = 0.0
   generator_steps: int = 1
+  feature_space: bool = False
 
 
 class GanModels(NamedTuple):
@@ -607,6 +617,9 @@ def client_gan_step(models: GanModels,
                                  **_generator_kwargs(settings))
     x_fake = tf.stop_gradient(x_fake)
   else:
+    if settings.feature_space:
+      raise ValueError('the oracle pool holds real images; the '
+                       'feature-space generator (appendix A) has none')
     if models.discriminator.conditional:
       raise ValueError('the real negatives of the oracle pool are '
                        'unlabeled: a projection discriminator cannot score '
@@ -711,12 +724,16 @@ def _joint_terms(models: GanModels, real_batch: dict, x_fake: tf.Tensor,
                        list(discriminator.model.non_trainable_weights))
   real_statistics = ([tf.identity(v) for v in statistics]
                      if mode == 'batch' else [])
-  d_fake = discriminator.logits(x_fake, y_fake, training=pseudo_training)
+  d_fake = _pseudo_logits(discriminator, x_fake, y_fake, settings,
+                          training=pseudo_training)
   ce = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
       labels=tf.cast(real_batch['y'], tf.int32), logits=logits))
   disc = discriminator_loss(d_real, d_fake, from_logits=True)
   loss = ce + settings.adv_weight * disc
   if settings.gp_weight:
+    if settings.feature_space:
+      raise ValueError('the gradient penalty interpolates images; the '
+                       'feature-space generator (appendix A) has none')
     if discriminator.conditional:
       raise ValueError('the gradient penalty interpolates samples of '
                        'different labels: a projection discriminator has '
@@ -732,6 +749,16 @@ def _joint_terms(models: GanModels, real_batch: dict, x_fake: tf.Tensor,
     penalty = tf.constant(0.0)
   return _JointTerms(loss, ce, disc, penalty, d_real, d_fake, statistics,
                      real_statistics)
+
+
+def _pseudo_logits(discriminator: generators.DiscriminatorHead,
+                   x: tf.Tensor, labels: tf.Tensor | None,
+                   settings: GanSettings, *, training: bool) -> tf.Tensor:
+  """Discriminator logits of generated samples: images, or appendix A's
+  features, which only the discriminator's head reads."""
+  if settings.feature_space:
+    return discriminator.head_logits(x, labels, training=training)
+  return discriminator.logits(x, labels, training=training)
 
 
 def _local_labels(real_labels: tf.Tensor, batch, seed) -> tf.Tensor:
@@ -759,13 +786,15 @@ def _generator_step(models: GanModels,
   with tf.GradientTape() as tape:
     x_gen, _, y_gen = generate(models.generator, fake_batch, seed=seed,
                                labels=labels, **_generator_kwargs(settings))
-    d_gen = models.discriminator.logits(
-        x_gen, y_gen, training=settings.discriminator_mode in (
-            'batch', 'batch_update'))
+    d_gen = _pseudo_logits(
+        models.discriminator, x_gen, y_gen, settings,
+        training=settings.discriminator_mode in ('batch', 'batch_update'))
     gen_loss = generator_loss(d_gen, form=settings.generator_form,
                               from_logits=True)
     if settings.aux_weight:
-      logits = models.classifier.model(x_gen, training=False)
+      classify = (models.classifier.head if settings.feature_space
+                  else models.classifier.model)
+      logits = classify(x_gen, training=False)
       gen_loss += settings.aux_weight * tf.reduce_mean(
           tf.nn.sparse_softmax_cross_entropy_with_logits(
               labels=y_gen, logits=logits))

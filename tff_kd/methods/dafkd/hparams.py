@@ -15,7 +15,8 @@ from tff_kd.methods.dafkd import gan
 from tff_kd.methods.dafkd import dafkd_tf
 
 
-GENERATORS = ('mlp', 'dcgan')
+GENERATORS = ('mlp', 'dcgan', 'feature')
+FEATURE_ACTIVATIONS = ('relu', 'linear')
 ENSEMBLES = ('probs', 'logits')
 POOL_GENERATORS = ('aggregated', 'broadcast')
 AGGREGATIONS = ('mean', 'examples')
@@ -44,7 +45,14 @@ class DaFKDHparams(hp.Hparams):
       1e-3).
     generator_beta_1: Its Adam beta_1 (reference code: 0.5).
     generator_beta_2: Its Adam beta_2 (reference code: 0.99).
-    generator: 'mlp' (the paper's) | 'dcgan' (the reference code's).
+    generator: 'mlp' (the paper's) | 'dcgan' (the reference code's) |
+      'feature' (appendix A, Fig. 7: the generator makes features of the
+      classifier's extractor, FedGen's generator with one hidden layer of
+      `generator_hidden`'s first width; the discriminators read them with
+      their heads, the teachers with their classifier heads, and the
+      server distils the averaged classifier's head on them).
+    feature_activation: The feature generator's output activation: 'relu'
+      (the CNN's and ResNet's features are post-ReLU) | 'linear'.
     generator_width: The DCGAN generator's last hidden channels (twice
       that before it; reference-like 64).
     generator_labels: Labels of g(z, y) in the clients' generator step:
@@ -110,6 +118,8 @@ class DaFKDHparams(hp.Hparams):
   generator_beta_1: float = hp.field(0.5, hp.unit_fraction)
   generator_beta_2: float = hp.field(0.99, hp.unit_fraction)
   generator: str = hp.field('mlp', hp.one_of(*GENERATORS))
+  feature_activation: str = hp.field('relu',
+                                     hp.one_of(*FEATURE_ACTIVATIONS))
   generator_width: int = hp.field(64, hp.positive_int)
   generator_labels: str = hp.field('uniform',
                                    hp.one_of(*gan.GENERATOR_LABELS))
@@ -170,10 +180,25 @@ class DaFKDHparams(hp.Hparams):
           'needs every teacher on every candidate at the server and a '
           "generated pool: set dafkd.private=False and dafkd.pool='generator'"
           ', or dafkd.pool_candidates=1')
+    if self.generator == 'feature':
+      self._check_feature_generator()
     if self.private and self.pool == 'real':
       raise errors.ConfigError(
           "dafkd.pool='real' is an ablation of the plain (non-private) "
           'method: set dafkd.private=False')
+
+  def _check_feature_generator(self) -> None:
+    conflicts = [
+        (self.pool == 'real', "dafkd.pool='real' holds images"),
+        (bool(self.gp_weight), 'dafkd.gp_weight > 0 interpolates images'),
+        (not self.shared_extractor,
+         'dafkd.shared_extractor=False gives the discriminator an extractor '
+         "other than the teachers' heads read")]
+    for conflict, why in conflicts:
+      if conflict:
+        raise errors.ConfigError(
+            "dafkd.generator='feature' (appendix A) makes features of the "
+            f'classifier\'s extractor, but {why}')
 
   def check_config(self, config: ml_collections.ConfigDict) -> None:
     opt = config.client_optimizer.name
