@@ -114,6 +114,11 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     'dafkd_feature': ('dafkd', _FEATURE),
     'dafkd_feature_no_correlation': ('dafkd', {**_FEATURE,
                                                'dafkd.no_correlation': True}),
+    'dafkd_feature_detach': ('dafkd', {**_FEATURE,
+                                       'dafkd.detach_extractor': True}),
+    'dafkd_feature_detach_no_correlation': ('dafkd', {
+        **_FEATURE, 'dafkd.detach_extractor': True,
+        'dafkd.no_correlation': True}),
     'dafkd_feature_paper': ('dafkd', {**_DAFKD,
                                       'dafkd.generator': 'feature'}),
     'fedgen': ('fedgen', {}),

@@ -232,6 +232,23 @@ def test_round_metrics_and_model_views(plain):
     np.testing.assert_array_equal(a, b)
 
 
+def test_feature_generator_round(data):
+  """Appendix A through TFF: the generator makes [B, d] features."""
+  process = _build(data, generator='feature', generator_labels='local',
+                   aux_weight=1.0, discriminator='projection')
+  state = process.initialize()
+  out = process.next(state, data.keys(ROUNDS[0], seed=SEED, round_num=0))
+  gen_w = dafkd.generator_weights(out.state)
+  clf = _classifier_fn()
+  assert gen_w.trainable[-1].shape == (clf.feature_dim,)
+  fin = out.metrics['finalizer']
+  assert fin['num_teachers'] == 2.0 and fin['alpha_sum_error'] < 1e-5
+  assert 0.0 <= fin['label_fidelity'] <= 1.0
+  for a, b in zip(process.get_model_weights(out.state).trainable,
+                  process.get_model_weights(state).trainable):
+    assert np.all(np.isfinite(a)) and np.abs(a - b).max() > 0
+
+
 def test_private_mode_equals_plain_mode(plain, private):
   _, plain_states, plain_out = plain
   private_states, private_out = private
@@ -301,6 +318,8 @@ def _bad(data, match, **kwargs):
     (dict(generator='feature', shared_extractor=False),
      r"generator='feature'.*shared_extractor=False"),
     (dict(feature_activation='tanh'), "feature_activation 'tanh' is unknown"),
+    (dict(detach_extractor=True, shared_extractor=False),
+     'detach_extractor=True keeps eq. 2 out of the shared extractor'),
     (dict(distill_config=distillation.DistillConfig.plain(steps=0)),
      'distill.steps must be'),
 ])

@@ -215,3 +215,33 @@ def test_client_step_scores_generated_features_with_the_heads():
   expected = (-np.mean(np.log(_sigmoid(d_gen))) - 0.7 * np.mean(
       np.log(probs[np.arange(8), labels.numpy()])))
   np.testing.assert_allclose(r.gen_loss, expected, rtol=1e-5)
+
+
+@pytest.mark.parametrize('detach', [True, False])
+def test_detach_extractor_keeps_eq2_out_of_the_extractor(detach):
+  models_, batch = _client_case()
+  clf, disc, _ = models_
+  settings = gan.GanSettings(NOISE, CLASSES, feature_space=True,
+                             detach_extractor=detach)
+  sgd = tff.learning.optimizers.build_sgdm(0.1)
+  variables = gan.gan_variables(*models_)
+  states = (gan.initial_optimizer_state(sgd, variables.joint),
+            gan.initial_optimizer_state(sgd, variables.generator))
+  extractor = clf.features.trainable_weights
+  with tf.GradientTape() as tape:
+    ce = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=batch['y'], logits=clf.model(batch['x'], training=True)))
+  # Plain SGD: the cross-entropy's step alone.
+  expected = [v - 0.1 * g for v, g in zip(extractor,
+                                          tape.gradient(ce, extractor))]
+  head_before = [tf.identity(v) for v in disc.head_variables]
+  gan.client_gan_step(models_, batch, gan.GanOptimizers(sgd, sgd), states,
+                      settings, tf.constant([3, 4], tf.int64))
+  gap = max(float(np.abs(v.numpy() - e.numpy()).max())
+            for v, e in zip(extractor, expected))
+  if detach:
+    assert gap < 1e-6
+  else:  # Eq. (2)'s real term moves the extractor too.
+    assert gap > 1e-4
+  assert all(np.abs(v.numpy() - b.numpy()).max() > 0
+             for v, b in zip(disc.head_variables, head_before))

@@ -22,7 +22,11 @@ epsilon guard of `distillation.normalize_weights`), the target of eq. (8)
 classifier. With appendix B's private discriminators the clients compute
 `gan.private_teacher_terms` on the same pool (`client_round` with a
 `PrivatePool`) and the server
-only sees their (secure) sums (`gan.private_teacher`).
+only sees their (secure) sums (`gan.private_teacher`). With appendix A's
+feature generator (`gan.GanSettings.feature_space`) the pool holds features
+of the extractor, the teachers read them with their heads, and only the
+averaged classifier's head is distilled (`pool_classifier`); its extractor
+stays the average of eq. (6).
 
 The discriminator state of a client (`discriminator_variables`) is the head
 alone when it shares the classifier's extractor (the extractor is part of the

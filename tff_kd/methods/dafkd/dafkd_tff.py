@@ -104,7 +104,8 @@ class ModelSpec(NamedTuple):
 
   Attributes:
     classifier_fn: No-arg builder of the `Classifier` (shared features).
-    generator_fn: No-arg builder of the conditional image generator.
+    generator_fn: No-arg builder of the conditional generator of images,
+      or of the extractor's features (appendix A).
     shared: The discriminator shares the classifier's extractor.
     discriminator_seed: Initialiser seed of the discriminator.
     settings: `gan.GanSettings`.
@@ -656,7 +657,8 @@ def model_spec(classifier_fn: Callable[[], classifiers.Classifier],
       h.discriminator_mode, h.gan_steps, h.gan_window,
       generator_labels=h.generator_labels, aux_weight=h.aux_weight,
       generator_steps=h.generator_steps,
-      feature_space=h.generator == 'feature')
+      feature_space=h.generator == 'feature',
+      detach_extractor=h.detach_extractor)
   return ModelSpec(classifier_fn, generator_fn, h.shared_extractor, seed + 2,
                    settings, projection=h.discriminator == 'projection')
 

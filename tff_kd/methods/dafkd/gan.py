@@ -20,6 +20,10 @@ eq. (8) is `distillation.weighted_ensemble(..., ensemble='probs')`.
 Appendix B keeps the discriminators private: client k uploads f_k(x_i) s_k(x_i)
 and f_k(x_i) (`private_teacher_terms`), the server sums them (securely) and
 divides (`private_teacher`), which equals the eq. (7)-(8) target.
+Appendix A (Fig. 7, `GanSettings.feature_space`) generates features of the
+classifier's extractor instead of images: the discriminator's head scores
+them directly (real images still go through the shared extractor), and so
+do the teachers' classifier heads (`teacher_outputs(..., features_in=True)`).
 
 Choices (each selectable):
 
@@ -485,6 +489,11 @@ class GanSettings(NamedTuple):
       the classifier's extractor instead of images, so the discriminator
       reads them through its head alone (real images still go through the
       extractor) and the auxiliary term through the classifier's head.
+    detach_extractor: Eq. (2)'s real term trains the discriminator's head
+      only, not the extractor it shares with the classifier (which then
+      learns from the cross-entropy alone). With feature-space negatives the
+      extractor otherwise moves the real features away from wherever the
+      generator puts its features.
   """
 
   noise_dim: int
@@ -502,6 +511,7 @@ class GanSettings(NamedTuple):
   aux_weight: float = 0.0
   generator_steps: int = 1
   feature_space: bool = False
+  detach_extractor: bool = False
 
 
 class GanModels(NamedTuple):
@@ -708,7 +718,14 @@ def _joint_terms(models: GanModels, real_batch: dict, x_fake: tf.Tensor,
   features = classifier.features(x_real, training=True)
   logits = classifier.head(features, training=True)
   y_real = real_batch['y']
-  if mode == 'inference':
+  if settings.detach_extractor:
+    if not discriminator.shared:
+      raise ValueError('detach_extractor needs the extractor shared')
+    real_features = (features if mode != 'inference' else
+                     classifier.features(x_real, training=False))
+    d_real = discriminator.head_logits(tf.stop_gradient(real_features),
+                                       y_real, training=mode != 'inference')
+  elif mode == 'inference':
     if discriminator.extractor is not classifier.features:
       # A separate extractor's moving statistics follow the real data too
       # (this training-mode pass only updates them).

@@ -51,6 +51,9 @@ class DaFKDHparams(hp.Hparams):
       `generator_hidden`'s first width; the discriminators read them with
       their heads, the teachers with their classifier heads, and the
       server distils the averaged classifier's head on them).
+    detach_extractor: Eq. (2)'s real term trains only the discriminator's
+      head, not the classifier's extractor it shares (not the paper's; see
+      `gan.GanSettings`). Needs shared_extractor.
     feature_activation: The feature generator's output activation: 'relu'
       (the CNN's and ResNet's features are post-ReLU) | 'linear'.
     generator_width: The DCGAN generator's last hidden channels (twice
@@ -136,6 +139,7 @@ class DaFKDHparams(hp.Hparams):
   gp_weight: float = hp.field(0.0, hp.non_negative_number)
   weight_decay: float = hp.field(0.0, hp.non_negative_number)
   shared_extractor: bool = hp.field(True, hp.boolean)
+  detach_extractor: bool = hp.field(False, hp.boolean)
   no_correlation: bool = hp.field(False, hp.boolean)
   weights_on: str = hp.field('probs', hp.one_of(*ENSEMBLES))
   private: bool = hp.field(False, hp.boolean)
@@ -182,6 +186,10 @@ class DaFKDHparams(hp.Hparams):
           ', or dafkd.pool_candidates=1')
     if self.generator == 'feature':
       self._check_feature_generator()
+    if self.detach_extractor and not self.shared_extractor:
+      raise errors.ConfigError(
+          'dafkd.detach_extractor=True keeps eq. 2 out of the shared '
+          'extractor: it needs dafkd.shared_extractor=True')
     if self.private and self.pool == 'real':
       raise errors.ConfigError(
           "dafkd.pool='real' is an ablation of the plain (non-private) "
