@@ -10,7 +10,9 @@ ensemble, the student before and after eq. 8's distillation):
 * weights on the pool: `pool_holder_ratio` (eq. 7's mass on the teachers
   that hold a sample's pseudo label y, over uniform weights' mass on them);
 * ensemble on the pool: the share of the pool whose weighted / uniform /
-  holders-only ensemble predicts y;
+  holders-only ensemble predicts y, and the mean probability the weighted /
+  uniform ensemble (teachers at T = 1) puts on y ("mass"; runs from
+  2026-11-26 on);
 * weights on real images: the holder ratio and the weighted / uniform
   ensemble accuracy on the server's 500 labeled images, scored as the pool
   is (a projection discriminator is scored with the images' true labels
@@ -22,7 +24,7 @@ ensemble, the student before and after eq. 8's distillation):
 
 Usage:
   python -m benchmarks.dafkd_links --runs=benchmarks/results/dafkd_pool/runs \
-      --out=benchmarks/results/dafkd_pool/links.md
+      --out=benchmarks/results/dafkd_pool/links.md [--per_seed]
 """
 
 import collections
@@ -38,6 +40,9 @@ from absl import flags
 _RUNS = flags.DEFINE_string('runs', None, 'Folder of <variant>_s<seed>.json.')
 _OUT = flags.DEFINE_string('out', '', 'Markdown file (default: print).')
 _LAST = flags.DEFINE_integer('last', 5, 'Rounds averaged (the last ones).')
+_PER_SEED = flags.DEFINE_bool('per_seed', False,
+                              'One row per (variant, seed) instead of means '
+                              'over seeds.')
 
 # (column, metric key or a function of the run record).
 _COLUMNS = (
@@ -51,6 +56,8 @@ _COLUMNS = (
     ('pool ens. weighted', 'distill/pool_ensemble_agreement_weighted'),
     ('pool ens. uniform', 'distill/pool_ensemble_agreement_uniform'),
     ('pool ens. holders', 'distill/pool_ensemble_agreement_oracle'),
+    ('pool mass weighted', 'distill/pool_label_mass_weighted'),
+    ('pool mass uniform', 'distill/pool_label_mass_uniform'),
     ('real holder ratio', 'distill/holder_ratio'),
     ('real ens. weighted', 'distill/ensemble_accuracy_weighted'),
     ('real ens. uniform', 'distill/ensemble_accuracy_uniform'),
@@ -62,12 +69,18 @@ def _mean(values) -> float:
   return statistics.fmean(values) if values else float('nan')
 
 
-def link_table(runs: list[dict], last: int) -> tuple[list[str], dict]:
-  """variant -> {column: (mean over seeds, seeds)} of the link columns."""
+def link_table(runs: list[dict], last: int,
+               per_seed: bool = False) -> tuple[list[str], dict]:
+  """variant -> {column: (mean over seeds, seeds)} of the link columns.
+
+  With `per_seed`, the rows are (variant, seed) pairs, named
+  '<variant> s<seed>'.
+  """
   by_variant = collections.defaultdict(list)
   for r in runs:
     if 'error' not in r:
-      by_variant[r['variant']].append(r)
+      name = f"{r['variant']} s{r['seed']}" if per_seed else r['variant']
+      by_variant[name].append(r)
   table = {}
   for variant, rs in sorted(by_variant.items()):
     row = {}
@@ -106,7 +119,8 @@ def main(argv):
   for path in sorted(glob.glob(os.path.join(_RUNS.value, '*.json'))):
     with open(path) as f:
       runs.append(json.load(f))
-  text = markdown(*link_table(runs, _LAST.value), _LAST.value)
+  text = markdown(*link_table(runs, _LAST.value, _PER_SEED.value),
+                  _LAST.value)
   if _OUT.value:
     with open(_OUT.value, 'w') as f:
       f.write(text)

@@ -1,7 +1,9 @@
 """The typed settings tree: generated defaults, one validation, old names."""
 
 import dataclasses
+import importlib
 import json
+import pathlib
 
 from absl import logging
 import pytest
@@ -189,3 +191,14 @@ def test_parse_value_reads_numbers_bools_and_strings():
   assert settings.parse_value('False') is False
   assert settings.parse_value('true') is True
   assert settings.parse_value('fedd3a') == 'fedd3a'
+
+
+_CONFIGS = sorted(p.stem for p in (
+    pathlib.Path(__file__).parents[2] / 'configs').glob('*.py')
+                  if p.stem != '__init__')
+
+
+@pytest.mark.parametrize('name', _CONFIGS)
+def test_every_shipped_config_validates(name):
+  config = importlib.import_module(f'configs.{name}').get_config()
+  settings.from_config(config)

@@ -64,7 +64,8 @@ def test_dafkd_run_reports_its_mechanism(tmp_path, candidate):
                 'disc_score_pool', 'pool_holder_ratio',
                 'pool_ensemble_agreement_weighted',
                 'pool_ensemble_agreement_uniform',
-                'pool_ensemble_agreement_oracle'):
+                'pool_ensemble_agreement_oracle', 'label_mass_weighted',
+                'pool_label_mass_uniform'):
       assert f'distill/{key}' in row, key
     for key in ('client/disc_real_accuracy', 'client/generator_loss'):
       assert key in row, key

@@ -48,6 +48,10 @@ def test_weight_diagnostics_match_numpy():
                    (d.accuracy_uniform, uniform),
                    (d.accuracy_oracle, oracle)):
     assert float(got) == pytest.approx(np.mean(ens.argmax(-1) == LABELS))
+  for got, ens in ((d.label_mass_weighted, weighted),
+                   (d.label_mass_uniform, uniform)):
+    assert float(got) == pytest.approx(ens[np.arange(4), LABELS].mean(),
+                                       rel=1e-5)
 
 
 def test_uniform_weights_have_ratio_one_and_samples_without_holders_drop():

@@ -390,23 +390,28 @@ def diagnostic_metrics(d: dafkd_tf.Diagnostics) -> collections.OrderedDict:
 
   The `pool_*` weight metrics read eq. (7) on the generated pool against
   its pseudo labels (-1 for a real pool): `pool_holder_ratio` is the holder
-  ratio with the holders of y of G(z, y), and `pool_ensemble_agreement_*`
+  ratio with the holders of y of G(z, y), `pool_ensemble_agreement_*`
   the share of the pool whose weighted / uniform / holders-only ensemble
-  predicts y.
+  predicts y, and `pool_label_mass_*` the mean probability the weighted /
+  uniform ensemble (teachers at T = 1) puts on y. `label_mass_*` are the
+  same on the labeled images with their labels.
   """
   w, p, q = d.weights, d.pool, d.pool_weights
   if q is None:
     pool_weights = dict.fromkeys(
         ('pool_holder_ratio', 'pool_informative_fraction',
          'pool_ensemble_agreement_weighted', 'pool_ensemble_agreement_uniform',
-         'pool_ensemble_agreement_oracle'), tf.constant(-1.0))
+         'pool_ensemble_agreement_oracle', 'pool_label_mass_weighted',
+         'pool_label_mass_uniform'), tf.constant(-1.0))
   else:
     pool_weights = dict(
         pool_holder_ratio=q.holder_ratio,
         pool_informative_fraction=q.informative_fraction,
         pool_ensemble_agreement_weighted=q.accuracy_weighted,
         pool_ensemble_agreement_uniform=q.accuracy_uniform,
-        pool_ensemble_agreement_oracle=q.accuracy_oracle)
+        pool_ensemble_agreement_oracle=q.accuracy_oracle,
+        pool_label_mass_weighted=q.label_mass_weighted,
+        pool_label_mass_uniform=q.label_mass_uniform)
   return collections.OrderedDict(
       holder_mass=w.holder_mass,
       uniform_holder_mass=w.uniform_holder_mass,
@@ -415,6 +420,8 @@ def diagnostic_metrics(d: dafkd_tf.Diagnostics) -> collections.OrderedDict:
       ensemble_accuracy_weighted=w.accuracy_weighted,
       ensemble_accuracy_uniform=w.accuracy_uniform,
       ensemble_accuracy_oracle=w.accuracy_oracle,
+      label_mass_weighted=w.label_mass_weighted,
+      label_mass_uniform=w.label_mass_uniform,
       pool_max_prob=p.max_prob,
       pool_entropy=p.entropy,
       pool_class_entropy=p.class_entropy,

@@ -74,6 +74,10 @@ class WeightDiagnostics(NamedTuple):
     accuracy_weighted: Accuracy of sum_k alpha p_k.
     accuracy_uniform: Accuracy of the plain mean of p_k.
     accuracy_oracle: Accuracy of the holders' plain mean.
+    label_mass_weighted: Mean over samples of the probability sum_k alpha
+      p_k puts on the sample's label (teachers at T = 1): how much of the
+      ensemble's mass a soft target would put on the right class.
+    label_mass_uniform: The same for the plain mean of p_k.
   """
 
   holder_mass: tf.Tensor
@@ -83,12 +87,19 @@ class WeightDiagnostics(NamedTuple):
   accuracy_weighted: tf.Tensor
   accuracy_uniform: tf.Tensor
   accuracy_oracle: tf.Tensor
+  label_mass_weighted: tf.Tensor
+  label_mass_uniform: tf.Tensor
 
 
 def _accuracy(probs: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
   return tf.reduce_mean(tf.cast(tf.equal(
       tf.argmax(probs, axis=-1, output_type=tf.int32),
       tf.cast(labels, tf.int32)), tf.float32))
+
+
+def _label_mass(probs: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
+  return tf.reduce_mean(tf.gather(probs, tf.cast(labels, tf.int32),
+                                  axis=1, batch_dims=1))
 
 
 def _mean_over(values: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:
@@ -129,15 +140,18 @@ def weight_diagnostics(alpha: tf.Tensor, logits: tf.Tensor,
   def ensemble(weights):
     return tf.einsum('kn,knc->nc', weights * valid_f, probs)
 
+  weighted = ensemble(alpha)
+  plain = ensemble(uniform + 0.0 * holder_f)
   return WeightDiagnostics(
       holder_mass=holder_mass,
       uniform_holder_mass=uniform_mass,
       holder_ratio=holder_mass / tf.maximum(uniform_mass, _TINY),
       informative_fraction=tf.reduce_mean(tf.cast(informative, tf.float32)),
-      accuracy_weighted=_accuracy(ensemble(alpha), labels),
-      accuracy_uniform=_accuracy(
-          ensemble(uniform + 0.0 * holder_f), labels),
-      accuracy_oracle=_accuracy(ensemble(oracle), labels))
+      accuracy_weighted=_accuracy(weighted, labels),
+      accuracy_uniform=_accuracy(plain, labels),
+      accuracy_oracle=_accuracy(ensemble(oracle), labels),
+      label_mass_weighted=_label_mass(weighted, labels),
+      label_mass_uniform=_label_mass(plain, labels))
 
 
 class PoolQuality(NamedTuple):
