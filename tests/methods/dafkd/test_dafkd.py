@@ -318,6 +318,8 @@ def _bad(data, match, **kwargs):
     (dict(generator='feature', shared_extractor=False),
      r"generator='feature'.*shared_extractor=False"),
     (dict(feature_activation='tanh'), "feature_activation 'tanh' is unknown"),
+    (dict(twin_student=True, private=True),
+     'twin_student=True distils on the uniform ensemble'),
     (dict(detach_extractor=True, shared_extractor=False),
      'detach_extractor=True keeps eq. 2 out of the shared extractor'),
     (dict(distill_config=distillation.DistillConfig.plain(steps=0)),

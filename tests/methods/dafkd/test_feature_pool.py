@@ -87,12 +87,12 @@ def server_case():
   return gan.GanModels(clf, disc, gen), (clf_w, gen_w), uploads, validation
 
 
-def _settings(steps=6):
+def _settings(steps=6, twin_student=False):
   return dafkd_tf.ServerSettings(
       gan.GanSettings(NOISE, CLASSES, feature_space=True),
       distillation.DistillConfig.plain(steps=steps, batch_size=8, seed=5,
                                        temperature=T),
-      POOL, pool_from_broadcast=True)
+      POOL, pool_from_broadcast=True, twin_student=twin_student)
 
 
 def test_server_round_distils_the_head_on_generated_features(server_case):
@@ -164,6 +164,34 @@ def test_server_round_distils_the_head_on_generated_features(server_case):
   # extractors) and on the generated features with their pseudo labels.
   assert 0.0 <= float(r.diagnostics.weights.holder_mass) <= 1.0
   assert 0.0 <= float(r.diagnostics.pool_weights.holder_mass) <= 1.0
+
+
+def test_twin_student_is_the_uniform_target_from_the_same_start(
+    server_case):
+  models_, (clf_w, gen_w), uploads, validation = server_case
+  clf, disc, gen = models_
+
+  def run(twin_student, correlation=True):
+    return dafkd_tf.server_round(
+        models_, tff.learning.optimizers.build_sgdm(0.5), (clf_w, gen_w),
+        uploads, _settings(twin_student=twin_student)._replace(
+            correlation=correlation),
+        dafkd_tf.pool_seed(0, tf.constant(3)), validation=validation)
+
+  plain, with_twin = run(False), run(True)
+  assert plain.twin_accuracy_after is None
+  # The round itself is unchanged by the diagnostic.
+  for a, b in zip(tf.nest.flatten(plain.classifier),
+                  tf.nest.flatten(with_twin.classifier)):
+    np.testing.assert_array_equal(a, b)
+  # The twin's accuracy is the uniform-weight round's.
+  uniform = run(False, correlation=False)
+  np.testing.assert_allclose(with_twin.twin_accuracy_after,
+                             uniform.distill.labeled_accuracy_after)
+  assert (float(uniform.distill.labeled_accuracy_after)
+          != float(plain.distill.labeled_accuracy_after)
+          or any(np.abs(a - b).max() > 1e-3 for a, b in zip(
+              uniform.classifier.trainable, plain.classifier.trainable)))
 
 
 def _client_case():

@@ -545,6 +545,9 @@ class ServerRoundResult(NamedTuple):
       the pool: ln C for uniform targets, 0 for one-hot ones.
     seconds: Wall time of the whole server round (pool, teachers,
       diagnostics and distillation).
+    twin_accuracy_after: With `ServerSettings.twin_student`, the labeled
+      accuracy of the averaged classifier distilled on the uniform
+      ensemble instead (same teachers, pool and start); else None.
   """
 
   classifier: ModelWeights
@@ -559,6 +562,7 @@ class ServerRoundResult(NamedTuple):
   diagnostics: Optional[Diagnostics] = None
   target_entropy: Optional[tf.Tensor] = None
   seconds: Optional[tf.Tensor] = None
+  twin_accuracy_after: Optional[tf.Tensor] = None
 
 
 class ServerSettings(NamedTuple):
@@ -575,6 +579,11 @@ class ServerSettings(NamedTuple):
     correlation: Weights of eq. (7), or uniform (ablation).
     pool_candidates: m: draw m x pool_size generated images and distil on
       the pool_size hardest (`select_hardest`); 1: the paper's pool.
+    twin_student: A diagnostic: before the round's distillation, also
+      distil the averaged classifier on the uniform ensemble of the same
+      teachers on the same pool (`_twin_student`) and report its labeled
+      accuracy; the round's result is unchanged. Needs a labeled set and
+      plain (non-private) mode.
   """
 
   gan: gan.GanSettings
@@ -584,6 +593,7 @@ class ServerSettings(NamedTuple):
   ensemble: str = 'probs'
   correlation: bool = True
   pool_candidates: int = 1
+  twin_student: bool = False
 
 
 class PoolTerms(NamedTuple):
@@ -696,6 +706,32 @@ def skipped_diagnostics(pool_labels: bool) -> Diagnostics:
       nan(weight_diagnostics.PoolQuality), tf.constant(float('nan')),
       tf.constant(float('nan')),
       nan(weight_diagnostics.WeightDiagnostics) if pool_labels else None)
+
+
+def _twin_student(student: tf.keras.Model,
+                  optimizer: tff.learning.optimizers.Optimizer,
+                  pool: tf.Tensor, teachers: tuple, settings: 'ServerSettings',
+                  labeled: tuple[tf.Tensor, tf.Tensor]) -> tf.Tensor:
+  """The uniform-weight twin's student, from the same start and pool.
+
+  Distils `student` (the averaged classifier, overwritten) on the uniform
+  ensemble of the same teachers and returns its labeled accuracy after.
+
+  Args:
+    student: The model distillation trains (classifier or head).
+    optimizer: The distillation optimiser (fresh state).
+    pool: The round's (selected) pool.
+    teachers: (logits [M, N, C], scores [M, N], valid [M]) on the pool.
+    settings: `ServerSettings` (its distillation config and ensemble).
+    labeled: The labeled set as the student reads it.
+  """
+  logits, scores, valid = teachers
+  uniform = distillation.weighted_ensemble(
+      logits, teacher_weights(scores, valid, correlation=False),
+      temperature=settings.distill.temperature, ensemble=settings.ensemble)
+  return distillation.distill(student, optimizer, pool, uniform,
+                              settings.distill,
+                              labeled=labeled).labeled_accuracy_after
 
 
 @tf.function
@@ -821,6 +857,13 @@ def server_round(models: gan.GanModels,
     labeled = (distillation.teacher_logits([classifier.features],
                                            validation.x)[0]
                if feature_space else validation.x, validation.y)
+  twin_after = None
+  if (settings.twin_student and labeled is not None
+      and uploads.private_sums is None):
+    twin_after = _twin_student(student, distill_optimizer, pool, (
+        logits, scores, valid), settings, labeled)
+    tf.nest.map_structure(lambda v, t: v.assign(t), student_vars,
+                          new_classifier)
   result = distillation.distill(student, distill_optimizer, pool, target,
                                 config, labeled=labeled)
   if feature_space:
@@ -834,4 +877,4 @@ def server_round(models: gan.GanModels,
                            sum_error, mean_score, before, after, fidelity,
                            diagnostics,
                            distillation.mean_entropy(target, axis=-1),
-                           seconds)
+                           seconds, twin_after)

@@ -460,7 +460,8 @@ def server_settings(spec: ModelSpec, hparams: hparams_lib.DaFKDHparams,
       spec.settings, config, pool_size,
       pool_from_broadcast=hparams.resolved_pool_generator == 'broadcast',
       ensemble=hparams.weights_on, correlation=not hparams.no_correlation,
-      pool_candidates=hparams.pool_candidates)
+      pool_candidates=hparams.pool_candidates,
+      twin_student=hparams.twin_student)
 
 
 def diagnostics_round(every: int, round_num) -> Optional[tf.Tensor]:
@@ -500,7 +501,8 @@ def build_finalizer(
   uniform ones) and `server_seconds` (the wall time of the server's whole
   round). With a labeled validation set (`server_data.val_size` > 0):
   `labeled_accuracy_before` / `_after` and `accepted`
-  (`DistillConfig.accept`), and in plain mode the mechanism diagnostics of
+  (`DistillConfig.accept`), `twin_labeled_accuracy_after` with
+  `hparams.twin_student`, and in plain mode the mechanism diagnostics of
   `diagnostic_metrics` (eq. 7's holder mass against
   uniform, weighted / uniform / oracle ensemble accuracy on the labeled
   images, pool quality, discriminator scores on real images and on the
@@ -583,6 +585,8 @@ def build_finalizer(
           labeled_accuracy_before=r.distill.labeled_accuracy_before,
           labeled_accuracy_after=r.distill.labeled_accuracy_after,
           accepted=r.distill.accepted)
+      if r.twin_accuracy_after is not None:
+        metrics['twin_labeled_accuracy_after'] = r.twin_accuracy_after
     if diagnose:
       metrics.update(diagnostic_metrics(r.diagnostics))
     return round_num + 1, (r.classifier, r.generator), metrics

@@ -101,6 +101,12 @@ class DaFKDHparams(hp.Hparams):
       images).
     holder_share: Diagnostics (with server_data.val_size > 0): a client
       holds a label when at least this share of its examples have it.
+    twin_student: A diagnostic: every round, also distil the averaged
+      classifier on the uniform ensemble of the same teachers and pool, and
+      report its labeled accuracy (`distill/twin_labeled_accuracy_after`,
+      against `distill/labeled_accuracy_after`); the run is otherwise
+      unchanged. Costs one more distillation per round; needs
+      server_data.val_size > 0 and plain (non-private) mode.
     diagnostics_every: The mechanism diagnostics (with server_data.val_size
       > 0: `dafkd_tff.diagnostic_metrics`, which score every teacher on the
       labeled validation images) run in the rounds r (counted from 1) with
@@ -148,6 +154,7 @@ class DaFKDHparams(hp.Hparams):
   pool: str = hp.field('generator', hp.one_of(*POOLS))
   holder_share: float = hp.field(0.05, hp.unit_interval)
   diagnostics_every: int = hp.field(1, hp.positive_int)
+  twin_student: bool = hp.field(False, hp.boolean)
 
   @property
   def hidden_widths(self) -> tuple[int, ...]:
@@ -186,6 +193,11 @@ class DaFKDHparams(hp.Hparams):
           ', or dafkd.pool_candidates=1')
     if self.generator == 'feature':
       self._check_feature_generator()
+    if self.twin_student and self.private:
+      raise errors.ConfigError(
+          'dafkd.twin_student=True distils on the uniform ensemble of the '
+          'teachers, which private mode (appendix B) never shows the '
+          'server: set dafkd.private=False')
     if self.detach_extractor and not self.shared_extractor:
       raise errors.ConfigError(
           'dafkd.detach_extractor=True keeps eq. 2 out of the shared '
@@ -215,6 +227,10 @@ class DaFKDHparams(hp.Hparams):
       raise errors.ConfigError(
           'dafkd.weight_decay needs client_optimizer.name=adam (AdamW); '
           f'got dafkd.weight_decay={self.weight_decay!r} with {opt!r}')
+    if self.twin_student and not config.server_data.val_size:
+      raise errors.ConfigError(
+          'dafkd.twin_student=True reports a labeled accuracy: it needs '
+          'server_data.val_size > 0')
     if self.pool == 'real' and not config.server_data.proxy:
       raise errors.ConfigError(
           "dafkd.pool='real' (the oracle pool) needs the server's proxy "
