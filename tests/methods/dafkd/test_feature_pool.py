@@ -27,18 +27,13 @@ from tff_kd.core import local_training
 from tff_kd.methods.dafkd import dafkd_tf
 from tff_kd.methods.dafkd import gan
 from tff_kd.models import generators
+from tests.methods.dafkd import server_case as server_case_lib
 
 NOISE = 8
 SHAPE = (8, 8, 1)
 CLASSES = 10
 POOL = 32
 T = 2.0
-
-
-def _perturbed(values, scale, seed):
-  rng = np.random.default_rng(seed)
-  return [tf.constant(scale * rng.standard_normal(v.shape), tf.float32)
-          for v in values]
 
 
 def _sigmoid(z):
@@ -63,22 +58,8 @@ def server_case():
                                 num_classes=CLASSES, seed=0)
   disc = generators.build_discriminator_head(clf, seed=2)
   gen = _feature_generator(clf)
-  weights = local_training.model_weights
-  clf_w = tf.nest.map_structure(tf.identity, weights(clf.model))
-  gen_w = tf.nest.map_structure(tf.identity, weights(gen))
-  deltas = tff.learning.models.ModelWeights(
-      [tf.stack([d0, d1]) for d0, d1 in zip(
-          _perturbed(clf_w.trainable, 0.5, 0),
-          _perturbed(clf_w.trainable, 0.5, 1))],
-      [tf.stack([v, v]) for v in clf_w.non_trainable])
-  disc_vars = dafkd_tf.discriminator_variables(disc)
-  rows = [tf.stack([v + r0, v + r1]) for v, r0, r1 in zip(
-      disc_vars, _perturbed(disc_vars, 1.0, 2), _perturbed(disc_vars, 1.0, 3))]
-  valid = tf.constant([True, True])
-  uploads = dafkd_tf.Uploads(
-      deltas, tff.learning.models.ModelWeights(
-          [tf.zeros_like(w) for w in gen_w.trainable],
-          list(gen_w.non_trainable)), valid, rows)
+  (clf_w, gen_w), uploads = server_case_lib.two_clients(
+      gan.GanModels(clf, disc, gen), 0.5, 1.0)
   rng = np.random.default_rng(4)
   validation = dafkd_tf.Validation(
       tf.constant(rng.uniform(-1, 1, (40, *SHAPE)), tf.float32),

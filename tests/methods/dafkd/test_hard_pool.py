@@ -30,6 +30,7 @@ from tff_kd.core import local_training
 from tff_kd.methods.dafkd import dafkd_tf
 from tff_kd.methods.dafkd import gan
 from tff_kd.models import generators
+from tests.methods.dafkd import server_case as server_case_lib
 
 NOISE = 8
 SHAPE = (8, 8, 1)
@@ -62,12 +63,6 @@ def test_hardest_samples_golden():
       idx_t, np.argsort(-_kl(student, target, 4.0), kind='stable'))
 
 
-def _perturbed(values, scale, seed):
-  rng = np.random.default_rng(seed)
-  return [tf.constant(scale * rng.standard_normal(v.shape), tf.float32)
-          for v in values]
-
-
 @pytest.fixture(scope='module')
 def server_case():
   """Models, broadcast weights and two clients' uploads (seeded)."""
@@ -76,23 +71,9 @@ def server_case():
   disc = generators.build_discriminator_head(clf, seed=2)
   gen = generators.build_dcgan_generator(noise_dim=NOISE, num_classes=10,
                                          image_shape=SHAPE, seed=1)
-  weights = local_training.model_weights
-  clf_w = tf.nest.map_structure(tf.identity, weights(clf.model))
-  gen_w = tf.nest.map_structure(tf.identity, weights(gen))
-  deltas = tff.learning.models.ModelWeights(
-      [tf.stack([d0, d1]) for d0, d1 in zip(
-          _perturbed(clf_w.trainable, 1.0, 0),
-          _perturbed(clf_w.trainable, 1.0, 1))],
-      [tf.stack([v, v]) for v in clf_w.non_trainable])
-  disc_vars = dafkd_tf.discriminator_variables(disc)
-  rows = [tf.stack([v + r0, v + r1]) for v, r0, r1 in zip(
-      disc_vars, _perturbed(disc_vars, 0.5, 2), _perturbed(disc_vars, 0.5, 3))]
-  valid = tf.constant([True, True])
-  uploads = dafkd_tf.Uploads(
-      deltas, tff.learning.models.ModelWeights(
-          [tf.zeros_like(w) for w in gen_w.trainable],
-          list(gen_w.non_trainable)), valid, rows)
-  return gan.GanModels(clf, disc, gen), (clf_w, gen_w), uploads
+  models_ = gan.GanModels(clf, disc, gen)
+  weights, uploads = server_case_lib.two_clients(models_, 1.0, 0.5)
+  return models_, weights, uploads
 
 
 def _server_round(case, candidates, real_pool=None):
