@@ -19,7 +19,8 @@ ensemble, the student before and after eq. 8's distillation):
   there, which a server does not have for unlabeled data: only its pool
   columns compare across discriminators);
 * student: the labeled (validation) accuracy of the averaged model before
-  and after distillation;
+  and after distillation, and after distillation on the uniform ensemble
+  instead, from the same start (`dafkd.twin_student`; "twin val after");
 * result: final test accuracy and the mean of the last 5 rounds.
 
 Usage:
@@ -50,6 +51,7 @@ _COLUMNS = (
     ('last-5 test', lambda r, n: _mean(r['accuracy'][-5:])),
     ('val before', 'distill/labeled_accuracy_before'),
     ('val after', 'distill/labeled_accuracy_after'),
+    ('twin val after', 'distill/twin_labeled_accuracy_after'),
     ('label fidelity', 'distill/label_fidelity'),
     ('pool top class', 'distill/pool_top_class_share'),
     ('pool holder ratio', 'distill/pool_holder_ratio'),
