@@ -724,6 +724,9 @@ def _twin_student(student: tf.keras.Model,
     teachers: (logits [M, N, C], scores [M, N], valid [M]) on the pool.
     settings: `ServerSettings` (its distillation config and ensemble).
     labeled: The labeled set as the student reads it.
+
+  Returns:
+    The twin student's labeled accuracy (float32 scalar).
   """
   logits, scores, valid = teachers
   uniform = distillation.weighted_ensemble(
