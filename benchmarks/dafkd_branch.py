@@ -1,4 +1,4 @@
-r"""DaFKD's two-branch rounds: which distilled model starts the next round better.
+r"""DaFKD's two-branch rounds: which student starts the next round better.
 
 DaFKD (Wang et al., CVPR 2023) distils eq. (8)'s target, weighted by eq.
 (7), into the averaged model after every round; its uniform-weight twin
@@ -27,7 +27,6 @@ Usage:
 """
 
 import importlib
-import json
 import os
 import statistics
 import tempfile
@@ -138,11 +137,9 @@ def main(argv):
           + _summary(results))
   print(text)
   if _OUT.value:
-    os.makedirs(_OUT.value, exist_ok=True)
-    with open(os.path.join(_OUT.value, 'branch.json'), 'w') as f:
-      json.dump({str(k): v for k, v in results.items()}, f, indent=1)
-    with open(os.path.join(_OUT.value, 'branch.md'), 'w') as f:
-      f.write(text)
+    bench.write_result(os.path.join(_OUT.value, 'branch'),
+                       {str(k): v for k, v in results.items()}, text,
+                       indent=1)
 
 
 if __name__ == '__main__':
