@@ -25,7 +25,7 @@ classifier. With appendix B's private discriminators the clients compute
 only sees their (secure) sums (`gan.private_teacher`). With appendix A's
 feature generator (`gan.GanSettings.feature_space`) the pool holds features
 of the extractor, the teachers read them with their heads, and only the
-averaged classifier's head is distilled (`pool_classifier`); its extractor
+averaged classifier's head is distilled (`gan.pool_classifier`); its extractor
 stays the average of eq. (6).
 
 The discriminator state of a client (`discriminator_variables`) is the head
@@ -94,14 +94,6 @@ def pseudo_pool(generator: tf.keras.Model, size: int, *, noise_dim: int,
                                    num_classes=num_classes, seed=seed,
                                    training=False)
   return (images, labels) if with_labels else images
-
-
-def pool_classifier(classifier: classifiers.Classifier,
-                    settings: gan.GanSettings) -> tf.keras.Model:
-  """What classifies a generated pool: the whole classifier on images, or
-  its head on appendix A's generated features (`GanSettings.feature_space`).
-  """
-  return classifier.head if settings.feature_space else classifier.model
 
 
 def argmax_agreement(logits_or_probs: tf.Tensor, reference) -> tf.Tensor:
@@ -272,7 +264,7 @@ def _private_terms(models: gan.GanModels, gen_vars: ModelWeights,
         features_in=settings.feature_space)
   else:
     logits = distillation.teacher_logits(
-        [pool_classifier(models.classifier, settings)], images)[0]
+        [gan.pool_classifier(models.classifier, settings)], images)[0]
     scores = tf.ones([pool.size, 1])
   fs, f = gan.private_teacher_terms(scores, logits, pool.temperature)
   # Static shapes: TFF's (secure) aggregation needs fully defined types.
@@ -777,7 +769,7 @@ def server_round(models: gan.GanModels,
                      'generator (appendix A) distils on features')
   # Appendix A distils the head on generated features; the averaged
   # extractor stays as it is.
-  student = pool_classifier(classifier, settings.gan)
+  student = gan.pool_classifier(classifier, settings.gan)
   valid = uploads.valid
   config = settings.distill
   new_classifier = mean_update(global_weights[0], uploads.classifier_deltas,

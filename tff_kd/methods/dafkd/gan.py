@@ -768,6 +768,14 @@ def _joint_terms(models: GanModels, real_batch: dict, x_fake: tf.Tensor,
                      real_statistics)
 
 
+def pool_classifier(classifier: classifiers.Classifier,
+                    settings: GanSettings) -> tf.keras.Model:
+  """What classifies generated samples: the whole classifier on images, or
+  its head on appendix A's generated features (`GanSettings.feature_space`).
+  """
+  return classifier.head if settings.feature_space else classifier.model
+
+
 def _pseudo_logits(discriminator: generators.DiscriminatorHead,
                    x: tf.Tensor, labels: tf.Tensor | None,
                    settings: GanSettings, *, training: bool) -> tf.Tensor:
@@ -809,9 +817,8 @@ def _generator_step(models: GanModels,
     gen_loss = generator_loss(d_gen, form=settings.generator_form,
                               from_logits=True)
     if settings.aux_weight:
-      classify = (models.classifier.head if settings.feature_space
-                  else models.classifier.model)
-      logits = classify(x_gen, training=False)
+      logits = pool_classifier(models.classifier, settings)(
+          x_gen, training=False)
       gen_loss += settings.aux_weight * tf.reduce_mean(
           tf.nn.sparse_softmax_cross_entropy_with_logits(
               labels=y_gen, logits=logits))
