@@ -521,7 +521,8 @@ class ServerRoundResult(NamedTuple):
   Attributes:
     classifier: New classifier `ModelWeights` w_{t+1} (distilled).
     generator: New generator `ModelWeights` theta_{t+1}^g (eq. 4).
-    distill: `distillation.DistillResult`.
+    distill: `distillation.DistillResult` (its weights are the student's:
+      the head alone with appendix A's features).
     alpha_entropy: Mean entropy (nats) of alpha; -1 in private mode.
     alpha_sum_error: max_i |sum_k alpha[k, i] - 1|; 0 in private mode.
     mean_score: Mean discriminator score f_k(x_i) over received clients and
@@ -793,6 +794,10 @@ def server_round(models: gan.GanModels,
   num_clients = tf.maximum(tf.reduce_sum(tf.cast(valid, tf.float32)), 1.0)
   student_vars = local_training.model_weights(classifier.model)
 
+  def load_average():
+    tf.nest.map_structure(lambda v, t: v.assign(t), student_vars,
+                          new_classifier)
+
   def student_logits():
     return distillation.teacher_logits([student], pool)[0]
 
@@ -808,8 +813,7 @@ def server_round(models: gan.GanModels,
         logits, alpha, temperature=config.temperature,
         ensemble=settings.ensemble)
     if settings.pool_candidates > 1:
-      tf.nest.map_structure(lambda v, t: v.assign(t), student_vars,
-                            new_classifier)
+      load_average()
       candidates = PoolTerms(pool, pool_labels, logits, scores, alpha,
                               target, student_logits())
       # Label fidelity is the generator's: measured on every candidate.
@@ -837,8 +841,7 @@ def server_round(models: gan.GanModels,
     entropy = tf.constant(-1.0)
     sum_error = tf.constant(0.0)
     mean_score = tf.reduce_mean(sum_f) / num_clients
-  tf.nest.map_structure(lambda v, t: v.assign(t), student_vars,
-                        new_classifier)
+  load_average()
   if logits_before is None:  # Else the selection has them.
     logits_before = student_logits()
   before = argmax_agreement(logits_before, target)
@@ -857,18 +860,17 @@ def server_round(models: gan.GanModels,
       and uploads.private_sums is None):
     twin_after = _twin_student(student, distill_optimizer, pool, (
         logits, scores, valid), settings, labeled)
-    tf.nest.map_structure(lambda v, t: v.assign(t), student_vars,
-                          new_classifier)
+    load_average()
   result = distillation.distill(student, distill_optimizer, pool, target,
                                 config, labeled=labeled)
-  if feature_space:
-    with tf.control_dependencies(tf.nest.flatten(result.weights)):
-      result = result._replace(weights=tf.nest.map_structure(
-          tf.identity, local_training.model_weights(classifier.model)))
+  # The round's classifier is the whole model as distillation left it (the
+  # student may be its head alone).
+  with tf.control_dependencies(tf.nest.flatten(result.weights)):
+    new_weights = tf.nest.map_structure(tf.identity, student_vars)
   after = argmax_agreement(student_logits(), target)
-  with tf.control_dependencies([after, *tf.nest.flatten(result.weights)]):
+  with tf.control_dependencies([after, *tf.nest.flatten(new_weights)]):
     seconds = tf.cast(tf.timestamp() - t_start, tf.float32)
-  return ServerRoundResult(result.weights, new_generator, result, entropy,
+  return ServerRoundResult(new_weights, new_generator, result, entropy,
                            sum_error, mean_score, before, after, fidelity,
                            diagnostics,
                            distillation.mean_entropy(target, axis=-1),
