@@ -79,6 +79,8 @@ _HARD = {**_LOCAL_AUX_PROJ, 'dafkd.pool_candidates': 4}
 # features; the discriminators and teachers read them with their heads and
 # the server distils the averaged classifier's head.
 _FEATURE = {**_LOCAL_AUX_PROJ, 'dafkd.generator': 'feature'}
+# ... with eq. 2's real term kept out of the shared extractor.
+_FEATURE_DETACH = {**_FEATURE, 'dafkd.detach_extractor': True}
 VARIANTS: dict[str, tuple[str, dict]] = {
     'fedavg': ('fedavg', {}),
     'fedprox': ('fedprox', {}),
@@ -114,11 +116,9 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     'dafkd_feature': ('dafkd', _FEATURE),
     'dafkd_feature_no_correlation': ('dafkd', {**_FEATURE,
                                                'dafkd.no_correlation': True}),
-    'dafkd_feature_detach': ('dafkd', {**_FEATURE,
-                                       'dafkd.detach_extractor': True}),
+    'dafkd_feature_detach': ('dafkd', _FEATURE_DETACH),
     'dafkd_feature_detach_no_correlation': ('dafkd', {
-        **_FEATURE, 'dafkd.detach_extractor': True,
-        'dafkd.no_correlation': True}),
+        **_FEATURE_DETACH, 'dafkd.no_correlation': True}),
     'dafkd_feature_paper': ('dafkd', {**_DAFKD,
                                       'dafkd.generator': 'feature'}),
     'fedgen': ('fedgen', {}),
