@@ -254,12 +254,10 @@ class FileClientData:
     return bounds.map(lambda s, e: collections.OrderedDict(
         x=tf.gather(x, indices[s:e]), y=tf.gather(y, indices[s:e])))
 
-  def dataset_fn(self, local: LocalWork) -> Callable[[tf.Tensor],
-                                                     tf.data.Dataset]:
+  def dataset_fn(self, local: LocalWork) -> 'KeyedDatasets':
     """A TF-traceable key -> dataset function for clients that build their
     own dataset (see `tff_kd.federated.learning.client_data_type`)."""
-    local = local.validate()
-    return lambda key: self.dataset_from_key(key, local)
+    return KeyedDatasets(self, local.validate())
 
   def dataset_computation(self, local: LocalWork) -> tff.Computation:
     """A TFF computation mapping a key string to the client's dataset."""
@@ -275,3 +273,51 @@ class FileClientData:
            round_num: int) -> list[str]:
     """Keys for `dataset_computation`, one per sampled client."""
     return [f'{self.client_ids[i]}|{seed}|{round_num}' for i in client_indices]
+
+
+class KeyedDatasets:
+  """key -> the client's dataset of the round: `FileClientData`'s keyed path.
+
+  Calling it gives `dataset_from_key`'s batches. Fused clients
+  (`tff_kd.core.fused`, `runtime.fuse_clients`) take the key's arrays
+  instead (`arrays`) and draw their batch order themselves.
+
+  Attributes:
+    data: The client data.
+    local: The local work.
+  """
+
+  def __init__(self, data: FileClientData, local: LocalWork):
+    self.data = data
+    self.local = local
+
+  def __call__(self, key: tf.Tensor) -> tf.data.Dataset:
+    return self.data.dataset_from_key(key, self.local)
+
+  def arrays(self, key: tf.Tensor
+             ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """A key's (images, labels, stateless seed) in graph code.
+
+    The seed is [2] int64: the key's seed and round (as `dataset_from_key`
+    combines them) and a hash of its client id, so that clients of the same
+    size draw different orders. The empty key (a padded group,
+    `learning.group_keys`) has no examples.
+    """
+    parts = tf.strings.split(key, '|')
+    empty = tf.equal(tf.strings.length(key), 0)
+
+    def read():
+      x, y = self.data.read_arrays(parts[0])
+      return x, y, tf.stack([
+          tf.strings.to_number(parts[1], tf.int64) * 1_000_003 +
+          tf.strings.to_number(parts[2], tf.int64),
+          tf.strings.to_hash_bucket_fast(parts[0], 2**31 - 1)])
+
+    def none():
+      return (tf.zeros([0, *self.data.image_shape]), tf.zeros([0], tf.int32),
+              tf.zeros([2], tf.int64))
+
+    x, y, seed = tf.cond(empty, none, read)
+    x.set_shape([None, *self.data.image_shape])
+    y.set_shape([None])
+    return x, y, seed

@@ -27,9 +27,11 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_kd import errors
+from tff_kd.core import fused
 from tff_kd.core import local_training
 from tff_kd.core import loops
 from tff_kd.core import stacking as stacking_tf
+from tff_kd.federated import client_data
 from tff_kd.federated import composer
 
 ModelFn = Callable[[], tf.keras.Model]
@@ -187,6 +189,7 @@ def build_client_work(
     proximal_strength: float = 0.0,
     dataset_fn: Optional[DatasetFn] = None,
     clients_per_call: int = 1,
+    fuse_clients: bool = False,
 ) -> tff.templates.MeasuredProcess:
   """Local (proximal) training as a client-work process.
 
@@ -201,6 +204,11 @@ def build_client_work(
   clients. A simulation setting: the aggregator then sees group sums, so
   per-client aggregation (secure sums, DP, stacking) cannot use it.
 
+  With `fuse_clients` too, those G clients train in lockstep as one batched
+  computation (`fused_clients`, `tff_kd.core.fused`) instead of in turn:
+  each client's result is what it would compute from the same batches, but
+  its batch order is the fused schedule's, not `dataset_fn`'s.
+
   Args:
     model_fn: No-arg callable building the Keras classifier (logits).
     element_spec: Batch structure of the client datasets.
@@ -211,6 +219,9 @@ def build_client_work(
     dataset_fn: See `client_data_type`.
     clients_per_call: Clients per TFF client (>= 1; > 1 needs
       `dataset_fn`).
+    fuse_clients: Train each call's clients as one computation; needs a
+      `client_data.KeyedDatasets` `dataset_fn` and a model that
+      `fused.unsupported` accepts.
 
   Returns:
     A `tff.learning.templates.ClientWorkProcess`, or with `dataset_fn` a
@@ -218,11 +229,21 @@ def build_client_work(
     [G] vectors of keys).
 
   Raises:
-    ValueError: `clients_per_call` > 1 without `dataset_fn`.
+    ValueError: `clients_per_call` > 1 without `dataset_fn`, or
+      `fuse_clients` without `KeyedDatasets`.
+    ConfigError: `fuse_clients` with a model it cannot run (one line
+      naming the layer).
   """
   if clients_per_call > 1 and dataset_fn is None:
     raise ValueError('clients_per_call > 1 needs keyed client data '
                      '(dataset_fn)')
+  if fuse_clients:
+    if not isinstance(dataset_fn, client_data.KeyedDatasets):
+      raise ValueError('fuse_clients needs keyed file client data '
+                       '(FileClientData.dataset_fn)')
+    reason = fused.unsupported(local_training.structure_of(model_fn))
+    if reason:
+      raise errors.ConfigError(f'runtime.fuse_clients: {reason}; use False')
   weights_type = _unplaced_weights_type(model_fn)
   data_type = client_data_type(element_spec, dataset_fn,
                                clients_per_call=clients_per_call)
@@ -239,7 +260,16 @@ def build_client_work(
     return screen_client(client_result,
                          client_stats(result, bytes_down, bytes_up))[:2]
 
-  if clients_per_call > 1:
+  if fuse_clients:
+
+    @tff.tensorflow.computation(weights_type, data_type, np.float32)
+    def client_update(initial_weights, keys, lr):
+      return fused_clients(
+          model_fn(), client_optimizer, initial_weights,
+          tf.reshape(keys, [clients_per_call]), dataset_fn, lr,
+          proximal_strength=proximal_strength,
+          client_bytes=(bytes_down, bytes_up))
+  elif clients_per_call > 1:
 
     @tff.tensorflow.computation(weights_type, data_type, np.float32)
     def client_update(initial_weights, keys, lr):
@@ -309,6 +339,66 @@ def merge_clients(
   return (tff.learning.templates.ClientResult(update=update,
                                               update_weight=weight_sum),
           stats_sum)
+
+
+def fused_clients(
+    model: tf.keras.Model, optimizer: tff.learning.optimizers.Optimizer,
+    initial_weights: tff.learning.models.ModelWeights, keys: tf.Tensor,
+    datasets: client_data.KeyedDatasets, learning_rate: tf.Tensor, *,
+    proximal_strength: float, client_bytes: tuple[float, float]
+) -> tuple[tff.learning.templates.ClientResult, collections.OrderedDict]:
+  """G keyed clients trained as one computation, merged as `merge_clients`.
+
+  Reads the G clients' arrays, draws their lockstep schedule
+  (`fused.fused_schedule`) and trains them (`fused.train_fused`); each
+  client is screened as `screen_client` screens one
+  (`fused.merge_fused`), and the result is what `merge_clients` makes of
+  G separate clients: their example-weighted mean update, their summed
+  weight, their summed stats and `num_clients`.
+
+  Args:
+    model: The Keras classifier (its structure only).
+    optimizer: The client optimizer.
+    initial_weights: The broadcast weights.
+    keys: [G] string keys, '' for padding.
+    datasets: The keyed client data.
+    learning_rate: This round's client learning rate.
+    proximal_strength: FedProx mu.
+    client_bytes: One client's (bytes down, bytes up).
+
+  Returns:
+    (`ClientResult`, stats).
+  """
+  num_clients = int(keys.shape[0])
+  arrays = [datasets.arrays(keys[i]) for i in range(num_clients)]
+  local = datasets.local
+  schedule = fused.fused_schedule(
+      [tf.shape(y)[0] for _, y, _ in arrays], [s for _, _, s in arrays],
+      unit=local.unit, amount=local.amount, batch_size=local.batch_size)
+  x = tf.concat([x for x, _, _ in arrays] +
+                [tf.zeros([1, *datasets.data.image_shape])], 0)
+  y = tf.concat([y for _, y, _ in arrays] + [tf.zeros([1], tf.int32)], 0)
+  result = fused.train_fused(
+      fused.StackedModel(model), optimizer, initial_weights, x, y, schedule,
+      learning_rate, proximal_strength=proximal_strength)
+  present = tf.strings.length(keys) > 0
+  keep, per_client = fused.merge_fused(result, present)
+  weights = per_client['num_examples']
+  total = tf.reduce_sum(weights)
+
+  def mean(t):
+    kept = fused.select(keep, t, tf.zeros_like(t))
+    return tf.math.divide_no_nan(tf.tensordot(weights, kept, 1), total)
+
+  count = tf.reduce_sum(tf.cast(present, tf.float32))
+  stats = collections.OrderedDict(
+      (name, tf.reduce_sum(per_client[name]) if name in per_client
+       else count * tf.cast(client_bytes[name == 'bytes_up'], tf.float32))
+      for name in CLIENT_STATS)
+  stats['num_clients'] = count
+  return (tff.learning.templates.ClientResult(
+      update=tf.nest.map_structure(mean, result.weights_delta),
+      update_weight=total), stats)
 
 
 # The per-client statistics, in `client_stats`' order (float32 scalars).
@@ -662,6 +752,7 @@ def build_keras_learning_process(
     proximal_strength: float = 0.0,
     dataset_fn: Optional[DatasetFn] = None,
     clients_per_call: int = 1,
+    fuse_clients: bool = False,
 ) -> tff.learning.templates.LearningProcess:
   """Composes broadcast, client work, weighted mean and finalizer.
 
@@ -675,6 +766,7 @@ def build_keras_learning_process(
     proximal_strength: FedProx mu (0 for FedAvg).
     dataset_fn: Optional key -> dataset function; see `client_data_type`.
     clients_per_call: Clients per TFF client (`build_client_work`).
+    fuse_clients: Train them as one computation (`build_client_work`).
 
   Returns:
     A `tff.learning.templates.LearningProcess` whose `next` takes
@@ -687,7 +779,7 @@ def build_keras_learning_process(
       model_fn, element_spec, client_optimizer,
       learning_rate=learning_rate, learning_rate_decay=learning_rate_decay,
       proximal_strength=proximal_strength, dataset_fn=dataset_fn,
-      clients_per_call=clients_per_call)
+      clients_per_call=clients_per_call, fuse_clients=fuse_clients)
   aggregator = tff.aggregators.MeanFactory().create(
       weights_type, tff.TensorType(np.float32))
   return composer.compose_learning_process(

@@ -133,6 +133,17 @@ def clients_per_call(inputs: ProcessInputs,
   return config.runtime.clients_per_call if inputs.dataset_fn else 1
 
 
+def grouping_kwargs(inputs: ProcessInputs,
+                    config: ml_collections.ConfigDict) -> dict:
+  """`clients_per_call` and `fuse_clients` for the builders that group
+  clients (FedAvg, FedProx): `runtime.fuse_clients` needs keyed clients
+  too, and falls back to one client per call without them, as
+  `clients_per_call` does."""
+  return dict(clients_per_call=clients_per_call(inputs, config),
+              fuse_clients=bool(config.runtime.fuse_clients and
+                                inputs.dataset_fn))
+
+
 def distill_config(config: ml_collections.ConfigDict
                    ) -> distillation.DistillConfig:
   """The validated `config.distill`, seeded by `config.seed`."""

@@ -393,6 +393,19 @@ class RuntimeSettings(hp.Hparams):
       clients"). Keep K / G at least the worker's concurrent calls.
       FedAvg and FedProx only (a weighted mean of updates; the KD methods
       stack every client's model).
+    fuse_clients: Train each call's clients in lockstep as one batched
+      computation over their stacked weights (`tff_kd.core.fused`) instead
+      of one after another: a client's fixed costs (its `tf.data`
+      pipeline, its training loop's set-up) are paid once per call, and
+      its steps run as one grouped convolution or batched matmul per
+      layer. Each client computes what it would from the same batches,
+      but draws its batch order from its key statelessly instead of by
+      `tf.data`'s shuffle, so a fused run is another draw of the same
+      algorithm (benchmarks/README.md, "Fused clients"). FedAvg and
+      FedProx, keyed client data (the `train` binary's), and functional
+      Keras models of Conv2D, Dense, BatchNormalization and
+      GroupNormalization layers plus weightless, non-random ones (the
+      process build names any other layer).
   """
 
   SECTION: ClassVar[str] = 'runtime'
@@ -403,6 +416,7 @@ class RuntimeSettings(hp.Hparams):
   concurrent_clients: int = hp.field(0, _at_least_minus_one)
   intra_op_threads: int = hp.field(1, hp.non_negative_int)
   clients_per_call: int = hp.field(1, hp.positive_int)
+  fuse_clients: bool = hp.field(False, hp.boolean)
 
   @property
   def worker_addresses(self) -> list[str]:
@@ -422,13 +436,16 @@ class RuntimeSettings(hp.Hparams):
           f'runtime.server_device={self.server_device!r}: {method.name} has '
           'no server step to move out of the runtime (its server applies an '
           "optimizer step); use 'runtime'")
-    if self.clients_per_call > 1 and not method.groups_clients:
-      raise errors.ConfigError(
-          f'runtime.clients_per_call={self.clients_per_call}: {method.name} '
-          'keeps every client\'s model apart (a stack of teachers or '
-          'per-client state); only ' + ' and '.join(
-              m.name for m in registry.METHODS.values() if m.groups_clients)
-          + ' group clients. Use 1')
+    for key, value, default in (
+        ('clients_per_call', self.clients_per_call, 1),
+        ('fuse_clients', self.fuse_clients, False)):
+      if value != default and not method.groups_clients:
+        raise errors.ConfigError(
+            f'runtime.{key}={value}: {method.name} keeps every client\'s '
+            'model apart (a stack of teachers or per-client state); only '
+            + ' and '.join(m.name for m in registry.METHODS.values()
+                           if m.groups_clients)
+            + f' group clients. Use {default}')
 
 
 @dataclasses.dataclass(frozen=True)

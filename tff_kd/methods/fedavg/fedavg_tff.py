@@ -26,6 +26,7 @@ def build_fedavg_process(
     learning_rate_decay: float = 1.0,
     dataset_fn: Optional[learning.DatasetFn] = None,
     clients_per_call: int = 1,
+    fuse_clients: bool = False,
 ) -> tff.learning.templates.LearningProcess:
   """Builds FedAvg with example-weighted averaging.
 
@@ -41,6 +42,8 @@ def build_fedavg_process(
     clients_per_call: Clients per TFF client, with `dataset_fn`
       (`tff_kd.federated.learning.build_client_work`); `next` then takes
       [clients_per_call] vectors of keys (`learning.group_keys`).
+    fuse_clients: Train each call's clients as one batched computation
+      (`runtime.fuse_clients`, `tff_kd.core.fused`).
 
   Returns:
     A `tff.learning.templates.LearningProcess`.
@@ -50,7 +53,7 @@ def build_fedavg_process(
       model_fn, element_spec, client_optimizer=client_optimizer,
       server_optimizer=server_optimizer, learning_rate=learning_rate,
       learning_rate_decay=learning_rate_decay, dataset_fn=dataset_fn,
-      clients_per_call=clients_per_call)
+      clients_per_call=clients_per_call, fuse_clients=fuse_clients)
 
 
 def build_from_config(
@@ -58,7 +61,7 @@ def build_from_config(
 ) -> tff.learning.templates.LearningProcess:
   """The registry's builder: fedavg from an experiment config."""
   return build_fedavg_process(inputs.model_fn, inputs.element_spec,
-                              clients_per_call=common.clients_per_call(inputs, config),
+                              **common.grouping_kwargs(inputs, config),
       **common.common_kwargs(inputs, config))
 
 

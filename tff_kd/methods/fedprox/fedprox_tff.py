@@ -29,6 +29,7 @@ def build_fedprox_process(
     learning_rate_decay: float = 1.0,
     dataset_fn: Optional[learning.DatasetFn] = None,
     clients_per_call: int = 1,
+    fuse_clients: bool = False,
 ) -> tff.learning.templates.LearningProcess:
   """Builds FedProx: FedAvg whose clients add mu/2 ||w - w_global||^2.
 
@@ -45,6 +46,8 @@ def build_fedprox_process(
     clients_per_call: Clients per TFF client, with `dataset_fn`
       (`tff_kd.federated.learning.build_client_work`); `next` then takes
       [clients_per_call] vectors of keys (`learning.group_keys`).
+    fuse_clients: Train each call's clients as one batched computation
+      (`runtime.fuse_clients`, `tff_kd.core.fused`).
 
   Returns:
     A `tff.learning.templates.LearningProcess`.
@@ -59,7 +62,7 @@ def build_fedprox_process(
       server_optimizer=server_optimizer, learning_rate=learning_rate,
       learning_rate_decay=learning_rate_decay,
       proximal_strength=hparams.mu, dataset_fn=dataset_fn,
-      clients_per_call=clients_per_call)
+      clients_per_call=clients_per_call, fuse_clients=fuse_clients)
 
 
 def build_from_config(
@@ -69,7 +72,7 @@ def build_from_config(
   return build_fedprox_process(
       inputs.model_fn, inputs.element_spec,
       hparams=hp.section_hparams(config, hparams_lib.FedProxHparams),
-      clients_per_call=common.clients_per_call(inputs, config),
+      **common.grouping_kwargs(inputs, config),
       **common.common_kwargs(inputs, config))
 
 
