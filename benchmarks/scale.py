@@ -25,7 +25,9 @@ process's resource usage):
   * client files: the size of the run's client data folder.
 
 `--clients_per_call=1,10` also runs FedAvg with `runtime.clients_per_call`
-G = 10 (the column G): ten clients per TFF client call.
+G = 10 (the column G): ten clients per TFF client call. `--fuse_clients=0,1`
+runs each FedAvg setting also with `runtime.fuse_clients` (the column
+"fused": the call's clients trained as one batched computation).
 
 Usage (about 15 minutes for the default grid on 2 cores):
   .venv/bin/python -m benchmarks.scale --manual_dir=../shared/data/mnist \
@@ -58,6 +60,10 @@ _PER_CALL = flags.DEFINE_list(
     'clients_per_call', ['1'],
     'runtime.clients_per_call values; those > 1 run for the methods that '
     'group clients (FedAvg) only.')
+_FUSE = flags.DEFINE_list(
+    'fuse_clients', ['0'],
+    'runtime.fuse_clients values (0/1); 1 runs for the methods that group '
+    'clients (FedAvg) only.')
 _EXAMPLES = flags.DEFINE_integer(
     'examples_per_round', 6400,
     'Local examples per round over all K clients (batch 32 steps).')
@@ -105,7 +111,7 @@ def _local_steps(k: int) -> int:
 
 
 def run_setting(method: str, n: int, k: int, root: str,
-                per_call: int = 1) -> dict:
+                per_call: int = 1, fuse: bool = False) -> dict:
   """One `train` run; its costs (or an error)."""
   steps = _local_steps(k)
   command = [
@@ -119,6 +125,7 @@ def run_setting(method: str, n: int, k: int, root: str,
       f'--config.local.batch_size={_BATCH}', '--config.export=false',
       f'--config.checkpoint_every={_ROUNDS.value}', '--noplot',
       f'--config.runtime.clients_per_call={per_call}',
+      f'--config.runtime.fuse_clients={fuse}',
       '--noprogress', *_METHOD_FLAGS[method]]
   t0 = time.perf_counter()
   proc = subprocess.run(command, capture_output=True, text=True,
@@ -126,8 +133,8 @@ def run_setting(method: str, n: int, k: int, root: str,
                         env={**os.environ, 'TF_CPP_MIN_LOG_LEVEL': '3'})
   wall = time.perf_counter() - t0
   record = dict(method=method, num_clients=n, clients_per_round=k,
-                clients_per_call=per_call, local_steps=steps, wall_s=wall,
-                returncode=proc.returncode)
+                clients_per_call=per_call, fuse_clients=fuse,
+                local_steps=steps, wall_s=wall, returncode=proc.returncode)
   match = re.search(r'Maximum resident set size \(kbytes\): (\d+)',
                     proc.stderr)
   record['peak_rss_gb'] = int(match.group(1)) / 2**20 if match else None
@@ -173,6 +180,10 @@ def _server_step_s(rows: list[dict]) -> float | None:
   return None
 
 
+def _fused(record: dict) -> str:
+  return 'yes' if record.get('fuse_clients') else 'no'
+
+
 def _cell(value, fmt: str) -> str:
   return '-' if value is None else format(value, fmt)
 
@@ -181,22 +192,23 @@ def markdown(records: list[dict], meta: dict) -> str:
   lines = ['# Cost at scale (benchmarks/scale.py)', '',
            f"Command: `{meta['command']}`. Machine: {meta['machine']}.", '',
            meta['setting'], '',
-           '| method | N | K | G | local steps | start-up s | s/round | '
-           'server step s | round 1 s | peak RSS GB | MB per round | '
-           'checkpoint MB | client files MB |', '|---' * 13 + '|']
+           '| method | N | K | G | fused | local steps | start-up s | '
+           's/round | server step s | round 1 s | peak RSS GB | '
+           'MB per round | checkpoint MB | client files MB |',
+           '|---' * 14 + '|']
   for r in records:
     if 'error' in r:
       lines.append(f"| {r['method']} | {r['num_clients']} | "
                    f"{r['clients_per_round']} | "
-                   f"{r.get('clients_per_call', 1)} | {r['local_steps']} | "
-                   "failed "
+                   f"{r.get('clients_per_call', 1)} | {_fused(r)} | "
+                   f"{r['local_steps']} | failed "
                    f"(exit {r['returncode']}, {r['wall_s']:.0f} s, peak "
                    f"{_cell(r['peak_rss_gb'], '.2f')} GB): "
                    f"{r['error'][:120]} | | | | | | | |")
       continue
     lines.append(
         f"| {r['method']} | {r['num_clients']} | {r['clients_per_round']} | "
-        f"{r.get('clients_per_call', 1)} | "
+        f"{r.get('clients_per_call', 1)} | {_fused(r)} | "
         f"{r['local_steps']} | {r['startup_s']:.1f} | "
         f"{r['seconds_per_round']:.2f} | "
         f"{_cell(r.get('server_step_s'), '.2f')} | {r['first_round_s']:.2f} | "
@@ -215,16 +227,17 @@ def main(argv):
     for method in _METHODS.value:
       for n in map(int, _CLIENTS.value):
         for k in map(int, _PER_ROUND.value):
-          for g in map(int, _PER_CALL.value):
-            if k > n or (g > 1 and method not in _GROUPS):
+          for g, fuse in ((g, f) for g in map(int, _PER_CALL.value)
+                          for f in map(int, _FUSE.value)):
+            if k > n or ((g > 1 or fuse) and method not in _GROUPS):
               continue
-            root = os.path.join(scratch, f'{method}_{n}_{k}_{g}')
+            root = os.path.join(scratch, f'{method}_{n}_{k}_{g}_{fuse}')
             try:
-              record = run_setting(method, n, k, root, g)
+              record = run_setting(method, n, k, root, g, bool(fuse))
             except subprocess.TimeoutExpired:
               record = dict(
                   method=method, num_clients=n, clients_per_round=k,
-                  clients_per_call=g,
+                  clients_per_call=g, fuse_clients=bool(fuse),
                   local_steps=_local_steps(k),
                   wall_s=float(_TIMEOUT.value), returncode=None,
                   peak_rss_gb=None,

@@ -49,7 +49,7 @@ def _run(model_fn, unit, amount, optimizer, mu=0.0, nan_client=None,
   @tf.function(autograph=False)
   def fused_run(init):
     schedule = fused.fused_schedule(
-        [tf.constant(n) for n in _SIZES], seeds, unit=unit, amount=amount,
+        tf.constant(_SIZES), tf.stack(seeds), unit=unit, amount=amount,
         batch_size=5)
     x = tf.concat(xs + [np.zeros((1, *_SHAPE), np.float32)], 0)
     y = tf.concat(ys + [np.zeros(1, np.int32)], 0)

@@ -392,15 +392,17 @@ def client_order(num_examples: tf.Tensor, seed: tf.Tensor, *, unit: str,
   return tf.reshape(order, [-1, batch_size])
 
 
-def fused_schedule(num_examples: Sequence[tf.Tensor],
-                   seeds: Sequence[tf.Tensor], *, unit: str, amount: int,
-                   batch_size: int) -> Schedule:
+def fused_schedule(num_examples: tf.Tensor, seeds: tf.Tensor, *, unit: str,
+                   amount: int, batch_size: int) -> Schedule:
   """The lockstep schedule of G clients whose arrays are concatenated.
 
+  A graph loop over the clients (`client_order` each), so the graph's size
+  does not grow with G.
+
   Args:
-    num_examples: Each client's number of examples (G scalars), in the
+    num_examples: [G] int32, each client's number of examples, in the
       order of the concatenation.
-    seeds: Each client's [2] int64 stateless seed.
+    seeds: [G, 2] int64, each client's stateless seed.
     unit: 'steps' or 'epochs' (`tff_kd.federated.client_data.LocalWork`).
     amount: Steps or epochs.
     batch_size: B.
@@ -408,19 +410,27 @@ def fused_schedule(num_examples: Sequence[tf.Tensor],
   Returns:
     A `Schedule` of S = the most steps any client takes.
   """
-  orders = [client_order(n, s, unit=unit, amount=amount,
-                         batch_size=batch_size)
-            for n, s in zip(num_examples, seeds)]
-  steps = tf.reduce_max(tf.stack([tf.shape(o)[0] for o in orders]))
-  total = tf.add_n([tf.cast(n, tf.int32) for n in num_examples])
-  offset = tf.constant(0)
-  rows = []
-  for n, order in zip(num_examples, orders):
-    order = tf.pad(order, [[0, steps - tf.shape(order)[0]], [0, 0]],
+  num_examples = tf.cast(num_examples, tf.int32)
+  per_epoch = (num_examples + batch_size - 1) // batch_size
+  steps = tf.where(num_examples > 0,
+                   amount * per_epoch if unit == 'epochs' else amount, 0)
+  most = tf.reduce_max(steps)
+  offsets = tf.cumsum(num_examples, exclusive=True)
+  total = tf.reduce_sum(num_examples)
+
+  def client(rows, g):
+    order = client_order(num_examples[g], seeds[g], unit=unit,
+                         amount=amount, batch_size=batch_size)
+    order = tf.pad(order, [[0, most - tf.shape(order)[0]], [0, 0]],
                    constant_values=-1)
-    rows.append(tf.where(order >= 0, order + offset, total))
-    offset += tf.cast(n, tf.int32)
-  indices = tf.stack(rows, axis=1)
+    return rows.write(g, tf.where(order >= 0, order + offsets[g], total))
+
+  rows = loops.fold_range(
+      tf.size(num_examples), client,
+      tf.TensorArray(tf.int32, size=tf.size(num_examples),
+                     element_shape=[None, batch_size]))
+  indices = tf.transpose(rows.stack(), [1, 0, 2])
+  indices.set_shape([None, num_examples.shape[0], batch_size])
   mask = tf.cast(indices < total, tf.float32)
   return Schedule(indices, mask)
 

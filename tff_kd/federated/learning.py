@@ -370,14 +370,29 @@ def fused_clients(
     (`ClientResult`, stats).
   """
   num_clients = int(keys.shape[0])
-  arrays = [datasets.arrays(keys[i]) for i in range(num_clients)]
+  image_shape = list(datasets.data.image_shape)
+
+  def read(arrays, i):
+    xs, ys, sizes, seeds = arrays
+    x, y, seed = datasets.arrays(keys[i])
+    return (xs.write(i, x), ys.write(i, y), sizes.write(i, tf.shape(y)[0]),
+            seeds.write(i, seed))
+
+  xs, ys, sizes, seeds = loops.fold_range(num_clients, read, (
+      tf.TensorArray(tf.float32, num_clients, infer_shape=False,
+                     element_shape=[None] + image_shape),
+      tf.TensorArray(tf.int32, num_clients, infer_shape=False,
+                     element_shape=[None]),
+      tf.TensorArray(tf.int32, num_clients),
+      tf.TensorArray(tf.int64, num_clients)))
   local = datasets.local
+  sizes = sizes.stack()
+  sizes.set_shape([num_clients])
   schedule = fused.fused_schedule(
-      [tf.shape(y)[0] for _, y, _ in arrays], [s for _, _, s in arrays],
-      unit=local.unit, amount=local.amount, batch_size=local.batch_size)
-  x = tf.concat([x for x, _, _ in arrays] +
-                [tf.zeros([1, *datasets.data.image_shape])], 0)
-  y = tf.concat([y for _, y, _ in arrays] + [tf.zeros([1], tf.int32)], 0)
+      sizes, seeds.stack(), unit=local.unit, amount=local.amount,
+      batch_size=local.batch_size)
+  x = tf.concat([xs.concat(), tf.zeros([1] + image_shape)], 0)
+  y = tf.concat([ys.concat(), tf.zeros([1], tf.int32)], 0)
   result = fused.train_fused(
       fused.StackedModel(model), optimizer, initial_weights, x, y, schedule,
       learning_rate, proximal_strength=proximal_strength)
