@@ -78,6 +78,11 @@ _CONCURRENT_CLIENTS = flags.DEFINE_integer(
 _INTRA_OP_THREADS = flags.DEFINE_integer(
     'intra_op_threads', 1, "runtime.intra_op_threads (0: TensorFlow's "
     'default, every core).')
+_CLIENTS_PER_CALL = flags.DEFINE_integer(
+    'clients_per_call', 1, 'runtime.clients_per_call (FedAvg).')
+_FUSE_CLIENTS = flags.DEFINE_bool(
+    'fuse_clients', False, 'runtime.fuse_clients (FedAvg): each call\'s '
+    'clients trained as one batched computation.')
 _OUT = flags.DEFINE_string(
     'out', '', 'Result file (default: results/fedgen_workload.json for '
     'fedavg, results/fedgen_workload_fedgen.json for fedgen).')
@@ -103,6 +108,8 @@ def _config(seed: int, rounds: int):
   c.export = False
   c.runtime.concurrent_clients = _CONCURRENT_CLIENTS.value
   c.runtime.intra_op_threads = _INTRA_OP_THREADS.value
+  c.runtime.clients_per_call = _CLIENTS_PER_CALL.value
+  c.runtime.fuse_clients = _FUSE_CLIENTS.value
   return c
 
 

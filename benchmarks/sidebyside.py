@@ -116,6 +116,9 @@ _RESUMMARISE = flags.DEFINE_string(
 _NOTE = flags.DEFINE_string(
     'note', '', 'Text added to the Markdown (e.g. what ran beside it); '
     'works with --resummarise too.')
+_OURS_FLAGS = flags.DEFINE_list(
+    'ours_flags', [], 'Further flags of our side\'s fedgen_workload.py, '
+    'e.g. --ours_flags=--clients_per_call=5,--fuse_clients.')
 _SKIP = flags.DEFINE_list(
     'skip', [], "Sides not to run: 'reference' or 'ours' (for checking the "
     'harness).')
@@ -603,7 +606,7 @@ def run_ours(method: str, rounds: int, seed: int, manual_dir: str,
   cmd = [python, '-m', 'benchmarks.fedgen_workload',
          f'--manual_dir={os.path.abspath(manual_dir)}', f'--rounds={rounds}',
          f'--seeds={seed}', '--pure_tf_rounds=0', f'--method={method}',
-         f'--out={out}']
+         f'--out={out}', *_OURS_FLAGS.value]
   proc = _run_process(cmd, os.path.join(run_dir, f'ours_{index}.log'),
                       cwd=_REPO, env=dict(os.environ, PYTHONUNBUFFERED='1'))
   if proc['returncode'] or not os.path.exists(out):
