@@ -121,7 +121,9 @@ def _no_check(layer: tf.keras.layers.Layer, name: str) -> Optional[str]:
 class _Run:
   """One call of `StackedModel`: the stacked weights, read and updated."""
 
-  def __init__(self, index, trainable, non_trainable, mask, training):
+  def __init__(self, index: dict, trainable: Sequence[tf.Tensor],
+               non_trainable: Sequence[tf.Tensor], mask: tf.Tensor,
+               training: bool):
     self.index = index
     self.values = {'t': list(trainable), 'n': list(non_trainable)}
     self.mask = mask
@@ -250,7 +252,7 @@ _WEIGHTED = {
 }
 
 
-def _merged_call(layer: tf.keras.layers.Layer, args, kwargs,
+def _merged_call(layer: tf.keras.layers.Layer, args: list, kwargs: dict,
                  num_clients: int):
   """A weightless layer on the G clients' batches merged into one batch."""
   def merge(t):
@@ -310,7 +312,8 @@ class StackedModel:
     run = _Run(self._index, trainable, non_trainable, mask, training)
     return self._run_model(self.model, x, run), run.values['n']
 
-  def _run_model(self, model: tf.keras.Model, x: tf.Tensor, run: _Run):
+  def _run_model(self, model: tf.keras.Model, x: tf.Tensor,
+                 run: _Run) -> tf.Tensor:
     # Keras' own walk of a functional model's nodes
     # (`Functional._run_internal_graph`), each layer call replaced by its
     # stacked form.
@@ -333,7 +336,8 @@ class StackedModel:
     return tf.nest.pack_sequence_as(
         model._nested_outputs, outputs)  # pylint: disable=protected-access
 
-  def _call_layer(self, layer, args, kwargs, run: _Run):
+  def _call_layer(self, layer: tf.keras.layers.Layer, args: list,
+                  kwargs: dict, run: _Run):
     training = kwargs.pop('training', None)
     training = run.training if training is None else bool(training)
     if _is_graph_model(layer):
@@ -514,8 +518,9 @@ def train_fused(stacked: StackedModel,
       tape.watch(trainable)
       logits, new_non_trainable = stacked(
           trainable, non_trainable, tf.gather(x, index), mask)
-      task = tf.reduce_sum(mask * tf.nn.sparse_softmax_cross_entropy_with_logits(
-          labels=tf.gather(y, index), logits=logits), axis=1)
+      cross_entropy = tf.nn.sparse_softmax_cross_entropy_with_logits(
+          labels=tf.gather(y, index), logits=logits)
+      task = tf.reduce_sum(mask * cross_entropy, axis=1)
       loss = tf.reduce_sum(tf.math.divide_no_nan(task, count))
       if proximal_strength > 0:
         loss += 0.5 * proximal_strength * tf.add_n([

@@ -62,7 +62,7 @@ def build_from_config(
   """The registry's builder: fedavg from an experiment config."""
   return build_fedavg_process(inputs.model_fn, inputs.element_spec,
                               **common.grouping_kwargs(inputs, config),
-      **common.common_kwargs(inputs, config))
+                              **common.common_kwargs(inputs, config))
 
 
 METHOD = common.Method(
