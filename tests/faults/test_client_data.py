@@ -170,8 +170,11 @@ def test_unreadable_client_files_equal_their_absence(tmp_path):
   assert float(output.metrics['client_work']['train']['num_excluded']) == 2
 
 
-def test_a_run_goes_on_past_a_truncated_client_file(tmp_path, caplog):
-  config = _config(rounds=2, export=False)
+@pytest.mark.parametrize('grouping', [
+    {}, {'runtime.clients_per_call': 2, 'runtime.fuse_clients': True}])
+def test_a_run_goes_on_past_a_truncated_client_file(tmp_path, caplog,
+                                                    grouping):
+  config = _config(rounds=2, export=False, **grouping)
   root = str(tmp_path)
   exp = experiment.prepare(config, root)
   bad = _round0_clients(config)[0]
