@@ -66,6 +66,7 @@ def _run(model_fn, unit, amount, optimizer, mu=0.0, nan_client=None,
   x_all = np.concatenate(xs)
   y_all = np.concatenate(ys)
   locals_ = []
+  reference = model_fn()  # `train_locally` sets its weights each time.
   for g in range(len(_SIZES)):
     batches = [indices[s, g][mask[s, g] > 0] for s in range(len(indices))]
     batches = [b for b in batches if len(b)]
@@ -74,7 +75,7 @@ def _run(model_fn, unit, amount, optimizer, mu=0.0, nan_client=None,
         output_signature={'x': tf.TensorSpec([None, *_SHAPE]),
                           'y': tf.TensorSpec([None], tf.int32)})
     locals_.append(local_training.train_locally(
-        model_fn(), optimizer, init, ds, lr, proximal_strength=mu))
+        reference, optimizer, init, ds, lr, proximal_strength=mu))
   return result, (indices, mask), locals_
 
 

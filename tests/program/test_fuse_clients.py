@@ -6,7 +6,8 @@ the fused schedule gave that client: the same weighted mean and finalizer,
 up to float round-off, and the same counts. The round has 5 clients of
 unequal sizes in calls of 3 (a padded last call) and 1 local epoch, so the
 clients take different numbers of steps. Refusals come in one line. Runs
-on scikit-learn's bundled digits.
+on scikit-learn's bundled digits. (Whole fused runs: the fused case of
+`tests/faults/test_client_data.py`'s truncated-file test.)
 """
 
 import collections
@@ -78,16 +79,6 @@ def test_a_fused_round_is_the_per_client_round_on_its_batches(tmp_path,
   assert got['num_excluded'] == want['num_excluded'] == 0.0
   assert got['train_loss_sum'] == pytest.approx(want['train_loss_sum'],
                                                 rel=1e-4)
-
-
-def test_the_program_runs_fused_rounds(tmp_path):
-  history = experiment.run(
-      digits_config(**{'partition.num_clients': 8, 'clients_per_round': 5,
-                       'runtime.clients_per_call': 2,
-                       'runtime.fuse_clients': True, 'export': False}),
-      str(tmp_path), progress=False).history
-  assert [h['client/num_clients'] for h in history] == [5.0, 5.0]
-  assert history[-1]['test/accuracy'] > 0.3
 
 
 def test_methods_that_keep_clients_apart_refuse_it():
