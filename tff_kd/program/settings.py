@@ -402,7 +402,9 @@ class RuntimeSettings(hp.Hparams):
       but draws its batch order from its key statelessly instead of by
       `tf.data`'s shuffle, so a fused run is another draw of the same
       algorithm (benchmarks/README.md, "Fused clients"). FedAvg and
-      FedProx, keyed client data (the `train` binary's), and functional
+      FedProx, keyed client data (the `train` binary's; a process whose
+      clients take datasets, `build_dataset_process`, trains them one by
+      one, as with `clients_per_call`), and functional
       Keras models of Conv2D, Dense, BatchNormalization and
       GroupNormalization layers plus weightless, non-random ones (the
       process build names any other layer).
