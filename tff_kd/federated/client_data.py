@@ -95,6 +95,12 @@ def _batch_order(num: int, seed: int,
   return tf.constant(flat), tf.constant(sizes)
 
 
+def _round_seed(parts: tf.Tensor) -> tf.Tensor:
+  """The int64 seed of a split `"<id>|<seed>|<round>"` key's round."""
+  return (tf.strings.to_number(parts[1], tf.int64) * 1_000_003 +
+          tf.strings.to_number(parts[2], tf.int64))
+
+
 def _op_error_reason(e: tf.errors.OpError) -> str:
   """A TF op error's message without the op's and the payload's dumps."""
   text = (e.message or type(e).__name__).strip().splitlines()[0]
@@ -221,10 +227,8 @@ class FileClientData:
                        local: LocalWork) -> tf.data.Dataset:
     """The round's dataset for a `"<id>|<seed>|<round>"` key."""
     parts = tf.strings.split(key, '|')
-    seed = (tf.strings.to_number(parts[1], tf.int64) * 1_000_003 +
-            tf.strings.to_number(parts[2], tf.int64))
     x, y = self.read_arrays(parts[0])
-    return shuffled_batches(x, y, seed, local)
+    return shuffled_batches(x, y, _round_seed(parts), local)
 
   def replayable_dataset(self, key: str, local: LocalWork) -> tf.data.Dataset:
     """`dataset_from_key`'s batches, the same on every pass (eager only).
@@ -309,8 +313,7 @@ class KeyedDatasets:
     def read():
       x, y = self.data.read_arrays(parts[0])
       return x, y, tf.stack([
-          tf.strings.to_number(parts[1], tf.int64) * 1_000_003 +
-          tf.strings.to_number(parts[2], tf.int64),
+          _round_seed(parts),
           tf.strings.to_hash_bucket_fast(parts[0], 2**31 - 1)])
 
     def none():
