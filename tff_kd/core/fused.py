@@ -215,12 +215,8 @@ def _batch_norm(layer: tf.keras.layers.BatchNormalization, x: tf.Tensor,
       run.write(variable, moving - (moving - batch) * decay)
   else:
     mean, variance = (run.per_client(v, rank) for v in mean_var)
-  y = (x - mean) * tf.math.rsqrt(variance + layer.epsilon)
-  if layer.scale:
-    y *= run.per_client(run.read(layer.gamma), rank)
-  if layer.center:
-    y += run.per_client(run.read(layer.beta), rank)
-  return y
+  return _scale_and_offset(
+      layer, (x - mean) * tf.math.rsqrt(variance + layer.epsilon), run)
 
 
 def _group_norm(layer: tf.keras.layers.GroupNormalization, x: tf.Tensor,
@@ -234,12 +230,17 @@ def _group_norm(layer: tf.keras.layers.GroupNormalization, x: tf.Tensor,
       [shape[:-1], [layer.groups, channels // layer.groups]], 0))
   axes = list(range(2, rank - 1)) + [rank]
   mean, variance = tf.nn.moments(grouped, axes, keepdims=True)
-  y = tf.reshape((grouped - mean) * tf.math.rsqrt(variance + layer.epsilon),
-                 shape)
+  return _scale_and_offset(layer, tf.reshape(
+      (grouped - mean) * tf.math.rsqrt(variance + layer.epsilon), shape), run)
+
+
+def _scale_and_offset(layer: tf.keras.layers.Layer, y: tf.Tensor,
+                      run: _Run) -> tf.Tensor:
+  """A normalisation layer's per-client gamma and beta, where it has them."""
   if layer.scale:
-    y *= run.per_client(run.read(layer.gamma), rank)
+    y *= run.per_client(run.read(layer.gamma), y.shape.rank)
   if layer.center:
-    y += run.per_client(run.read(layer.beta), rank)
+    y += run.per_client(run.read(layer.beta), y.shape.rank)
   return y
 
 

@@ -406,10 +406,9 @@ def fused_clients(
     return tf.math.divide_no_nan(tf.tensordot(weights, kept, 1), total)
 
   count = tf.reduce_sum(tf.cast(present, tf.float32))
-  stats = collections.OrderedDict(
-      (name, tf.reduce_sum(per_client[name]) if name in per_client
-       else count * tf.cast(client_bytes[name == 'bytes_up'], tf.float32))
-      for name in CLIENT_STATS)
+  sums = {name: tf.reduce_sum(value) for name, value in per_client.items()}
+  sums['bytes_down'], sums['bytes_up'] = (count * b for b in client_bytes)
+  stats = collections.OrderedDict((name, sums[name]) for name in CLIENT_STATS)
   stats['num_clients'] = count
   return (tff.learning.templates.ClientResult(
       update=tf.nest.map_structure(mean, result.weights_delta),
