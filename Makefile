@@ -5,7 +5,7 @@ STAMP := $(VENV)/.tff_kd-installed
 DEV_STAMP := $(VENV)/.tff_kd-dev-installed
 ARGS ?=
 
-.PHONY: train test test-fast clean-venv
+.PHONY: train test test-fast check-fresh clean-venv
 
 $(STAMP): requirements.txt setup.py
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -35,6 +35,11 @@ test: $(DEV_STAMP)
 # The suite without the end-to-end runs marked slow (a few minutes).
 test-fast: $(DEV_STAMP)
 	$(VENV)/bin/python -m pytest tests -q -m "not slow" $(ARGS)
+
+# Both commands above in a fresh clone of HEAD, with HOME and every cache
+# empty (.ci/check_fresh); ONLY=train or ONLY=test runs one of them.
+check-fresh:
+	ONLY="$(ONLY)" .ci/check_fresh
 
 clean-venv:
 	rm -rf $(VENV)

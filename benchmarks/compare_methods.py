@@ -170,6 +170,11 @@ def make_config(variant: str, seed: int, rounds=None, overrides=()):
   return c
 
 
+def title(dataset: str) -> str:
+  """The report's title: the comparison on `dataset`."""
+  return f'Method comparison on {dataset} (benchmarks/compare_methods.py)'
+
+
 def _mean(values) -> float:
   values = list(values)
   return statistics.fmean(values) if values else float('nan')
@@ -251,7 +256,7 @@ def histories(runs: list[dict]) -> dict[str, list[dict]]:
 
 def markdown(summary: dict, meta: dict) -> str:
   lines = [
-      '# Method comparison on MNIST (benchmarks/compare_methods.py)', '',
+      f"# {title(meta['dataset'])}", '',
       f"Config: `{meta.get('config', 'configs/compare_mnist.py')}`.", '',
       meta['setting'], '',
       f"Commands: {'; '.join(f'`{c}`' for c in meta['commands'])}. "
@@ -306,8 +311,9 @@ def main(argv):
   meta['commands'].append(common.command('compare_methods'))
   meta['config'] = _CONFIG.value
   c = make_config('fedavg', 0, _ROUNDS.value, _OVERRIDES.value)
+  meta['dataset'] = c.dataset.domains or c.dataset.name
   meta['setting'] = (
-      f'MNIST (first {c.dataset.train_limit} training images), '
+      f"{meta['dataset']} (first {c.dataset.train_limit} training images), "
       f'{c.partition.num_clients} clients, {c.clients_per_round} per round, '
       f'Dir({c.partition.alpha}), model {c.model.name}, {c.local.amount} '
       f'local {c.local.unit} ({c.client_optimizer.name} lr '

@@ -124,8 +124,8 @@ _T2_BATCH = flags.DEFINE_integer('table2_batch', 32,
                                  'Batch size of the batch means (Table 2).')
 _WEIGHTS = flags.DEFINE_string(
     'model_weights', '', "Every variant's initial weights (`model.weights`): "
-    "'' seeded; a weights file, e.g. benchmarks/pretrain.py's Fashion-MNIST "
-    'CNN (configs/fedd3a_digits_pretrained.py).')
+    "'' seeded; a weights file; or 'pretrain:fashion_mnist', the CNN "
+    'pretrained on Fashion-MNIST (configs/fedd3a_digits_pretrained.py).')
 _ROOT = flags.DEFINE_string('root_dir', '', 'Run folders (default: temp).')
 _OUT = flags.DEFINE_string('out', 'benchmarks/results/fedd3a_digits',
                            'Result path prefix (.json and .md).')

@@ -55,9 +55,10 @@ def comparison(run_dirs: list[str]) -> list[str]:
                 for d in dirs]
     n = min(len(a) for a in accuracy)
     mean = np.nanmean(np.stack([a[:n] for a in accuracy]), axis=0)
+    best, best_round = plots.best_round(mean.tolist())
     lines.append(f'{label:>8}: final test accuracy {mean[-1]:.4f}, best '
-                 f'{np.nanmax(mean):.4f} (round {int(np.nanargmax(mean)) + 1}'
-                 f' of {n}, {len(dirs)} run{"s" if len(dirs) > 1 else ""})')
+                 f'{best:.4f} (round {best_round} of {n}, {len(dirs)} '
+                 f'run{"s" if len(dirs) > 1 else ""})')
   return lines
 
 

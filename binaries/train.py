@@ -172,8 +172,7 @@ def _summary(root_dir: str, result, seconds: float,
              curves: str | None) -> str:
   # From the CSV, which holds every round of the run, resumed or not.
   history = plots.read_metrics(root_dir)
-  best = max((a, int(r)) for r, a in zip(history['round'],
-                                         history['test/accuracy']) if a == a)
+  best = plots.best_round(history['test/accuracy'], history['round'])
   resumed = (f', resumed after round {result.resumed_after}'
              if result.resumed_after else '')
   lines = [

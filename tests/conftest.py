@@ -1,14 +1,20 @@
-"""Session-wide test setup: TFF's local context, and no leaked workers.
+"""Session-wide test setup: a home of its own, TFF's local context, and no
+leaked workers.
 
-The session installs TFF's local C++ context once (with tff_kd's reaper) and,
-when it ends, shuts the context down and fails the run if any
-`worker_binary` child of this process is still alive.
+Before anything imports TensorFlow, the session moves HOME and the tfds,
+Keras and XDG caches into one temporary folder (`tests/hermetic.py`). It
+installs TFF's local C++ context once (with tff_kd's reaper) and, when it
+ends, shuts the context down and fails the run if any `worker_binary` child
+of this process is still alive, or if the session wrote into the user's
+real home or into files of the checkout that git does not ignore.
 """
 
 import os
-import subprocess
 import time
 
+from tests import hermetic
+
+_OWNS_HOME = hermetic.enter()
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
 # The tests opt in to tff_kd's process set-up before anything imports TFF.
@@ -93,34 +99,32 @@ def tff_context():
 
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_repo_entries_at_start: set[str] = set()
+_before: dict = {}
 
 
-def _new_repo_entries() -> list[str]:
-  """Top-level entries of the checkout made since the session started that
-  git does not ignore (a test writing into the checkout, e.g. a run with
-  an empty --root_dir wrote client_data/ and logs/ there once)."""
-  new = sorted(set(os.listdir(_REPO)) - _repo_entries_at_start)
-  if not new or not os.path.exists(os.path.join(_REPO, '.git')):
-    return []
-  ignored = subprocess.run(
-      ['git', '-C', _REPO, 'check-ignore', '--', *new], capture_output=True,
-      text=True, check=False).stdout.split()
-  return [n for n in new if n not in ignored]
+def _is_controller(session) -> bool:
+  """The process that runs the session (pytest-xdist's workers are not)."""
+  return not hasattr(session.config, 'workerinput')
 
 
 def pytest_sessionstart(session):
-  _repo_entries_at_start.update(os.listdir(_REPO))
+  if _is_controller(session):
+    _before.update(hermetic.snapshot(
+        os.environ[hermetic.REAL_HOME_ENV], _REPO))
 
 
 def pytest_sessionfinish(session, exitstatus):
   from tff_kd.program import context  # pylint: disable=g-import-not-at-top
   context.shutdown()
-  written = _new_repo_entries()
-  if written:
-    print(f'\nERROR: the test session wrote into the checkout {_REPO}: '
-          f'{written}')
-    session.exitstatus = 1
+  if _is_controller(session) and _before:
+    written = hermetic.changes(_before, hermetic.snapshot(
+        os.environ[hermetic.REAL_HOME_ENV], _REPO))
+    if written:
+      print('\nERROR: the test session wrote outside its temporary folders '
+            "and the checkout's ignored paths:\n  " + '\n  '.join(written))
+      session.exitstatus = 1
+  if _OWNS_HOME:
+    hermetic.leave()
   leaked = live_workers(psutil.Process())
   if leaked:
     print(f'\nERROR: worker_binary processes survived the test session: '

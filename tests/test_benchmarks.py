@@ -64,3 +64,27 @@ def test_fedd3a_protocol_refuses_a_record_of_other_settings(tmp_path):
       f'fedd3a_protocol: error: {out}.json holds runs with other settings; '
       'choose another --out']
   assert not (tmp_path / 'tfds').exists()
+
+
+def test_compare_methods_titles_the_dataset_it_compares(tmp_path):
+  """A Fashion-MNIST config's report says so. The one run is recorded
+  already, so the benchmark only rebuilds its summary: no training."""
+  out = tmp_path / 'compare'
+  (out / 'runs').mkdir(parents=True)
+  (out / 'runs' / 'fedavg_s0.json').write_text(json.dumps(dict(
+      variant='fedavg', method='fedavg', seed=0, accuracy=[0.5, 0.6],
+      train_loss=[1.0, 0.8], final_accuracy=0.6, seconds_per_round=1.0,
+      metrics={})))
+  tag = uuid.uuid4().hex
+  proc = subprocess.run(
+      [sys.executable, '-m', 'benchmarks.compare_methods',
+       '--config=configs/dafkd_fashion_mnist.py', '--variants=fedavg',
+       '--seeds=0', f'--root_dir={tmp_path / "root"}', f'--out={out}'],
+      cwd=ROOT, capture_output=True, text=True, timeout=300,
+      env={**os.environ, 'TF_CPP_MIN_LOG_LEVEL': '3', WORKER_TAG_ENV: tag})
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  report = (out / 'summary.md').read_text().splitlines()
+  assert report[0] == ('# Method comparison on fashion_mnist '
+                       '(benchmarks/compare_methods.py)')
+  assert report[4].startswith('fashion_mnist (first ')
+  wait_for_no_tagged_workers(tag)

@@ -7,6 +7,13 @@ itself there); the resumed run must hold every round exactly once in
 `metrics.csv` and TensorBoard, name the best round from the CSV, and leave
 no half-written `*_temp*` entries. SIGINT (Ctrl-C) and SIGTERM go to the
 whole process group, as a terminal sends them, the TFF worker included.
+
+In-process runs (digits, `helpers.digits_config`) stop at that instant by an
+exception from the same hook, then restart in the two ways where only the
+run's own drop of the metrics released past its checkpoint
+(`releases.drop_after`) removes them, as TFF's CSV release manager replaces
+the rows from a key on only when it releases one: a resumed run that dies
+before its first release, and a restart with no round left to run.
 """
 
 import os
@@ -18,6 +25,9 @@ import pytest
 
 from tests.conftest import live_workers
 from tests.faults import common
+from tests.helpers import digits_config
+from tff_kd.program import checkpoints
+from tff_kd.program import experiment
 from tff_kd.program import loop
 from tff_kd.program import plots
 
@@ -76,3 +86,60 @@ def test_a_signal_to_the_process_group_is_one_line(tmp_path, signum):
   for worker in workers:
     assert not worker.is_running() or (
         worker.status() == psutil.STATUS_ZOMBIE)
+
+
+class _Killed(Exception):
+  """Stands in for a kill of an in-process run."""
+
+
+def _stopped_between_metrics_and_checkpoint(root: str, monkeypatch) -> None:
+  """Leaves `root` as the kill test's first run does: rounds 1 and 2 in
+  the CSV and TensorBoard, round 1 the newest checkpoint."""
+
+  def before_checkpoint(round_num: int) -> None:
+    if round_num == 2:
+      raise _Killed(round_num)
+
+  with monkeypatch.context() as m:
+    m.setattr(loop, '_before_checkpoint', before_checkpoint)
+    with pytest.raises(_Killed):
+      experiment.run(digits_config(rounds=3, export=False), root,
+                     progress=False)
+  assert checkpoints.last_saved_round(root) == 1
+  assert common.csv_rounds(root) == [1, 2]
+  assert common.tensorboard_steps(root) == [1, 2]
+
+
+def test_a_resume_that_dies_before_its_first_release_keeps_no_stale_round(
+    tmp_path, monkeypatch):
+  root = str(tmp_path / 'run')
+  _stopped_between_metrics_and_checkpoint(root, monkeypatch)
+  released = []
+
+  def release(manager, value, key):
+    del manager, value  # Unused: the run dies here.
+    released.append(key)
+    raise _Killed(key)
+
+  monkeypatch.setattr(loop, '_release', release)
+  with pytest.raises(_Killed):
+    experiment.run(digits_config(rounds=3, export=False), root,
+                   progress=False)
+  # It trained round 2 again and died just before releasing it.
+  assert released == [2]
+  assert checkpoints.last_saved_round(root) == 1
+  assert common.csv_rounds(root) == [1]
+  assert common.tensorboard_steps(root) == [1]
+
+
+def test_a_restart_with_no_round_left_keeps_no_stale_round(tmp_path,
+                                                          monkeypatch):
+  root = str(tmp_path / 'run')
+  _stopped_between_metrics_and_checkpoint(root, monkeypatch)
+  # `rounds` at the checkpoint's round: nothing to run, nothing released.
+  result = experiment.run(digits_config(rounds=1, export=False), root,
+                          progress=False)
+  assert result.resumed_after == 1 and result.history == []
+  assert checkpoints.last_saved_round(root) == 1
+  assert common.csv_rounds(root) == [1]
+  assert common.tensorboard_steps(root) == [1]

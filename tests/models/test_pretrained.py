@@ -11,6 +11,7 @@ import tensorflow as tf
 from tff_kd import errors
 from tff_kd import models
 from tff_kd.models import pretrained
+from tff_kd.models import pretraining
 from tff_kd.program import export
 
 _SHAPE = (8, 8, 1)
@@ -102,6 +103,46 @@ def test_weights_settings_are_checked():
     models.parse_weights_list('imagenet', 'cnn,keras:MobileNetV2', key='k')
   with pytest.raises(errors.ConfigError, match="entry for 'cnn'"):
     models.parse_weights_list('imagenet,', 'cnn,keras:MobileNetV2', key='k')
+
+
+@pytest.mark.parametrize('value,match', [
+    ('pretrain:svhn', "expected 'pretrain:<dataset>'"),
+    ('pretrain:digits?epochs=0', 'epochs must be >= 1'),
+    ('pretrain:digits?steps=3', "optional '\\?epochs=N&limit=N'"),
+    ('pretrain:digits?epochs=2&epochs=3', 'expected'),
+    ('pretrain:digits?limit=-1', 'expected'),
+    ('pretrain:digits?epochs', 'expected'),
+])
+def test_pretrain_settings_are_checked_as_text(value, match):
+  with pytest.raises(errors.ConfigError, match=match) as e:
+    models.check_weights('model.weights', value, 'cnn')
+  assert '\n' not in str(e.value)
+
+
+def test_pretrain_settings_need_no_file_and_name_their_cache(
+    tmp_path, monkeypatch):
+  monkeypatch.setenv('HOME', str(tmp_path / 'empty_home'))
+  for value in ('pretrain:fashion_mnist', 'pretrain:usps?limit=500',
+                'pretrain:digits?epochs=2&limit=100'):
+    models.check_weights('model.weights', value, 'resnet11')
+  assert models.parse_weights_list(
+      'pretrain:digits,', 'cnn,resnet11', key='k') == ['pretrain:digits', '']
+  with pytest.raises(errors.ConfigError, match="library's own models"):
+    models.check_weights('model.weights', 'pretrain:digits',
+                         'keras:MobileNetV2')
+  names = {
+      pretraining.cache_path(pretraining.parse_spec(v), data_dir='~/d',
+                             model='cnn', norm='batch',
+                             image_shape=(32, 32, 3), seed=0)
+      for v in ('pretrain:fashion_mnist', 'pretrain:fashion_mnist?epochs=5',
+                'pretrain:fashion_mnist?epochs=1&limit=64')}
+  home = str(tmp_path / 'empty_home')
+  assert names == {
+      f'{home}/d/tff_kd_pretrained/cnn_batch_32x32x3_fashion_mnist_seed0'
+      '.weights.h5',
+      f'{home}/d/tff_kd_pretrained/cnn_batch_32x32x3_fashion_mnist_seed0'
+      '_e1_n64.weights.h5'}
+  assert not os.path.exists(home)
 
 
 def test_imagenet_offline_is_one_line_naming_the_cache(tmp_path, monkeypatch):

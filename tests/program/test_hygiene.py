@@ -5,11 +5,15 @@ import signal
 import subprocess
 import sys
 import textwrap
+import uuid
 
 import psutil
 import pytest
 
 from tests.conftest import live_workers
+from tests.conftest import tagged_workers
+from tests.conftest import wait_for_no_tagged_workers
+from tests.conftest import WORKER_TAG_ENV
 
 _SCRIPT = textwrap.dedent("""
     import os, signal, sys
@@ -59,3 +63,50 @@ def test_worker_dies_with_python(ending):
   assert not alive, f'worker_binary {alive} outlived its parent'
   # TFF's own __del__ must not spray a traceback at interpreter exit.
   assert 'Exception ignored' not in proc.stderr
+
+
+# Scripts that import tff_kd and use TFF without `context.install()`.
+_MEAN = textwrap.dedent("""
+    import numpy as np
+    import tff_kd
+    from tff_kd.program import context
+    from tff_kd.program import experiment  # Imports TFF.
+    import tensorflow_federated as tff
+
+    @tff.federated_computation(tff.FederatedType(np.float32, tff.CLIENTS))
+    def mean(x):
+      return tff.federated_mean(x)
+""")
+_WITHOUT_INSTALL = {
+    'import': _MEAN,  # TFF's default context is set, never used.
+    'default_context': _MEAN + 'assert mean([1.0, 3.0]) == 2.0\n',
+    'local_context': _MEAN + ('context.set_local_context()\n'
+                              'assert mean([1.0, 3.0]) == 2.0\n'),
+}
+
+
+@pytest.mark.parametrize('case,background', [
+    ('import', False), ('default_context', False), ('default_context', True),
+    ('local_context', False)])
+def test_exit_without_install_is_quiet_and_leaves_no_worker(
+    case, background, tmp_path):
+  tag = uuid.uuid4().hex  # Marks the script's workers (conftest.py).
+  # Files, not pipes: a surviving worker would hold a pipe open.
+  with open(tmp_path / 'out', 'w+') as out, open(tmp_path / 'err',
+                                                'w+') as err:
+    proc = subprocess.run(
+        [sys.executable, '-c', _WITHOUT_INSTALL[case]], stdout=out,
+        stderr=err, timeout=240,
+        env={**os.environ, 'TF_CPP_MIN_LOG_LEVEL': '3',
+             WORKER_TAG_ENV: tag},
+        preexec_fn=_ignore_sigint if background else None)
+    err.seek(0)
+    stderr = err.read()
+  try:
+    assert proc.returncode == 0, stderr[-2000:]
+    assert 'Exception ignored' not in stderr, stderr[-2000:]
+    assert 'Traceback' not in stderr, stderr[-2000:]
+    wait_for_no_tagged_workers(tag)
+  finally:
+    for worker in tagged_workers(tag):  # Only when the test failed.
+      worker.kill()

@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -112,3 +113,24 @@ def test_plot_binary_compares_and_refuses_empty_folders(runs):
   assert proc.returncode == 2
   assert proc.stderr.strip().splitlines()[-1] == (
       f'plot: error: {empty} holds no run (no metrics.csv)')
+
+
+def test_train_and_plot_report_the_first_round_of_the_best(tmp_path):
+  """A tie ([.5, .9, .9]) is round 2 in `train`'s summary and `plot`'s."""
+  from binaries import plot  # pylint: disable=g-import-not-at-top
+  from binaries import train  # pylint: disable=g-import-not-at-top
+
+  run_dir = _fake_run(tmp_path, 'tie', 'fedgen', 0, [0.5, 0.9, 0.9])
+  assert plots.best_round([0.5, 0.9, 0.9]) == (0.9, 2)
+  assert plots.best_round([np.nan, 0.9, 0.9], [4.0, 5.0, 6.0]) == (0.9, 5)
+  assert plot.comparison([run_dir]) == [
+      '  fedgen: final test accuracy 0.9000, best 0.9000 (round 2 of 3, '
+      '1 run)']
+  result = types.SimpleNamespace(  # What `train` reads of a RunResult.
+      final={'round': 3, 'test/accuracy': 0.9}, export_dir=None,
+      resumed_after=0)
+  # pylint: disable-next=protected-access
+  summary = train._summary(run_dir, result, 1.0, None)
+  assert summary.splitlines()[0] == (
+      'final test accuracy 0.9000 after 3 rounds (best 0.9000 in round 2); '
+      '1 s')

@@ -154,3 +154,50 @@ def test_a_run_folder_is_not_resumed_with_other_weights(tmp_path):
                      match="different 'model.weights' \\(''"):
     checkpoints.check_resumable(
         smoke_config('fedavg', **{'model.weights': path}), str(tmp_path))
+
+
+def test_a_pretrain_setting_is_made_once_and_runs_as_a_cached_file(
+    tmp_path, capfd):
+  """`model.weights='pretrain:...'`: the first run trains and caches the
+  file (in a child process), its round 0 is that file, and a second run
+  reads the cache and is the same run, metric for metric."""
+  data_dir = str(tmp_path / 'data')
+  config = smoke_config('fedavg', rounds=1, **{
+      'model.weights': 'pretrain:digits?epochs=1&limit=300',
+      'dataset.data_dir': data_dir})
+  first = experiment.run(config, str(tmp_path / 'a'), progress=False)
+  made = os.path.join(data_dir, 'tff_kd_pretrained',
+                      'cnn_batch_8x8x1_digits_seed0_e1_n300.weights.h5')
+  assert sorted(os.listdir(os.path.dirname(made))) == [
+      os.path.basename(made), os.path.basename(made) + '.json']
+  assert "pretraining cnn (batch) on digits" in capfd.readouterr().err
+  stamp = os.stat(made).st_mtime_ns
+  second = experiment.run(config, str(tmp_path / 'b'), progress=False)
+  assert 'pretraining' not in capfd.readouterr().err
+  assert os.stat(made).st_mtime_ns == stamp
+  assert first.final == second.final
+  exp = experiment.prepare(config, str(tmp_path / 'c'))
+  model = models.build_classifier('cnn', input_shape=(8, 8, 1),
+                                  num_classes=10, seed=0).model
+  seeded = [v.numpy() for v in model.trainable_weights]
+  model.load_weights(made)
+  start = exp.process.get_model_weights(exp.process.initialize())
+  for a, b, c in zip(start.trainable, model.trainable_weights, seeded):
+    np.testing.assert_array_equal(a, b.numpy())
+  assert not all(np.array_equal(a, c) for a, c in zip(start.trainable,
+                                                      seeded))
+
+
+def test_a_failed_pretraining_is_one_line_before_compute(tmp_path):
+  root = tmp_path / 'run'
+  config = smoke_config('fedavg', **{
+      'model.weights': 'pretrain:usps?epochs=1',
+      'dataset.data_dir': str(tmp_path / 'data'),
+      'dataset.manual_dir': str(tmp_path / 'nothing')})
+  with pytest.raises(errors.ConfigError) as e:
+    experiment.run(config, str(root), progress=False)
+  assert '\n' not in str(e.value)
+  assert e.match(r"^model.weights='pretrain:usps\?epochs=1': pretraining "
+                 r'failed: DataError: ')
+  assert not root.exists() or set(os.listdir(root)) <= {run_folder.LOCK_FILE}
+  assert not os.path.exists(tmp_path / 'data' / 'tff_kd_pretrained')

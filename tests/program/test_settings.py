@@ -199,6 +199,14 @@ _CONFIGS = sorted(p.stem for p in (
 
 
 @pytest.mark.parametrize('name', _CONFIGS)
-def test_every_shipped_config_validates(name):
+def test_every_shipped_config_validates(name, tmp_path, monkeypatch):
+  """On a fresh machine: an empty home, no tfds or Keras cache; a config
+  that needs a generated artefact names how it is made, not a file that an
+  earlier process left behind."""
+  home = tmp_path / 'empty_home'
+  monkeypatch.setenv('HOME', str(home))
+  for name_ in ('TFDS_DATA_DIR', 'KERAS_HOME', 'XDG_CACHE_HOME'):
+    monkeypatch.setenv(name_, str(home / name_.lower()))
   config = importlib.import_module(f'configs.{name}').get_config()
   settings.from_config(config)
+  assert not home.exists()

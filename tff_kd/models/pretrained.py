@@ -7,6 +7,9 @@ A model's weights setting is one of
   (Keras downloads them once into `$KERAS_HOME/models`, by default
   `~/.keras/models`; offline, one `ConfigError` line says so and names the
   folder to put the file in); the new head stays seeded;
+* `'pretrain:<dataset>'`: weights the library makes once by training the
+  classifier on another dataset and caches under the data dir
+  (`tff_kd.models.pretraining`);
 * a path: Keras weights of the *whole* classifier (`Classifier.model`,
   e.g. `model.save_weights('w.weights.h5')` or `benchmarks/pretrain.py`'s
   file): an `.h5` / `.weights.h5` / `.hdf5` file, a TensorFlow checkpoint
@@ -38,6 +41,7 @@ import tensorflow as tf
 
 from tff_kd import errors
 from tff_kd.models import classifiers
+from tff_kd.models import pretraining
 
 IMAGENET = 'imagenet'
 _H5_SUFFIXES = ('.h5', '.hdf5', '.keras')
@@ -67,7 +71,8 @@ def weights_format(path: str) -> Optional[str]:
 
 
 def check_weights(key: str, value: object, model: str = '') -> None:
-  """A checker: '' / None, 'imagenet' (with a `keras:` model) or a path.
+  """A checker: '' / None, 'imagenet' (with a `keras:` model), a
+  `pretrain:` setting (checked without the file system) or a path.
 
   Args:
     key: The config key, for the message.
@@ -89,11 +94,14 @@ def check_weights(key: str, value: object, model: str = '') -> None:
           f"{key}='imagenet' needs a keras:<Application> model, not "
           f'{model!r}; give a weights file instead')
     return
+  if pretraining.is_spec(value):
+    pretraining.check_spec(key, value, model)
+    return
   if weights_format(value) is None:
     raise errors.ConfigError(
         f'{key} {value!r} is not a weights file: expected an existing .h5 / '
         '.weights.h5 file, a TensorFlow checkpoint prefix (with its .index '
-        "file), a SavedModel folder, or 'imagenet'")
+        "file), a SavedModel folder, 'imagenet' or 'pretrain:<dataset>'")
 
 
 def check_weights_list(key: str, value: object) -> None:
@@ -365,7 +373,9 @@ def classifier_builder(name: str, *, input_shape: Sequence[int],
                        num_classes: int, norm: str = 'batch', seed: int = 0,
                        weights: Optional[str] = '',
                        what: str = 'model.weights',
-                       options: Optional[dict] = None) -> ClassifierFn:
+                       options: Optional[dict] = None,
+                       data_dir: str = '~/tensorflow_datasets',
+                       manual_dir: Optional[str] = None) -> ClassifierFn:
   """A no-arg builder of the classifier, starting from `weights`.
 
   With no weights, `functools.partial(build_classifier, ...)`: the seeded
@@ -383,12 +393,16 @@ def classifier_builder(name: str, *, input_shape: Sequence[int],
     weights: '' / None, 'imagenet' or a path (module docstring).
     what: The setting's name, for messages.
     options: Keras Applications' further constructor arguments.
+    data_dir: Where a `pretrain:` setting's weights are cached (and its
+      dataset's tfds files).
+    manual_dir: Raw files of a `pretrain:` setting's dataset.
 
   Returns:
     A no-arg callable returning a fresh `Classifier`.
 
   Raises:
-    ConfigError: as `pretrained_values`, or a bad model name.
+    ConfigError: as `pretrained_values`, a bad model name, or a
+      `pretrain:` setting whose pretraining failed.
   """
   build = functools.partial(classifiers.build_classifier, name,
                             input_shape=tuple(input_shape),
@@ -396,6 +410,9 @@ def classifier_builder(name: str, *, input_shape: Sequence[int],
                             **({'options': dict(options)} if options else {}))
   if not weights:
     return build
+  weights = pretraining.resolve(
+      weights, key=what, model=name, norm=norm, image_shape=input_shape,
+      seed=seed, data_dir=data_dir, manual_dir=manual_dir)
   values = pretrained_values(name, input_shape=input_shape,
                              num_classes=num_classes, norm=norm, seed=seed,
                              weights=weights, what=what, options=options)

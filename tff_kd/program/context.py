@@ -137,13 +137,40 @@ def shutdown() -> int:
     _children.clear()
     _prestarted = None
   killed = sum(_kill_keeping_zombie(c) for c in children)
-  if _installed:
+  if 'tensorflow_federated' in sys.modules:
     from tensorflow_federated.python.core.impl.context_stack import set_default_context  # pylint: disable=g-import-not-at-top
     set_default_context.set_no_default_context()
     gc.collect()
   for child in children:
     child.poll()  # Reaps what TFF's clean-up did not.
   return killed
+
+
+def _kill_if_alive(pid: int, unused_signum: int) -> None:
+  """`os.kill` with SIGKILL, doing nothing for a pid that is gone."""
+  _signal_if_alive(pid, signal.SIGKILL)
+
+
+def exit_quietly() -> None:
+  """`shutdown`, at exit, for a process that imported TFF without `install()`.
+
+  Importing TFF sets its local C++ context as the default; dropped only in
+  interpreter teardown, after `subprocess` is gone, its clean-up printed
+  "Exception ignored in: ... ServiceManager.__del__ ... AttributeError:
+  'NoneType' object has no attribute 'Popen'" (and left a worker it had
+  started running). Dropped here, while modules are alive, the clean-up
+  stops the worker; with SIGKILL, as a worker that inherited an ignored
+  SIGINT (a program started in the background) would never stop on TFF's
+  SIGINT and the exit would wait for it forever. `tff_kd` registers this
+  with `atexit` when it is imported; `install()` registers `shutdown`
+  itself, so then this does nothing.
+  """
+  if _installed:
+    return
+  from tensorflow_federated.python.core.impl.executor_stacks import executor_factory  # pylint: disable=g-import-not-at-top
+  executor_factory.os = types.SimpleNamespace(path=os.path,
+                                              kill=_kill_if_alive)
+  shutdown()
 
 
 def start_reaped(args: list[str]) -> subprocess.Popen:

@@ -76,6 +76,31 @@ def read_metrics(run_dir: str) -> dict[str, list[float]]:
   return history
 
 
+def best_round(values: Sequence[float],
+               rounds: Optional[Sequence[float]] = None) -> tuple[float, int]:
+  """The best (highest) value and the first round that reached it.
+
+  `train`'s summary and `plot --compare` both report a run's best round
+  with it, so that a tie names the same (the earliest) round in both.
+
+  Args:
+    values: Per-round values (e.g. test accuracy); NaN ones are skipped.
+    rounds: Their rounds, as `read_metrics` gives them (default: 1, 2, ...).
+
+  Returns:
+    (best value, its first round).
+
+  Raises:
+    DataError: no value is a number.
+  """
+  rounds = range(1, len(values) + 1) if rounds is None else rounds
+  numbers = [(v, int(r)) for r, v in zip(rounds, values) if not math.isnan(v)]
+  if not numbers:
+    raise errors.DataError('no round logged a value')
+  best = max(v for v, _ in numbers)
+  return best, next(r for v, r in numbers if v == best)
+
+
 def _number(value) -> float:
   try:
     return float(value)

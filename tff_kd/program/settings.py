@@ -222,7 +222,10 @@ class ModelSettings(hp.Hparams):
     norm: Its normalisation layers, one of `tff_kd.models.NORMS` (unused
       by Keras Applications, which keep their own).
     weights: Its initial weights: '' (seeded random), 'imagenet' (Keras
-      Applications only; downloaded by Keras when online), or a path to
+      Applications only; downloaded by Keras when online),
+      'pretrain:<dataset>[?epochs=N&limit=N]' (the model trained on another
+      dataset once, by the first run that needs it, and cached under
+      `dataset.data_dir`: `tff_kd.models.pretraining`), or a path to
       Keras weights of the whole classifier (.h5 / .weights.h5, a
       TensorFlow checkpoint prefix) or a Keras SavedModel
       (`tff_kd.models.pretrained`). They are the round-0 weights of the

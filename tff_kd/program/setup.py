@@ -376,7 +376,8 @@ def _classifier_builders(config: ml_collections.ConfigDict,
       models.classifier_builder(
           name, input_shape=dataset.x_train.shape[1:],
           num_classes=dataset.num_classes, norm=norm, seed=config.seed,
-          weights=weights, what=what)
+          weights=weights, what=what, data_dir=config.dataset.data_dir,
+          manual_dir=config.dataset.manual_dir or None)
       for (name, norm), (weights, what) in zip(
           validation.prototypes(config),
           validation.prototype_weights(config))]

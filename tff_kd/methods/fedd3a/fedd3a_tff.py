@@ -632,7 +632,9 @@ def build_from_config(
       models.model_fn_of(models.classifier_builder(
           name, input_shape=input_shape, num_classes=inputs.num_classes,
           norm=norm, seed=config.seed, weights=weights,
-          what=f'fedd3a.client_weights entry {i}'))
+          what=f'fedd3a.client_weights entry {i}',
+          data_dir=config.dataset.data_dir,
+          manual_dir=config.dataset.manual_dir or None))
       for i, ((name, norm), weights) in enumerate(zip(
           models.parse_model_list(f.client_models,
                                   default_norm=config.model.norm,
