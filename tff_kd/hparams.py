@@ -99,7 +99,7 @@ def boolean(key: str, value: Any) -> None:
 
 
 def one_of(*choices: str) -> Checker:
-  """A checker accepting exactly `choices`."""
+  """A checker accepting exactly `choices`, which its docstring lists."""
 
   def check(key: str, value: Any) -> None:
     if value not in choices:
@@ -107,6 +107,7 @@ def one_of(*choices: str) -> Checker:
           f'{key} {value!r} is unknown; choose one of '
           f"{', '.join(repr(c) if not c else c for c in choices)}")
 
+  check.__doc__ = f"One of {', '.join(repr(c) for c in choices)}."
   return check
 
 

@@ -235,7 +235,7 @@ def test_warm_up_leaves_no_compiling_for_the_first_round(tmp_path):
 
 
 def test_evaluations_still_work_after_another_process_is_built(tmp_path):
-  """prepare, build_dataset_process, then evaluate (the README's API).
+  """prepare, build_dataset_process, then evaluate (docs/API.md).
 
   Building a process makes Keras models in a graph, which used to leave the
   evaluators' eagerly made model in Keras's "invalid state".

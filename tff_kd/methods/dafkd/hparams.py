@@ -39,7 +39,7 @@ class DaFKDHparams(hp.Hparams):
       eq. (8)'s target (largest KL, `distillation.hardest_samples`);
       1 (the paper): no selection.
     noise_dim: The generator's noise size (paper: 100).
-    generator_hidden: The MLP generator's FC+BN+LeakyReLU hp.widths, a comma
+    generator_hidden: The MLP generator's FC+BN+LeakyReLU widths, a comma
       list.
     generator_learning_rate: The generator's Adam learning rate (paper
       1e-3).
