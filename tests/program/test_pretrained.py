@@ -56,18 +56,26 @@ def test_weights_file_is_the_round0_model_of_a_run(tmp_path):
   assert not all(np.array_equal(a, b) for a, b in zip(trained, expected))
 
 
+def _refused_before_anything_is_written(config, root, match: str) -> None:
+  """`experiment.run` ends in one `ConfigError` line matching `match` and
+  leaves nothing in `root` but the run folder's lock, which every run takes
+  first."""
+  with pytest.raises(errors.ConfigError) as e:
+    experiment.run(config, str(root), progress=False)
+  assert '\n' not in str(e.value)
+  assert e.match(match)
+  assert not root.exists() or set(os.listdir(root)) <= {run_folder.LOCK_FILE}
+
+
 def test_mismatched_file_is_refused_before_anything_is_written(tmp_path):
   path = str(tmp_path / 'rgb.h5')
   _weights_file(path, input_shape=(8, 8, 3))  # The digits are grey.
   root = tmp_path / 'run'
   config = smoke_config('fedavg', **{'model.weights': path})
-  with pytest.raises(errors.ConfigError) as e:
-    experiment.run(config, str(root), progress=False)
-  assert '\n' not in str(e.value)
-  assert e.match(rf'^model.weights: {path} does not fit the model: variable '
-                 r'0 is \S+ \(3, 3, 3, 6\) in the file but \S+ \(3, 3, 1, 6\)')
-  # Nothing but the run folder's lock, which every run takes first.
-  assert not root.exists() or set(os.listdir(root)) <= {run_folder.LOCK_FILE}
+  _refused_before_anything_is_written(
+      config, root,
+      rf'^model.weights: {path} does not fit the model: variable 0 is \S+ '
+      r'\(3, 3, 3, 6\) in the file but \S+ \(3, 3, 1, 6\)')
 
 
 @pytest.mark.parametrize('overrides,match', [
@@ -194,10 +202,8 @@ def test_a_failed_pretraining_is_one_line_before_compute(tmp_path):
       'model.weights': 'pretrain:usps?epochs=1',
       'dataset.data_dir': str(tmp_path / 'data'),
       'dataset.manual_dir': str(tmp_path / 'nothing')})
-  with pytest.raises(errors.ConfigError) as e:
-    experiment.run(config, str(root), progress=False)
-  assert '\n' not in str(e.value)
-  assert e.match(r"^model.weights='pretrain:usps\?epochs=1': pretraining "
-                 r'failed: DataError: ')
-  assert not root.exists() or set(os.listdir(root)) <= {run_folder.LOCK_FILE}
+  _refused_before_anything_is_written(
+      config, root,
+      r"^model.weights='pretrain:usps\?epochs=1': pretraining failed: "
+      'DataError: ')
   assert not os.path.exists(tmp_path / 'data' / 'tff_kd_pretrained')

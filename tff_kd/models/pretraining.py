@@ -97,14 +97,16 @@ def parse_spec(value: str, key: str = 'model.weights') -> Spec:
   return spec
 
 
-def check_spec(key: str, value: str, model: str = '') -> None:
-  """Checks a `pretrain:` setting (its syntax and the model it goes with)."""
+def check_spec(key: str, value: str, model: str = '') -> Spec:
+  """Checks a `pretrain:` setting (its syntax and the model it goes with)
+  and returns it parsed."""
   from tff_kd.models import classifiers  # pylint: disable=g-import-not-at-top
-  parse_spec(value, key)
+  spec = parse_spec(value, key)
   if model and classifiers.is_application(model):
     raise errors.ConfigError(
         f"{key}={value!r} pretrains the library's own models; a "
         f"{model!r} backbone takes 'imagenet' or a weights file")
+  return spec
 
 
 def cache_path(spec: Spec, *, data_dir: str, model: str, norm: str,
@@ -195,8 +197,7 @@ def resolve(value: str, *, key: str, model: str, norm: str,
   """
   if not is_spec(value):
     return value
-  check_spec(key, value, model)
-  spec = parse_spec(value, key)
+  spec = check_spec(key, value, model)
   path = cache_path(spec, data_dir=data_dir, model=model, norm=norm,
                     image_shape=image_shape, seed=seed)
   if os.path.isfile(path):
