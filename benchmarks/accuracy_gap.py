@@ -51,7 +51,7 @@ import tensorflow_federated as tff
 from benchmarks import common
 from configs import fedgen_mnist
 from tff_kd.core import local_training
-from tff_kd.program import context
+from tff_kd.runtime import context
 context.install()  # The program opts in to tff_kd's process set-up.
 from tff_kd.program import checkpoints
 from tff_kd.program import setup

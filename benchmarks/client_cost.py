@@ -35,7 +35,7 @@ from absl import flags
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
-from tff_kd.program import context  # pylint: disable=g-import-not-at-top
+from tff_kd.runtime import context  # pylint: disable=g-import-not-at-top
 context.install()
 import tensorflow as tf  # pylint: disable=g-import-not-at-top,g-bad-import-order
 import tensorflow_federated as tff  # pylint: disable=g-bad-import-order

@@ -38,7 +38,7 @@ from benchmarks import common as bench
 from tff_kd.federated import learning
 from tff_kd.methods import common
 from tff_kd.program import checkpoints
-from tff_kd.program import context
+from tff_kd.runtime import context
 from tff_kd.program import sampling
 from tff_kd.program import settings
 from tff_kd.program import setup

@@ -72,7 +72,7 @@ from tff_kd.methods.dafkd import dafkd_tff
 from tff_kd.methods.dafkd import gan
 from tff_kd.methods.dafkd import hparams as hparams_lib
 from tff_kd.program import checkpoints
-from tff_kd.program import context
+from tff_kd.runtime import context
 from tff_kd.program import experiment
 from tff_kd.program import sampling
 from tff_kd.program import settings as settings_lib

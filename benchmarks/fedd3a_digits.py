@@ -38,7 +38,7 @@ from typing import Optional, Sequence
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
-from tff_kd.program import context  # pylint: disable=g-import-not-at-top
+from tff_kd.runtime import context  # pylint: disable=g-import-not-at-top
 context.install()  # The program opts in to tff_kd's process set-up.
 from tff_kd.program import experiment
 from tff_kd.program import settings

@@ -47,7 +47,7 @@ from typing import NoReturn
 
 from benchmarks import common
 from benchmarks import fedd3a_digits as digits  # Defines the shared flags.
-from tff_kd.program import context
+from tff_kd.runtime import context
 
 from absl import app  # pylint: disable=g-bad-import-order
 from absl import flags

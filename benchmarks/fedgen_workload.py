@@ -45,7 +45,7 @@ from typing import Optional
 _T_IMPORTS = time.perf_counter()  # Before TensorFlow / TFF / tff_kd imports.
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
-from tff_kd.program import context  # pylint: disable=g-import-not-at-top
+from tff_kd.runtime import context  # pylint: disable=g-import-not-at-top
 context.install()  # The program opts in to tff_kd's process set-up.
 from tff_kd.program import experiment
 

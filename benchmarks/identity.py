@@ -36,7 +36,7 @@ import numpy as np
 import tensorflow as tf
 
 from configs import digits
-from tff_kd.program import context
+from tff_kd.runtime import context
 context.install()  # The program opts in to tff_kd's process set-up.
 from tff_kd.program import experiment
 from tff_kd.program import settings

@@ -6,7 +6,7 @@ The FedGen reference workload (`configs/fedgen_mnist.py`: MNIST, 20 users,
 
 * `local`: TFF's local C++ runtime (one `worker_binary` child);
 * `remote1`: one loopback `worker_binary` service through
-  `tff_kd.program.runtime.remote_context` (TFF's mergeable context);
+  `tff_kd.runtime.workers.remote_context` (TFF's mergeable context);
 * `remote2`: two loopback services; each runs half of a round's clients.
 
 Runs alternate (local, remote1, remote2, local, ...) so that load drifts hit
@@ -32,10 +32,10 @@ import tensorflow_federated as tff
 
 from benchmarks import common
 from configs import fedgen_mnist
-from tff_kd.program import context
+from tff_kd.runtime import context
 context.install()  # The program opts in to tff_kd's process set-up.
 from tff_kd.program import experiment
-from tff_kd.program import runtime
+from tff_kd.runtime import workers
 
 _MANUAL_DIR = flags.DEFINE_string('manual_dir', '../shared/data/mnist',
                                   'Raw MNIST IDX files.')
@@ -67,7 +67,7 @@ def _run(config, setting: str, addresses: list[str], root: str) -> dict:
   else:
     group = addresses[:1] if setting == 'remote1' else addresses[1:3]
     with tff.framework.get_context_stack().install(
-        runtime.remote_context(group)):
+        workers.remote_context(group)):
       result = experiment.run(config, root, progress=False)
   times = [h['time/train_s'] for h in result.history[1:]]
   return dict(setting=setting, median_train_s=statistics.median(times),
@@ -100,8 +100,8 @@ def _markdown(report: dict) -> str:
 def main(argv):
   del argv
   context.set_local_context()
-  workers = runtime.start_local_workers(3)
-  addresses = [a for a, _ in workers]
+  started = workers.start_local_workers(3)
+  addresses = [a for a, _ in started]
   report = dict(
       command=common.command('remote_workers'), machine=common.machine(),
       rows=[])
@@ -117,7 +117,7 @@ def main(argv):
           print(method, repeat, runs[-1], flush=True)
         report['rows'].append(dict(method=method, repeat=repeat, runs=runs))
   finally:
-    runtime.stop_workers(workers)
+    workers.stop_workers(started)
   print(common.write_result(_OUT.value, report, _markdown))
 
 

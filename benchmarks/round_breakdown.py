@@ -68,17 +68,17 @@ from tff_kd.core import local_training
 from tff_kd.data import datasets as datasets_lib
 from tff_kd.federated import client_data as client_data_lib
 from tff_kd.federated import learning
-from tff_kd.program import context
+from tff_kd.runtime import context
 context.install()  # The program opts in to tff_kd's process set-up.
 from tff_kd.program import evaluation
-from tff_kd.program import aio
+from tff_kd.runtime import aio
 from tff_kd.program import checkpoints
 from tff_kd.program import loop
 from tff_kd.program import setup
 from tff_kd.program import validation
 from tff_kd.program import experiment
 from tff_kd.program import sampling
-from tff_kd.program import server_stage
+from tff_kd.runtime import server_stage
 from tff_kd.methods import common
 _IMPORTS['tff_kd (program, algorithms)'] = time.perf_counter() - _t
 _t = time.perf_counter()

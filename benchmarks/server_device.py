@@ -2,7 +2,7 @@ r"""Server step in TFF's runtime vs in the driver: seconds and accuracy.
 
 `runtime.server_device` moves a KD method's server step (distillation,
 generator training) out of TFF's `worker_binary`, which has no CUDA, into
-the driver's TensorFlow (`tff_kd.program.server_stage`). On a machine with
+the driver's TensorFlow (`tff_kd.runtime.server_stage`). On a machine with
 no GPU both modes run on the CPU; this measures what the move costs there
 (the aggregate leaves the runtime every round; the step runs in a session
 of the driver) and that the runs agree. A GPU speed-up can only be measured
@@ -30,7 +30,7 @@ from absl import flags
 
 from benchmarks import common
 from configs import compare_mnist
-from tff_kd.program import context
+from tff_kd.runtime import context
 context.install()  # The program opts in to tff_kd's process set-up.
 from tff_kd.program import experiment
 

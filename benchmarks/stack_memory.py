@@ -4,7 +4,7 @@ The KD methods collect every client's value at the server with
 `tff_kd.federated.stacking.build_stacking_aggregator`. This measures one
 call of its `next` on K clients (all with weight 1, M = K slots), each
 value P float32 numbers split over `--leaves` tensors, under the local C++
-context that the library uses (`tff_kd.program.context.set_local_context`,
+context that the library uses (`tff_kd.runtime.context.set_local_context`,
 a `worker_binary` child process), for two formulations:
 
 * `dense`: `build_dense_stacking_aggregator`, one [M, ...] `Stack` as the
@@ -125,7 +125,7 @@ def measure_one(variant: str, params: int, clients: int,
   Returns:
     The setting and its memory and time figures (MB, seconds).
   """
-  from tff_kd.program import context  # pylint: disable=g-import-not-at-top
+  from tff_kd.runtime import context  # pylint: disable=g-import-not-at-top
   context.install()
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   from tff_kd.federated import stacking  # pylint: disable=g-import-not-at-top

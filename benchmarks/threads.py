@@ -5,7 +5,7 @@ TFF's local C++ runtime runs every client computation of a round at once
 all cores (`TF_NUM_INTRAOP_THREADS` unset). For this library's small models
 both cost time: the ops are too small to split, and ten concurrent clients
 on two cores contend. `runtime.concurrent_clients` and
-`runtime.intra_op_threads` (`tff_kd.program.context`) set them.
+`runtime.intra_op_threads` (`tff_kd.runtime.context`) set them.
 
 This runs `benchmarks/fedgen_workload.py --pure_tf_rounds=0` (the FedGen
 reference workload: 10 clients x 20 steps per round, evaluation every

@@ -29,7 +29,7 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 # tff_kd (and with it TFF) is imported before absl runs `main`: importing TFF
 # inside `app.run` leaves Keras building graph-mode SymbolicTensors instead
 # of KerasTensors, which breaks functional models.
-from tff_kd.program import context  # pylint: disable=g-import-not-at-top
+from tff_kd.runtime import context  # pylint: disable=g-import-not-at-top
 context.install()
 from tff_kd import errors  # pylint: disable=g-import-not-at-top,g-bad-import-order
 from tff_kd.program import checkpoints  # pylint: disable=g-import-not-at-top

@@ -12,13 +12,13 @@ private network or behind a TLS-terminating proxy (docs/DISTRIBUTED.md).
 
 import os
 
-from tff_kd.program import context
+from tff_kd.runtime import context
 context.install()  # Before `runtime` imports TensorFlow Federated.
 
 from absl import app  # pylint: disable=g-import-not-at-top,g-bad-import-order
 from absl import flags  # pylint: disable=g-import-not-at-top
 
-from tff_kd.program import runtime  # pylint: disable=g-import-not-at-top
+from tff_kd.runtime import workers  # pylint: disable=g-import-not-at-top
 
 _PORT = flags.DEFINE_integer('port', 8000, 'gRPC port to serve on.')
 _CONCURRENT_CLIENTS = flags.DEFINE_integer(
@@ -35,7 +35,7 @@ def main(argv: list[str]) -> None:
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
   if not 0 < _PORT.value < 65536:
     raise app.UsageError(f'--port must be in [1, 65535], got {_PORT.value}')
-  command = runtime.worker_command(
+  command = workers.worker_command(
       _PORT.value, concurrent_clients=_CONCURRENT_CLIENTS.value)
   print(f'tff_kd_worker: serving TFF worker on port {_PORT.value} '
         f'({command[0]})', flush=True)

@@ -18,7 +18,7 @@ _OWNS_HOME = hermetic.enter()
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
 # The tests opt in to tff_kd's process set-up before anything imports TFF.
-from tff_kd.program import context as _context  # pylint: disable=g-import-not-at-top
+from tff_kd.runtime import context as _context  # pylint: disable=g-import-not-at-top
 _context.install()
 
 import psutil  # pylint: disable=g-import-not-at-top,g-bad-import-order
@@ -92,7 +92,7 @@ def pytest_configure(config):
 
 @pytest.fixture(scope='session', autouse=True)
 def tff_context():
-  from tff_kd.program import context  # pylint: disable=g-import-not-at-top
+  from tff_kd.runtime import context  # pylint: disable=g-import-not-at-top
   context.set_local_context()
   yield
   context.shutdown()
@@ -114,7 +114,7 @@ def pytest_sessionstart(session):
 
 
 def pytest_sessionfinish(session, exitstatus):
-  from tff_kd.program import context  # pylint: disable=g-import-not-at-top
+  from tff_kd.runtime import context  # pylint: disable=g-import-not-at-top
   context.shutdown()
   if _is_controller(session) and _before:
     written = hermetic.changes(_before, hermetic.snapshot(

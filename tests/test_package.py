@@ -13,7 +13,7 @@ import pytest
 _SCRIPT = textwrap.dedent("""
     import sys
     import tff_kd
-    from tff_kd.program import context
+    from tff_kd.runtime import context
     assert 'tensorflow_probability' not in sys.modules  # No side effects.
     context.install()  # Imports TFF, which imports tensorflow_privacy.
     assert 'tensorflow_federated' in sys.modules
@@ -68,7 +68,7 @@ def _run(script: str, tmp_path) -> subprocess.CompletedProcess:
 def test_importing_the_library_has_no_side_effects(tmp_path):
   proc = _run("""
       import sys
-      from tff_kd.program import context
+      from tff_kd.runtime import context
       from tff_kd.program import experiment  # Imports TFF.
       assert type(sys.modules['tensorflow_probability']).__name__ == 'module'
       assert not context._installed  # No worker reaper.
@@ -87,7 +87,7 @@ def test_binaries_defer_tensorflow_probability(tmp_path, binary):
       assert 'tensorflow_federated' in sys.modules
       stand_in = sys.modules['tensorflow_probability']
       assert type(stand_in).__name__ == '_Deferred', type(stand_in)
-      from tff_kd.program import context
+      from tff_kd.runtime import context
       assert context._installed  # The worker reaper.
       print('OK')
   """, tmp_path)

@@ -1,13 +1,13 @@
 """Worker faults are bounded by `runtime.worker_timeout_s`.
 
 Real `worker_binary` services on loopback ports, driven in this process
-through `tff_kd.program.runtime.remote_context` with a short timeout. A
+through `tff_kd.runtime.workers.remote_context` with a short timeout. A
 worker killed between rounds ends the next round with `WorkerError` within
 the timeout plus a few seconds (it used to take 2-3 timeouts: every failing
 call waited the full timeout); a worker that comes back within the timeout
 has its sub-round retried, and the round is the one it would have been.
 (The `train` binary's one line and the resume after a dead worker:
-tests/program/test_runtime.py.)
+tests/runtime/test_workers.py.)
 """
 
 import subprocess
@@ -21,7 +21,7 @@ import tensorflow_federated as tff
 
 from tests.helpers import digits_config
 from tff_kd.program import experiment
-from tff_kd.program import runtime
+from tff_kd.runtime import workers
 from tff_kd.program import sampling
 
 _TIMEOUT_S = 3.0
@@ -29,15 +29,15 @@ _TIMEOUT_S = 3.0
 
 @pytest.fixture
 def two_workers():
-  started = runtime.start_local_workers(2)
+  started = workers.start_local_workers(2)
   yield started
-  runtime.stop_workers(started)
+  workers.stop_workers(started)
 
 
-def _first_round(workers, timeout_s: float, root: str):
+def _first_round(started, timeout_s: float, root: str):
   """(experiment, context, round 1's output, round 2's keys)."""
   config = digits_config(rounds=2, export=False)
-  ctx = runtime.remote_context([a for a, _ in workers], timeout_s=timeout_s)
+  ctx = workers.remote_context([a for a, _ in started], timeout_s=timeout_s)
   with tff.framework.get_context_stack().install(ctx):
     exp = experiment.prepare(config, root)
     keys = [exp.client_data.keys(
@@ -56,7 +56,7 @@ def test_a_dead_worker_ends_the_round_within_the_timeout(tmp_path,
   proc.wait()
   start = time.monotonic()
   with tff.framework.get_context_stack().install(ctx):
-    with pytest.raises(runtime.WorkerError,
+    with pytest.raises(workers.WorkerError,
                        match=f'worker {address} is unreachable'):
       exp.process.next(output.state, keys)
   seconds = time.monotonic() - start
@@ -78,7 +78,7 @@ def test_a_worker_back_within_the_timeout_has_its_round_retried(
   # die with it (PR_SET_PDEATHSIG is per thread): a plain child, killed
   # below.
   timer = threading.Timer(1.0, lambda: back.append(subprocess.Popen(
-      runtime.worker_command(int(address.rsplit(':', 1)[1])),
+      workers.worker_command(int(address.rsplit(':', 1)[1])),
       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)))
   timer.start()
   try:

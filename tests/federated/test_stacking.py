@@ -19,7 +19,7 @@ import tensorflow_federated as tff
 
 from tff_kd.core import stacking as stacking_tf
 from tff_kd.federated import stacking
-from tff_kd.program import runtime
+from tff_kd.runtime import workers
 
 _VALUE_TYPE = tff.types.to_type(collections.OrderedDict(
     a=tff.TensorType(np.float32, [2, 3]),
@@ -86,9 +86,9 @@ def test_more_clients_than_slots_is_a_clear_error():
 
 @pytest.fixture
 def two_workers():
-  started = runtime.start_local_workers(2)
+  started = workers.start_local_workers(2)
   yield [address for address, _ in started]
-  runtime.stop_workers(started)
+  workers.stop_workers(started)
 
 
 def _by_client(stack) -> tuple:
@@ -119,7 +119,7 @@ def test_two_workers_merge_to_the_same_stack(two_workers):
   values = _values(len(weights))
   slots = stacking.build_stacking_aggregator(_VALUE_TYPE, 6)
   with tff.framework.get_context_stack().install(
-      runtime.remote_context(two_workers, timeout_s=30)):
+      workers.remote_context(two_workers, timeout_s=30)):
     out = _next(slots, values, weights)
   expected = _expected(values, weights, 6)
   assert int(out.result.count) == int(expected.count) == 4

@@ -22,7 +22,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tests import helpers
-from tff_kd.program import aio
+from tff_kd.runtime import aio
 from tff_kd.program import checkpoints
 from tff_kd.program import experiment
 from tff_kd.program import sampling

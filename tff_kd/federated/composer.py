@@ -20,7 +20,7 @@ methods, this is where server-side distillation happens).
 The composed process is a `ComposedProcess`: a `LearningProcess` that also
 holds its stages (`Stages`) as a declared field and can be recomposed with
 another finalizer (`with_finalizer`), which
-`tff_kd.program.server_stage` uses to run a KD method's server step
+`tff_kd.runtime.server_stage` uses to run a KD method's server step
 outside the runtime.
 """
 

@@ -668,7 +668,7 @@ class ServerComputation(NamedTuple):
   Attributes:
     computation: The `tff.tensorflow.computation` the TFF runtime runs.
     python_fn: The Python function it was traced from. The driver-side server
-      mode (`tff_kd.program.server_stage`) traces the same function again in
+      mode (`tff_kd.runtime.server_stage`) traces the same function again in
       the driver's own TensorFlow, where device placement applies.
   """
   computation: tff.Computation
@@ -697,7 +697,7 @@ class ServerFinalizer(tff.templates.MeasuredProcess):
   """A finalizer whose server step is one TF computation, kept with it.
 
   Built by `build_server_finalizer`; `server_step` lets
-  `tff_kd.program.server_stage.DriverServerProcess` run the same step
+  `tff_kd.runtime.server_stage.DriverServerProcess` run the same step
   outside the TFF runtime.
   """
 
@@ -722,7 +722,7 @@ def build_server_finalizer(
   `(new_state, new_global_weights, metrics)`, all placed at the server.
 
   The returned `ServerFinalizer` keeps `finalize` as its `server_step`, so
-  that `tff_kd.program.server_stage.DriverServerProcess` can run the same
+  that `tff_kd.runtime.server_stage.DriverServerProcess` can run the same
   step outside the TFF runtime.
 
   Args:

@@ -64,13 +64,13 @@ class Method(NamedTuple):
     needs_server_data: The builder needs `ProcessInputs.server_data`.
     server_step: The server runs one TF step of its own (distillation,
       generator training) that `runtime.server_device` can move out of the
-      TFF runtime (`tff_kd.program.server_stage`).
+      TFF runtime (`tff_kd.runtime.server_stage`).
     hparams: The `hp.Hparams` class of the method's config section
       (`hparams.SECTION`); None for a method with no section of its own.
     uses_distill: The server distils with `config.distill`.
     secure_sum: Whether a config makes the process use secure sums (DaFKD's
       private mode), which only TFF's test context simulates
-      (`tff_kd.program.context.set_context_for`); None: never.
+      (`tff_kd.runtime.context.set_context_for`); None: never.
     groups_clients: The method's clients may be grouped several to a TFF
       client (`runtime.clients_per_call`): its aggregation is a weighted
       mean of updates and it keeps no per-client state or stack.

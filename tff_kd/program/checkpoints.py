@@ -20,7 +20,7 @@ import tensorflow_federated as tff
 from tff_kd import errors
 from tff_kd.methods import common
 from tff_kd.methods import registry
-from tff_kd.program import aio
+from tff_kd.runtime import aio
 from tff_kd.program import settings as settings_lib
 from tff_kd.program import setup
 

@@ -38,15 +38,15 @@ import tqdm
 from tff_kd import errors
 from tff_kd.federated import learning
 from tff_kd.methods import common
-from tff_kd.program import aio
+from tff_kd.runtime import aio
 from tff_kd.program import checkpoints
-from tff_kd.program import context
+from tff_kd.runtime import context
 from tff_kd.program import evaluation
 from tff_kd.program import export
 from tff_kd.program import releases
 from tff_kd.program import run_folder
 from tff_kd.program import sampling
-from tff_kd.program import server_stage
+from tff_kd.runtime import server_stage
 from tff_kd.program import setup
 from tff_kd.program import validation
 

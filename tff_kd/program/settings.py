@@ -35,9 +35,9 @@ from tff_kd.core import distillation
 from tff_kd.federated import client_data as client_data_lib
 from tff_kd.methods import common
 from tff_kd.methods import registry
-from tff_kd.program import runtime
+from tff_kd.runtime import workers
 from tff_kd.program import sampling
-from tff_kd.program import server_stage
+from tff_kd.runtime import server_stage
 
 PARTITIONS = ('dirichlet', 'iid', 'fedgen', 'domain')
 OPTIMIZERS = ('sgd', 'adam')
@@ -372,7 +372,7 @@ class RuntimeSettings(hp.Hparams):
       worker_binary child); 'host:port,...' for TFF's remote runtime on
       running worker services (`tff_kd_worker --port=N` on each machine);
       each round's clients are split across them
-      (`tff_kd.program.runtime`).
+      (`tff_kd.runtime.workers`).
     worker_timeout_s: A worker unreachable this long stops the run with an
       error naming it; the same command resumes once it is back.
     server_device: Where a KD method's server step (distillation, generator
@@ -380,7 +380,7 @@ class RuntimeSettings(hp.Hparams):
       no CUDA) | 'driver' (this process's TensorFlow places it, a visible
       GPU first) | a device string ('/GPU:0', '/CPU:0'). The driver modes
       give the same rounds but cannot be driven by
-      `tff.learning.programs.train_model` (`tff_kd.program.server_stage`).
+      `tff.learning.programs.train_model` (`tff_kd.runtime.server_stage`).
     concurrent_clients: Client computations the local worker runs at a
       time (0: one per usable core; -1: no limit, TFF's default).
     intra_op_threads: Threads inside each TensorFlow op in the local worker
@@ -426,7 +426,7 @@ class RuntimeSettings(hp.Hparams):
   @property
   def worker_addresses(self) -> list[str]:
     """The remote workers' addresses ([] for the local runtime)."""
-    return runtime.parse_workers(self.workers)
+    return workers.parse_workers(self.workers)
 
   def _check_combinations(self) -> None:
     self.worker_addresses  # pylint: disable=pointless-statement
@@ -434,7 +434,7 @@ class RuntimeSettings(hp.Hparams):
 
   def check_config(self, config: ml_collections.ConfigDict) -> None:
     method = registry.get_method(config.method)
-    runtime.check_supported(needs_secure_sum(config), self.workers)
+    workers.check_supported(needs_secure_sum(config), self.workers)
     if self.server_device != server_stage.IN_RUNTIME and (
         not method.server_step):
       raise errors.ConfigError(
@@ -605,7 +605,7 @@ def from_config(config: ml_collections.ConfigDict) -> Settings:
 def needs_secure_sum(config: ml_collections.ConfigDict) -> bool:
   """Whether the method's process uses secure aggregation (as its registry
   entry says: DaFKD's private mode), which only TFF's test context
-  simulates (`tff_kd.program.context.set_context_for`)."""
+  simulates (`tff_kd.runtime.context.set_context_for`)."""
   secure_sum = registry.get_method(config.method).secure_sum
   return secure_sum is not None and secure_sum(config)
 

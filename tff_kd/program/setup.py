@@ -47,7 +47,7 @@ from tff_kd.federated import tff_client_data
 from tff_kd.methods import common
 from tff_kd.methods import registry
 from tff_kd.program import evaluation
-from tff_kd.program import server_stage
+from tff_kd.runtime import server_stage
 from tff_kd.program import validation
 
 

@@ -48,7 +48,7 @@ from tensorflow_federated.python.program import native_platform
 from tff_kd.federated import client_data as client_data_lib
 from tff_kd.federated import learning
 from tff_kd.federated import tff_client_data
-from tff_kd.program import context
+from tff_kd.runtime import context
 from tff_kd.program import experiment as experiment_lib
 from tff_kd.program import sampling
 
@@ -299,7 +299,7 @@ def native_context(**kwargs: Any) -> tff.program.NativeFederatedContext:
   `train_model`, e.g.
   `with tff.framework.get_context_stack().install(native_context()): ...`.
   Its `worker_binary` is reaped and set up like the synchronous context's:
-  `kwargs` as in `tff_kd.program.context.setup_local_worker`.
+  `kwargs` as in `tff_kd.runtime.context.setup_local_worker`.
   """
   calls = context.setup_local_worker(**kwargs)
   return _NativeContext(

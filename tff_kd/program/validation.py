@@ -13,8 +13,8 @@ import ml_collections
 from tff_kd import models
 from tff_kd.federated import client_data as client_data_lib
 from tff_kd.methods import registry
-from tff_kd.program import context
-from tff_kd.program import runtime
+from tff_kd.runtime import context
+from tff_kd.runtime import workers
 from tff_kd.program import settings as settings_lib
 
 PARTITIONS = settings_lib.PARTITIONS
@@ -40,9 +40,9 @@ def validate_config(
 def set_context(config: ml_collections.ConfigDict) -> None:
   """Installs the TFF context the config's runtime section asks for: TFF's
   local runtime (its test context for secure sums), or remote workers."""
-  workers = runtime.parse_workers(config.runtime.workers)
-  if workers:
-    runtime.set_remote_context(workers,
+  addresses = workers.parse_workers(config.runtime.workers)
+  if addresses:
+    workers.set_remote_context(addresses,
                                timeout_s=config.runtime.worker_timeout_s)
   else:
     context.set_context_for(

@@ -28,7 +28,7 @@ from tff_kd.methods.dafkd import dafkd_tff
 from tff_kd.methods.dafkd import dafkd_tff as dafkd
 from tff_kd.methods.dafkd import hparams as dafkd_hparams
 from tff_kd.models import generators
-from tff_kd.program import context
+from tff_kd.runtime import context
 
 SHAPE = (8, 8, 1)
 NUM_CLASSES = 3

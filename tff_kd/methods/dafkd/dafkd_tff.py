@@ -64,7 +64,7 @@ In plain mode the uploaded row reaches the server twice in the simulation
 (the stack for the finalizer, the scatter for the store); it is counted once.
 
 A secure-sum intrinsic needs an execution context that implements it: TFF
-0.87's `tff.backends.test` contexts (`tff_kd.program.context`'s
+0.87's `tff.backends.test` contexts (`tff_kd.runtime.context`'s
 `set_test_context`) replace it by an insecure sum; the plain local C++
 context rejects it.
 """

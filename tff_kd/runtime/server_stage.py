@@ -150,7 +150,7 @@ class DriverServerProcess:
 
   It has `initialize`, `next`, `get_model_weights` and `set_model_weights`
   like the `LearningProcess` it wraps, with the same state type, and gives
-  the same rounds (tested on CPU in tests/program/test_server_stage.py). It
+  the same rounds (tested on CPU in tests/runtime/test_server_stage.py). It
   is not a `LearningProcess`: see the module docstring for why and for what
   the mode costs.
   """

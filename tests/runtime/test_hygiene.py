@@ -18,7 +18,7 @@ from tests.conftest import WORKER_TAG_ENV
 _SCRIPT = textwrap.dedent("""
     import os, signal, sys
     import numpy as np
-    from tff_kd.program import context
+    from tff_kd.runtime import context
     context.install()
     import tensorflow_federated as tff
 
@@ -69,7 +69,7 @@ def test_worker_dies_with_python(ending):
 _MEAN = textwrap.dedent("""
     import numpy as np
     import tff_kd
-    from tff_kd.program import context
+    from tff_kd.runtime import context
     from tff_kd.program import experiment  # Imports TFF.
     import tensorflow_federated as tff
 

@@ -7,7 +7,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tests.conftest import live_workers
-from tff_kd.program import context
+from tff_kd.runtime import context
 
 
 @pytest.fixture

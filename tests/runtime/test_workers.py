@@ -1,7 +1,7 @@
 """Several workers on TFF's remote runtime (loopback), and a worker that dies.
 
 Real `worker_binary` services on localhost ports, driven through TFF's
-mergeable-computation context (`tff_kd.program.runtime`): a round split over
+mergeable-computation context (`tff_kd.runtime.workers`): a round split over
 two workers gives the model of the one-worker run (FedAvg: and of the local
 runtime; FedDF, checked by hand: within 1e-6);
 a worker killed mid-run stops the `train` binary within its timeout with an
@@ -23,7 +23,7 @@ from tests import helpers
 from tests.helpers import digits_config as _config
 from tff_kd import errors
 from tff_kd.program import experiment
-from tff_kd.program import runtime
+from tff_kd.runtime import workers
 
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
@@ -31,9 +31,9 @@ _REPO = os.path.dirname(os.path.dirname(os.path.dirname(
 
 @pytest.fixture
 def workers():
-  started = runtime.start_local_workers(3)
+  started = workers.start_local_workers(3)
   yield started
-  runtime.stop_workers(started)
+  workers.stop_workers(started)
 
 
 def _global_weights(exp, root: str) -> list[np.ndarray]:
@@ -52,7 +52,7 @@ def test_two_workers_give_the_one_worker_model(tmp_path, workers, method):
   for name, group in (('one', addresses[:1]), ('two', addresses[1:])):
     roots[name] = str(tmp_path / name)
     with tff.framework.get_context_stack().install(
-        runtime.remote_context(group, timeout_s=30)):
+        workers.remote_context(group, timeout_s=30)):
       experiment.run(config, roots[name], progress=False)
   checks = [('two', 1e-4 if method == 'fedavg' else 1e-3)]
   if method == 'fedavg':  # The local runtime once; it is the slow part.
@@ -104,7 +104,7 @@ def _metrics_rows(root: str) -> int:
 
 @pytest.mark.slow
 def test_killed_worker_stops_the_run_clearly_and_it_resumes(tmp_path):
-  started = runtime.start_local_workers(2)
+  started = workers.start_local_workers(2)
   try:
     (first, _), (second, proc) = started
     root = str(tmp_path / 'run')
@@ -136,7 +136,7 @@ def test_killed_worker_stops_the_run_clearly_and_it_resumes(tmp_path):
     # worker is back on its port.
     done = _metrics_rows(root)
     port = int(second.rsplit(':', 1)[1])
-    back = subprocess.Popen(runtime.worker_command(port),
+    back = subprocess.Popen(workers.worker_command(port),
                             stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     try:
@@ -149,4 +149,4 @@ def test_killed_worker_stops_the_run_clearly_and_it_resumes(tmp_path):
     assert 'resumed after round' in resumed.stdout
     assert _metrics_rows(root) >= 20 and done >= 1
   finally:
-    runtime.stop_workers(started)
+    workers.stop_workers(started)

@@ -15,7 +15,7 @@ the `tensorflow-federated` wheel, listening for gRPC on a port
   aggregators (`tff_kd.core.stacking.slots_merge`) and per-client stores
   (`tff_kd.federated.client_store`) are `federated_aggregate`s with
   merges, so every method splits this way; a run gives the model of the
-  one-worker run (tests/program/test_runtime.py).
+  one-worker run (tests/runtime/test_workers.py).
 
 Faults: TFF retries a sub-round whose worker returns a retryable gRPC error
 (UNAVAILABLE, ...) forever, so a dead worker hangs the driver. Each worker's
@@ -52,7 +52,7 @@ from tensorflow_federated.python.core.impl.executors import remote_executor
 from tensorflow_federated.python.core.impl.executors import remote_executor_grpc_stub
 
 from tff_kd import errors
-from tff_kd.program import context
+from tff_kd.runtime import context
 
 # Models and client stacks travel as single messages.
 _GRPC_OPTIONS = (('grpc.max_send_message_length', -1),
@@ -202,7 +202,7 @@ def worker_binary() -> str:
 def worker_command(port: int, *, concurrent_clients: int = 0) -> list[str]:
   """The command that serves one worker on `port` (all interfaces),
   running `concurrent_clients` client computations at a time (as in
-  `tff_kd.program.context.max_concurrent_calls`)."""
+  `tff_kd.runtime.context.max_concurrent_calls`)."""
   calls = context.max_concurrent_calls(concurrent_clients)
   return [worker_binary(), f'--port={int(port)}',
           f'--max_concurrent_computation_calls={calls}']
@@ -213,7 +213,7 @@ def start_local_workers(count: int, *,
                             tuple[str, subprocess.Popen]]:
   """Starts `count` workers on free localhost ports (tests, benchmarks).
 
-  They are reaped with this process (`tff_kd.program.context`); stop them
+  They are reaped with this process (`tff_kd.runtime.context`); stop them
   earlier with `stop_workers`.
 
   Returns:

@@ -1,7 +1,7 @@
 """A KD method's server step run in the driver gives the in-runtime round.
 
 `runtime.server_device='driver'` (or a device string) runs the method's own
-server function in the driver's TensorFlow (`tff_kd.program.server_stage`).
+server function in the driver's TensorFlow (`tff_kd.runtime.server_stage`).
 On CPU it must give the same student as the TFF runtime, from the same
 state and clients. FedDF's distillation agrees to float round-off; FedFTG's
 generator-driven fine-tuning, whose Adam steps on near-zero gradients
@@ -22,7 +22,7 @@ from tff_kd.methods import registry
 from tff_kd.program import checkpoints
 from tff_kd.program import experiment
 from tff_kd.program import sampling
-from tff_kd.program import server_stage
+from tff_kd.runtime import server_stage
 
 
 def _leaves(structure) -> list[np.ndarray]:
