@@ -35,14 +35,14 @@ from absl import app
 from absl import flags
 
 from benchmarks import common as bench
-from tff_kd.federated import learning
+from tff_kd.federated import tff_types
 from tff_kd.methods import common
 from tff_kd.program import checkpoints
-from tff_kd.runtime import context
 from tff_kd.program import sampling
 from tff_kd.program import settings
 from tff_kd.program import setup
 from tff_kd.program import validation
+from tff_kd.runtime import context
 
 _CONFIG = flags.DEFINE_string('config', 'configs/dafkd_features_cpu.py',
                               'A DaFKD config module with get_config().')
@@ -71,7 +71,7 @@ def _keys(exp: setup.Experiment, round_num: int):
   clients = sampling.sample_clients(
       config.partition.num_clients, config.clients_per_round,
       seed=config.seed, round_num=round_num)
-  return learning.group_keys(
+  return tff_types.group_keys(
       exp.client_data.keys(clients, seed=config.seed, round_num=round_num),
       common.clients_per_call(exp.inputs, config))
 

@@ -63,23 +63,25 @@ _t = time.perf_counter()
 import tensorflow_federated as tff
 _IMPORTS['tensorflow_federated'] = time.perf_counter() - _t
 _t = time.perf_counter()
-from tff_kd.methods import registry
 from tff_kd.core import local_training
 from tff_kd.data import datasets as datasets_lib
 from tff_kd.federated import client_data as client_data_lib
+from tff_kd.federated import client_works
+from tff_kd.federated import finalizers
 from tff_kd.federated import learning
+from tff_kd.methods import registry
 from tff_kd.runtime import context
 context.install()  # The program opts in to tff_kd's process set-up.
-from tff_kd.program import evaluation
-from tff_kd.runtime import aio
+from tff_kd.methods import common
 from tff_kd.program import checkpoints
+from tff_kd.program import evaluation
+from tff_kd.program import experiment
 from tff_kd.program import loop
+from tff_kd.program import sampling
 from tff_kd.program import setup
 from tff_kd.program import validation
-from tff_kd.program import experiment
-from tff_kd.program import sampling
+from tff_kd.runtime import aio
 from tff_kd.runtime import server_stage
-from tff_kd.methods import common
 _IMPORTS['tff_kd (program, algorithms)'] = time.perf_counter() - _t
 _t = time.perf_counter()
 from absl import app
@@ -249,7 +251,7 @@ def main(argv):
   def broadcast(dist_state, weights, keys):
     del keys
     return distributor.next(dist_state, weights).result
-  client_work = learning.build_client_work(
+  client_work = client_works.build_client_work(
       inputs.model_fn, inputs.element_spec,
       common.build_optimizer(config.client_optimizer),
       learning_rate=config.client_optimizer.learning_rate,
@@ -257,7 +259,7 @@ def main(argv):
       dataset_fn=inputs.dataset_fn)
   aggregator = tff.aggregators.MeanFactory().create(
       weights_type, tff.TensorType(np.float32))
-  finalizer = learning.build_weights_finalizer(
+  finalizer = finalizers.build_weights_finalizer(
       weights_type, common.build_optimizer(config.server_optimizer))
   dist_state = distributor.initialize()
   agg_state = aggregator.initialize()

@@ -2,7 +2,7 @@
 
 A client is poisoned by rewriting its data file with NaN images (what a
 corrupt local dataset does): its local training produces a NaN loss and a
-NaN update. `tff_kd.federated.learning.screen_client` must give it weight 0
+NaN update. `tff_kd.federated.client_works.screen_client` must give it weight 0
 and a zero update, the stacking aggregator must leave it out of the teachers,
 and the round must report `client/num_excluded`. A file that is truncated,
 unreadable or of the wrong shape takes the same path

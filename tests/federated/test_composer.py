@@ -12,8 +12,11 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_kd.federated import client_works
 from tff_kd.federated import composer
+from tff_kd.federated import finalizers
 from tff_kd.federated import learning
+from tff_kd.federated import tff_types
 
 _SPEC = collections.OrderedDict(x=tf.TensorSpec([None, 2], tf.float32),
                                 y=tf.TensorSpec([None], tf.int32))
@@ -25,10 +28,10 @@ def _model_fn(units: int = 2) -> tf.keras.Model:
 
 
 def _stages(units: int = 2):
-  weights_type = learning._unplaced_weights_type(_model_fn)  # pylint: disable=protected-access
-  other_type = learning._unplaced_weights_type(  # pylint: disable=protected-access
+  weights_type = tff_types.weights_type_of(_model_fn)  # pylint: disable=protected-access
+  other_type = tff_types.weights_type_of(  # pylint: disable=protected-access
       lambda: _model_fn(units))
-  client_work = learning.build_client_work(
+  client_work = client_works.build_client_work(
       _model_fn, _SPEC, tff.learning.optimizers.build_sgdm(0.1),
       learning_rate=0.1)
   return dict(
@@ -37,7 +40,7 @@ def _stages(units: int = 2):
       client_work=client_work,
       aggregator=tff.aggregators.MeanFactory().create(
           weights_type, tff.TensorType(np.float32)),
-      finalizer=learning.build_weights_finalizer(
+      finalizer=finalizers.build_weights_finalizer(
           other_type, tff.learning.optimizers.build_sgdm(1.0)))
 
 

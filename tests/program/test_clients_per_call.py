@@ -12,14 +12,14 @@ import pytest
 from tests import helpers
 from tests.helpers import digits_config
 from tff_kd import errors
-from tff_kd.federated import learning
+from tff_kd.federated import tff_types
 from tff_kd.program import experiment
 
 
 def test_group_keys_pads_the_last_group():
   keys = ['a|0|1', 'b|0|1', 'c|0|1']
-  assert learning.group_keys(keys, 1) == keys
-  groups = learning.group_keys(keys, 2)
+  assert tff_types.group_keys(keys, 1) == keys
+  groups = tff_types.group_keys(keys, 2)
   assert [list(g) for g in groups] == [['a|0|1', 'b|0|1'], ['c|0|1', '']]
 
 
@@ -50,7 +50,7 @@ def test_a_grouped_round_is_the_same_weighted_mean(tmp_path, method):
         str(tmp_path / f'{g}'))
     states[g] = exps[g].process.initialize()
   keys = exps[1].client_data.keys([0, 2, 3, 5, 7], seed=0, round_num=0)
-  out = {g: exps[g].process.next(states[g], learning.group_keys(keys, g))
+  out = {g: exps[g].process.next(states[g], tff_types.group_keys(keys, g))
          for g in (1, 3)}
   a, b = (exps[g].process.get_model_weights(out[g].state) for g in (1, 3))
   for x, y in zip(a.trainable + a.non_trainable, b.trainable + b.non_trainable):

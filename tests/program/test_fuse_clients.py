@@ -20,7 +20,8 @@ from tests import helpers
 from tests.helpers import digits_config
 from tff_kd import errors
 from tff_kd.core import fused
-from tff_kd.federated import learning
+from tff_kd.federated import client_works
+from tff_kd.federated import tff_types
 from tff_kd.program import experiment
 
 _CLIENTS = [0, 2, 3, 5, 7]
@@ -55,7 +56,7 @@ def test_a_fused_round_is_the_per_client_round_on_its_batches(tmp_path,
       str(tmp_path))
   keys = exp.client_data.keys(_CLIENTS, seed=0, round_num=0)
   state = exp.process.initialize()
-  out = exp.process.next(state, learning.group_keys(keys, 3))
+  out = exp.process.next(state, tff_types.group_keys(keys, 3))
 
   per_client = experiment.build_dataset_process(exp)
   datasets, steps = zip(*(_client_batches(exp, k) for k in keys))
@@ -97,7 +98,7 @@ def test_a_model_it_cannot_run_is_named_before_any_round(tmp_path):
 
   with pytest.raises(errors.ConfigError,
                      match=r"runtime.fuse_clients: Dropout layer 'drop'"):
-    learning.build_client_work(
+    client_works.build_client_work(
         with_dropout, None, None, learning_rate=0.1,
         dataset_fn=experiment.prepare(
             digits_config(), str(tmp_path)).inputs.dataset_fn,

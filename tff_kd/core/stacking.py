@@ -78,7 +78,7 @@ def stack_accumulate(stack: Stack, value, weight) -> Stack:
   """Writes one client's value and weight into row `stack.count`.
 
   A client of weight <= 0 is left out: no examples, or excluded for a
-  non-finite update (`tff_kd.federated.learning.screen_client`), so it is
+  non-finite update (`tff_kd.federated.client_works.screen_client`), so it is
   no teacher.
 
   Raises `tf.errors.InvalidArgumentError` (at run time) if the stack is full,

@@ -180,7 +180,7 @@ class FileClientData:
     another dtype or shape, or the two files disagree on the number of
     examples, the client gets one NaN image instead. Its update is then
     non-finite, so the round excludes and counts it (`client/num_excluded`,
-    `tff_kd.federated.learning.screen_client`) exactly as a client whose
+    `tff_kd.federated.client_works.screen_client`) exactly as a client whose
     data holds NaNs; `problem` names the file for the driver's warning.
     (The errors are caught with `tf.data`'s `ignore_errors`, the one
     error-catching construct a TF graph has: the reads run inside TFF's
@@ -260,7 +260,7 @@ class FileClientData:
 
   def dataset_fn(self, local: LocalWork) -> 'KeyedDatasets':
     """A TF-traceable key -> dataset function for clients that build their
-    own dataset (see `tff_kd.federated.learning.client_data_type`)."""
+    own dataset (see `tff_kd.federated.tff_types.client_data_type`)."""
     return KeyedDatasets(self, local.validate())
 
   def dataset_computation(self, local: LocalWork) -> tff.Computation:

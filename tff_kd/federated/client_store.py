@@ -36,7 +36,11 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_kd.federated import learning
+from tff_kd.federated import client_works
+
+from tff_kd.federated import schedules
+
+from tff_kd.federated import tff_types
 
 RowFn = Callable[[], Sequence[tf.Tensor]]
 
@@ -74,8 +78,8 @@ class ClientStore:
     with tf.Graph().as_default():
       self.row_specs = tuple(tf.TensorSpec(v.shape, v.dtype)
                              for v in row_fn())
-    self.row_type = learning.spec_to_type(self.row_specs)
-    self.row_bytes = float(learning.payload_bytes(self.row_type))
+    self.row_type = tff_types.spec_to_type(self.row_specs)
+    self.row_bytes = float(tff_types.payload_bytes(self.row_type))
     rows = self.num_rows
     specs = self.row_specs
 
@@ -188,7 +192,7 @@ class ClientOutput(NamedTuple):
 
   Attributes:
     result: The client's `tff.learning.templates.ClientResult` (screened).
-    stats: Its `learning.client_stats` (screened).
+    stats: Its `client_works.client_stats` (screened).
     entries: `ClientStore.entry` for the store, or a tuple of them, one per
       store, as the builder's `stores`.
     means: Measurements averaged over the clients (weighted by
@@ -223,7 +227,7 @@ def build_stateful_client_work(
   `client_fn(weights, data, lr, round_num, stores)` in its TF computation,
   the returned entries are scattered into the stores (`ClientStore.update`)
   and the round number is incremented. Measurements:
-  `learning.client_measurements` and the clients' weighted `means`.
+  `client_works.client_measurements` and the clients' weighted `means`.
 
   Args:
     client_fn: `(weights, data, lr, round_num, stores) -> ClientOutput`,
@@ -231,7 +235,7 @@ def build_stateful_client_work(
     stores: A `ClientStore`, or a sequence of them.
     weights_type: Unplaced type of the broadcast model.
     data_type: Unplaced type of a client's data
-      (`learning.client_data_type`).
+      (`tff_types.client_data_type`).
     learning_rate: Client learning rate at round 0.
     learning_rate_decay: Its multiplier per round.
 
@@ -255,7 +259,7 @@ def build_stateful_client_work(
     return (out.result, out.stats, out.entries, out.means,
             tf.cast(out.means_weight, tf.float32))
 
-  round_learning_rate, increment = learning.build_round_schedule(
+  round_learning_rate, increment = schedules.build_round_schedule(
       learning_rate, learning_rate_decay)
 
   @tff.federated_computation
@@ -286,7 +290,7 @@ def build_stateful_client_work(
       new_tables = tff.federated_zip(tuple(
           store.update(tables[a], entries[a])
           for a, store in enumerate(store_list)))
-    measurements = learning.client_measurements(stats, lr)
+    measurements = client_works.client_measurements(stats, lr)
     if mean_names:
       means = tff.federated_mean(means, weight=kept)
       for name in mean_names:

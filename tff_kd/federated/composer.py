@@ -7,7 +7,7 @@ the state and `get_model_weights` / `set_model_weights` work as for
 `tff.learning.algorithms.build_weighted_fed_avg`. One difference: the client
 work may take any CLIENTS-placed data, not only sequences. tff_kd's clients
 receive a short string key and build their datasets inside their own
-TensorFlow computation (`tff_kd.federated.learning.client_data_type`), which
+TensorFlow computation (`tff_kd.federated.tff_types.client_data_type`), which
 TFF's composer rejects.
 
 The stages are checked as TFF's composer checks them (each output fits the

@@ -20,7 +20,8 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_kd.core import local_training
-from tff_kd.federated import learning
+from tff_kd.federated import client_works
+from tff_kd.federated import tff_types
 from tff_kd.models import classifiers
 
 ClassifierFn = Callable[[], classifiers.Classifier]
@@ -59,7 +60,7 @@ def build_client_work(
     num_classes: int,
     learning_rate: float,
     learning_rate_decay: float = 1.0,
-    dataset_fn: Optional[learning.DatasetFn] = None,
+    dataset_fn: Optional[tff_types.DatasetFn] = None,
     objective: Optional[LocalObjective] = None,
     seed: int = 0,
 ) -> tff.templates.MeasuredProcess:
@@ -70,7 +71,7 @@ def build_client_work(
   (classifier weights, extra model weights) and train with
   `objective.train`. The update is `{'delta': ModelWeights, 'label_counts':
   [C] float32}`, weighted by the number of examples. State and
-  measurements: those of `learning.build_scheduled_client_work`.
+  measurements: those of `client_works.build_scheduled_client_work`.
 
   Args:
     classifier_fn: Builds the `Classifier` (model, features, head).
@@ -82,7 +83,7 @@ def build_client_work(
     dataset_fn: Key -> dataset function (the fast path), or None: clients
       then take `OrderedDict(client_id, data)` with an objective (each
       client seeds its own noise by its id and the round), plain sequences
-      without (`learning.client_data_type`).
+      without (`tff_types.client_data_type`).
     objective: A method's own local training, or None.
     seed: The process seed, which seeds the dataset path's client keys (the
       keys carry it on the keyed path).
@@ -98,17 +99,17 @@ def build_client_work(
   else:
     weights_spec = (classifier_weights, local_training.model_weights(
         local_training.structure_of(objective.model_fn)))
-  weights_type = learning.spec_to_type(weights_spec)
-  data_type = learning.client_data_type(
+  weights_type = tff_types.spec_to_type(weights_spec)
+  data_type = tff_types.client_data_type(
       element_spec, dataset_fn, with_id=objective is not None)
-  bytes_down = float(learning.payload_bytes(weights_type))
+  bytes_down = float(tff_types.payload_bytes(weights_type))
   # The classifier delta, the label counts and the weight go up.
-  bytes_up = float(learning.payload_bytes(learning.spec_to_type(
+  bytes_up = float(tff_types.payload_bytes(tff_types.spec_to_type(
       classifier_weights)) + (num_classes + 1) * np.dtype(np.float32).itemsize)
 
   @tff.tensorflow.computation(weights_type, data_type, np.float32, np.int32)
   def client_update(weights, data, lr, round_num):
-    client = learning.client_input(data, dataset_fn, seed=seed,
+    client = tff_types.client_input(data, dataset_fn, seed=seed,
                                    round_num=round_num)
     # Cached: the counting pass and training see the very same batches.
     dataset = client.dataset.cache()
@@ -124,11 +125,11 @@ def build_client_work(
           tf.strings.to_hash_bucket_fast(client.key, 2**62))
     update = collections.OrderedDict(delta=result.weights_delta,
                                      label_counts=counts)
-    return learning.screen_client(
+    return client_works.screen_client(
         tff.learning.templates.ClientResult(
             update=update, update_weight=result.num_examples),
-        learning.client_stats(result, bytes_down, bytes_up))[:2]
+        client_works.client_stats(result, bytes_down, bytes_up))[:2]
 
-  return learning.build_scheduled_client_work(
+  return client_works.build_scheduled_client_work(
       client_update, learning_rate=learning_rate,
       learning_rate_decay=learning_rate_decay)

@@ -16,7 +16,7 @@ import numpy as np
 import tensorflow_federated as tff
 
 from tff_kd.core import stacking as stacking_tf
-from tff_kd.federated import learning
+from tff_kd.federated import tff_types
 
 
 def build_stacking_aggregator(
@@ -102,7 +102,7 @@ def _federated_stack(value_type: tff.Type, num_slots: int,
                      formulation: _Formulation
                      ) -> tff.templates.AggregationProcess:
   """The stacking process of one `_Formulation` of its accumulator."""
-  specs = learning.tensor_specs(value_type)
+  specs = tff_types.tensor_specs(value_type)
   stacking_tf.empty_stack(specs, num_slots)  # Validates num_slots.
   wrap = formulation.wrap
 

@@ -17,8 +17,8 @@ from tff_kd import errors
 from tff_kd import hparams as hp
 from tff_kd import models
 from tff_kd.core import distillation
-from tff_kd.federated import learning
 from tff_kd.federated import server_data as server_data_lib
+from tff_kd.federated import tff_types
 
 
 class ProcessInputs(NamedTuple):
@@ -42,12 +42,12 @@ class ProcessInputs(NamedTuple):
       per-client state kept at the server); 0 if unknown.
   """
 
-  model_fn: learning.ModelFn
+  model_fn: tff_types.ModelFn
   element_spec: collections.OrderedDict
   num_classes: int
-  dataset_fn: Optional[learning.DatasetFn] = None
+  dataset_fn: Optional[tff_types.DatasetFn] = None
   server_data: Optional[server_data_lib.ServerData] = None
-  prototype_fns: tuple[learning.ModelFn, ...] = ()
+  prototype_fns: tuple[tff_types.ModelFn, ...] = ()
   classifier_fn: Optional[Callable[[], models.Classifier]] = None
   num_clients: int = 0
 

@@ -36,19 +36,19 @@ import tensorflow_federated as tff
 import tqdm
 
 from tff_kd import errors
-from tff_kd.federated import learning
+from tff_kd.federated import tff_types
 from tff_kd.methods import common
-from tff_kd.runtime import aio
 from tff_kd.program import checkpoints
-from tff_kd.runtime import context
 from tff_kd.program import evaluation
 from tff_kd.program import export
 from tff_kd.program import releases
 from tff_kd.program import run_folder
 from tff_kd.program import sampling
-from tff_kd.runtime import server_stage
 from tff_kd.program import setup
 from tff_kd.program import validation
+from tff_kd.runtime import aio
+from tff_kd.runtime import context
+from tff_kd.runtime import server_stage
 
 
 class RunResult(NamedTuple):
@@ -307,7 +307,7 @@ def _run(config: ml_collections.ConfigDict, root_dir: str, progress: bool,
   for round_num in range(start, config.rounds):
     clients = sampling.sample_clients(num_clients, config.clients_per_round,
                                       seed=config.seed, round_num=round_num)
-    keys = learning.group_keys(
+    keys = tff_types.group_keys(
         exp.client_data.keys(clients, seed=config.seed, round_num=round_num),
         common.clients_per_call(exp.inputs, config))
     t0 = time.perf_counter()

@@ -41,14 +41,14 @@ from tff_kd import data as data_lib
 from tff_kd import errors
 from tff_kd import models
 from tff_kd.federated import client_data as client_data_lib
-from tff_kd.federated import learning
 from tff_kd.federated import server_data as server_data_lib
 from tff_kd.federated import tff_client_data
+from tff_kd.federated import tff_types
 from tff_kd.methods import common
 from tff_kd.methods import registry
 from tff_kd.program import evaluation
-from tff_kd.runtime import server_stage
 from tff_kd.program import validation
+from tff_kd.runtime import server_stage
 
 
 class Experiment(NamedTuple):
@@ -82,7 +82,7 @@ class Experiment(NamedTuple):
   client_data: client_data_lib.FileClientData
   process: Union[tff.learning.templates.LearningProcess,
                  server_stage.DriverServerProcess]
-  model_fn: learning.ModelFn
+  model_fn: tff_types.ModelFn
   evaluations: Mapping[str, evaluation.Evaluation]
   server_data: Optional[server_data_lib.ServerData] = None
   inputs: Optional[common.ProcessInputs] = None
@@ -220,7 +220,7 @@ def _data_evaluations(
 
 def _method_evaluations(
     config: ml_collections.ConfigDict, dataset: data_lib.Dataset,
-    model_fns: tuple[learning.ModelFn, ...]
+    model_fns: tuple[tff_types.ModelFn, ...]
 ) -> dict[str, evaluation.Evaluation]:
   """What the method contributes: its other global models (FedDF's
   prototypes 1..P-1, read from the state), each on its own model."""

@@ -28,7 +28,7 @@ with one architecture, homogeneous FedD3A and FedFTG take plain
 state or per-client randomness (DaFKD's discriminator store, heterogeneous
 FedD3A's and FedDF's client models, FedGen's generator noise) take
 `OrderedDict(client_id=int32, data=<dataset>)`
-(`tff_kd.federated.learning.client_data_type`); the round number always
+(`tff_kd.federated.tff_types.client_data_type`); the round number always
 comes from the server state. `ClientDataSource.for_process` picks the form.
 """
 
@@ -46,11 +46,11 @@ from tensorflow_federated.python.core.impl.types import type_conversions
 from tensorflow_federated.python.program import native_platform
 
 from tff_kd.federated import client_data as client_data_lib
-from tff_kd.federated import learning
 from tff_kd.federated import tff_client_data
-from tff_kd.runtime import context
+from tff_kd.federated import tff_types
 from tff_kd.program import experiment as experiment_lib
 from tff_kd.program import sampling
+from tff_kd.runtime import context
 
 
 class ClientDataSourceIterator(tff.program.FederatedDataSourceIterator):
@@ -101,7 +101,7 @@ class ClientDataSourceIterator(tff.program.FederatedDataSourceIterator):
 
   @property
   def federated_type(self) -> tff.FederatedType:
-    return tff.FederatedType(learning.client_data_type(
+    return tff.FederatedType(tff_types.client_data_type(
         self._client_data().element_spec, with_id=self._with_ids),
                              tff.CLIENTS)
 

@@ -11,7 +11,7 @@ runtime"). A GPU on the driver's machine is therefore never used.
 `DriverServerProcess` moves that one step out of the runtime. The same
 stages are recomposed around a pass-through finalizer that returns the
 round's aggregate as its measurements; the driver then runs the method's
-own server function (`tff_kd.federated.learning.ServerComputation`) in its
+own server function (`tff_kd.federated.finalizers.ServerComputation`) in its
 own TensorFlow, traced once into a graph and run in a session the way TFF
 runs a TF computation (fresh variables, initialised every call). TensorFlow's
 device placement applies there: `device='driver'` lets it choose (a visible
@@ -33,7 +33,7 @@ import tensorflow_federated as tff
 
 from tff_kd import errors
 from tff_kd.federated import composer
-from tff_kd.federated import learning
+from tff_kd.federated import finalizers
 
 IN_RUNTIME = 'runtime'
 DRIVER = 'driver'
@@ -61,8 +61,8 @@ def check_device(device: str) -> None:
 def has_server_step(process: tff.learning.templates.LearningProcess) -> bool:
   """Whether the process's server step can move to the driver: it was
   composed by `tff_kd.federated.composer` around a finalizer built by
-  `tff_kd.federated.learning.build_server_finalizer`."""
-  return isinstance(composer.finalizer_of(process), learning.ServerFinalizer)
+  `tff_kd.federated.finalizers.build_server_finalizer`."""
+  return isinstance(composer.finalizer_of(process), finalizers.ServerFinalizer)
 
 
 def _passthrough(

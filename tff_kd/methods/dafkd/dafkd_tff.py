@@ -85,10 +85,13 @@ from tff_kd.core import local_training
 from tff_kd.core import stacking as stacking_tf
 from tff_kd.core import teachers as teachers_tf
 from tff_kd.federated import client_store
+from tff_kd.federated import client_works
 from tff_kd.federated import composer
-from tff_kd.federated import learning
+from tff_kd.federated import finalizers
+from tff_kd.federated import schedules
 from tff_kd.federated import server_data as server_data_lib
 from tff_kd.federated import stacking
+from tff_kd.federated import tff_types
 from tff_kd.methods import common
 from tff_kd.methods.dafkd import dafkd_tf
 from tff_kd.methods.dafkd import gan
@@ -168,7 +171,7 @@ def _model_values(spec: ModelSpec):
 def models_type(spec: ModelSpec) -> tff.Type:
   """TFF type of the server model: (classifier, generator) `ModelWeights`."""
   with tf.Graph().as_default():
-    return learning.spec_to_type(_model_values(spec))
+    return tff_types.spec_to_type(_model_values(spec))
 
 
 def build_initial_weights_fn(spec: ModelSpec) -> tff.Computation:
@@ -189,7 +192,7 @@ def _row_values(spec: ModelSpec) -> tuple:
 def build_client_work(
     spec: ModelSpec,
     element_spec: collections.OrderedDict,
-    dataset_fn: learning.DatasetFn,
+    dataset_fn: tff_types.DatasetFn,
     optimizers: gan.GanOptimizers,
     *,
     num_clients: int,
@@ -209,7 +212,7 @@ def build_client_work(
   `label_counts` (the labels trained on) feed only the server's
   simulation-only diagnostics (`dafkd.weight_diagnostics`): a deployment
   would not upload them, so `bytes_up` does not count them. Measurements:
-  the standard sums of `learning.build_scheduled_client_work` and the
+  the standard sums of `client_works.build_scheduled_client_work` and the
   client means of `dafkd_tf.MEAN_NAMES`.
 
   Args:
@@ -217,7 +220,7 @@ def build_client_work(
     element_spec: Batch structure of the client datasets.
     dataset_fn: Key -> dataset (the fast path: keys carry the client id),
       or None: clients take `OrderedDict(client_id=int32, data=<dataset>)`
-      (`learning.client_data_type`).
+      (`tff_types.client_data_type`).
     optimizers: `gan.GanOptimizers` of eq. (9) and eq. (3).
     num_clients: K, the rows of the store; client ids must be in [0, K).
     learning_rate: Joint learning rate at round 0.
@@ -228,17 +231,17 @@ def build_client_work(
       read inside the client's computation as if broadcast) that replace
       the generated negatives; None: generated negatives (DaFKD).
     seed: The process seed; with `dataset_fn=None` it seeds each client's
-      round as the keys' seed field does (`learning.client_input`).
+      round as the keys' seed field does (`tff_types.client_input`).
 
   Returns:
     A `tff.templates.MeasuredProcess`.
   """
   weights_type = models_type(spec)
-  data_type = learning.client_data_type(element_spec, dataset_fn,
+  data_type = tff_types.client_data_type(element_spec, dataset_fn,
                                         with_id=True)
   store = client_store.ClientStore(lambda: _row_values(spec), num_clients,
                                    what='client')
-  model_bytes = float(learning.payload_bytes(weights_type))
+  model_bytes = float(tff_types.payload_bytes(weights_type))
   row_bytes = store.row_bytes
   if private is None:
     # Down: the models and the client's row; up: both, its weight, its id.
@@ -250,7 +253,7 @@ def build_client_work(
     bytes_up = model_bytes + (num_terms + 1) * _FLOAT_BYTES
 
   def client_fn(weights, data, lr, round_num, rows):
-    client = learning.client_input(data, dataset_fn, seed=seed,
+    client = tff_types.client_input(data, dataset_fn, seed=seed,
                                    round_num=round_num)
     client_id = client.client_id
     row = list(store.read(rows, client_id))
@@ -271,10 +274,10 @@ def build_client_work(
       update['label_counts'] = r.label_counts
     else:
       update['fs'], update['f'] = r.private_terms
-    client_result, stats, keep = learning.screen_client(
+    client_result, stats, keep = client_works.screen_client(
         tff.learning.templates.ClientResult(
             update=update, update_weight=r.local.num_examples),
-        learning.client_stats(r.local, bytes_down, bytes_up))
+        client_works.client_stats(r.local, bytes_down, bytes_up))
     # An excluded client keeps its old discriminator row, and its GAN
     # measurements get weight 0 in the mean.
     means = tf.where(keep, r.means, tf.zeros_like(r.means))
@@ -337,7 +340,7 @@ def build_aggregator(update_type: tff.Type, num_slots: int, *,
 
   @tff.tensorflow.computation(np.float32)
   def generator_weight(weight):
-    # An excluded client has weight 0 (`learning.screen_client`).
+    # An excluded client has weight 0 (`client_works.screen_client`).
     return tf.cast(weight > 0, tf.float32) if uniform_mean else weight
 
   if private:
@@ -533,7 +536,7 @@ def build_finalizer(
   diagnose = validation_fn is not None and not private
   settings = server_settings(spec, hparams, config, pool_size)
 
-  @learning.server_computation(np.int32, weights_type, aggregate_type)
+  @finalizers.server_computation(np.int32, weights_type, aggregate_type)
   def server_tf(round_num, weights, aggregate):
     stack = stacking_tf.Stack(*aggregate['stack'])
     if private:
@@ -595,7 +598,7 @@ def build_finalizer(
   def init_tf():
     return tf.constant(0, tf.int32)
 
-  return learning.build_server_finalizer(init_tf, server_tf)
+  return finalizers.build_server_finalizer(init_tf, server_tf)
 
 
 def _check_arguments(classifier_fn, num_clients: int, clients_per_round: int,
@@ -617,7 +620,7 @@ def _check_arguments(classifier_fn, num_clients: int, clients_per_round: int,
   if clients_per_round > num_clients:
     fail(f'clients_per_round={clients_per_round} is more than '
          f'num_clients={num_clients}')
-  learning.check_schedule(learning_rate, learning_rate_decay)
+  schedules.check_schedule(learning_rate, learning_rate_decay)
 
 
 def model_spec(classifier_fn: Callable[[], classifiers.Classifier],
@@ -677,7 +680,7 @@ def model_spec(classifier_fn: Callable[[], classifiers.Classifier],
 def build_dafkd_process(
     classifier_fn: Callable[[], classifiers.Classifier],
     element_spec: collections.OrderedDict,
-    dataset_fn: Optional[learning.DatasetFn],
+    dataset_fn: Optional[tff_types.DatasetFn],
     *,
     num_clients: int,
     clients_per_round: int,

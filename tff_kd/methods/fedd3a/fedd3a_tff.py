@@ -65,10 +65,14 @@ from tff_kd.core import local_training
 from tff_kd.core import stacking as stacking_tf
 from tff_kd.core import teachers as teachers_tf
 from tff_kd.federated import client_store
+from tff_kd.federated import client_works
 from tff_kd.federated import composer
+from tff_kd.federated import finalizers
 from tff_kd.federated import learning
+from tff_kd.federated import schedules
 from tff_kd.federated import server_data as server_data_lib
 from tff_kd.federated import stacking
+from tff_kd.federated import tff_types
 from tff_kd.methods import common
 from tff_kd.methods.fedd3a import fedd3a_tf
 from tff_kd.methods.fedd3a import hparams as hparams_lib
@@ -77,7 +81,7 @@ ClassifierFn = Callable[[], models.Classifier]
 ModelWeights = tff.learning.models.ModelWeights
 
 
-def model_fn_of(classifier_fn: ClassifierFn) -> learning.ModelFn:
+def model_fn_of(classifier_fn: ClassifierFn) -> tff_types.ModelFn:
   """The Keras-model builder of a classifier builder."""
   return lambda: classifier_fn().model
 
@@ -95,7 +99,7 @@ def classifier_specs(classifier_fn: ClassifierFn):
           tuple(classifier.model.input_shape[1:]))
 
 
-def _second_pass(data, dataset_fn: Optional[learning.DatasetFn]
+def _second_pass(data, dataset_fn: Optional[tff_types.DatasetFn]
                  ) -> Optional[tf.data.Dataset]:
   """The projection's own dataset: a keyed client builds its batches again
   from the key (the same batches as training's; `fedd3a_tf.client_round`)."""
@@ -110,12 +114,12 @@ def build_client_work(
     *,
     learning_rate: float,
     learning_rate_decay: float = 1.0,
-    dataset_fn: Optional[learning.DatasetFn] = None,
+    dataset_fn: Optional[tff_types.DatasetFn] = None,
 ) -> tff.templates.MeasuredProcess:
   """FedD3A's client work: local SGD, and P with the received backbone.
 
   Same schedule, state and measurements as
-  `tff_kd.federated.learning.build_client_work`; `bytes_up` includes P.
+  `tff_kd.federated.client_works.build_client_work`; `bytes_up` includes P.
 
   Args:
     classifier_fn: Builds the global `Classifier` (model, features, head).
@@ -131,16 +135,16 @@ def build_client_work(
     A `tff.templates.MeasuredProcess` (a `ClientWorkProcess` for sequences).
   """
   weights_specs, d, _ = classifier_specs(classifier_fn)
-  weights_type = learning.spec_to_type(weights_specs)
-  data_type = learning.client_data_type(element_spec, dataset_fn)
+  weights_type = tff_types.spec_to_type(weights_specs)
+  data_type = tff_types.client_data_type(element_spec, dataset_fn)
   itemsize = np.dtype(np.float32).itemsize
-  bytes_down = float(learning.payload_bytes(weights_type))
+  bytes_down = float(tff_types.payload_bytes(weights_type))
   # Up: the delta, P, the client id and the weight.
   bytes_up = bytes_down + d * d * itemsize + 2 * itemsize
 
   @tff.tensorflow.computation(weights_type, data_type, np.float32)
   def client_update(weights, data, lr):
-    client = learning.client_input(data, dataset_fn)
+    client = tff_types.client_input(data, dataset_fn)
     dataset, client_id = client.dataset, client.client_id
     result = fedd3a_tf.client_round(
         classifier_fn(), client_optimizer, weights, dataset, lr,
@@ -150,12 +154,12 @@ def build_client_work(
     update = collections.OrderedDict(
         delta=result.local.weights_delta, projection=result.projection,
         client_id=client_id)
-    return learning.screen_client(
+    return client_works.screen_client(
         tff.learning.templates.ClientResult(
             update=update, update_weight=result.local.num_examples),
-        learning.client_stats(result.local, bytes_down, bytes_up))[:2]
+        client_works.client_stats(result.local, bytes_down, bytes_up))[:2]
 
-  return learning.build_scheduled_client_work(
+  return client_works.build_scheduled_client_work(
       client_update, learning_rate=learning_rate,
       learning_rate_decay=learning_rate_decay,
       sequence_data=dataset_fn is None)
@@ -206,7 +210,7 @@ def build_finalizer(
   """
   model_fn = model_fn_of(classifier_fn)
   weights_specs, _, _ = classifier_specs(classifier_fn)
-  weights_type = learning.spec_to_type(weights_specs)
+  weights_type = tff_types.spec_to_type(weights_specs)
   trainable_specs = tuple(weights_specs.trainable)
   num_slots = int(stack_type[1].shape[0])
   seed = int(config.seed)
@@ -219,7 +223,7 @@ def build_finalizer(
 
   state_type = init_tf.type_signature.result
 
-  @learning.server_computation(state_type, weights_type, stack_type)
+  @finalizers.server_computation(state_type, weights_type, stack_type)
   def finalize_tf(state, global_weights, stack):
     opt_state, round_num = state
     stack = stacking_tf.Stack(*stack)
@@ -242,7 +246,7 @@ def build_finalizer(
                              bool(server_data.val_size))
     return (new_opt_state, round_num + 1), result.weights, metrics
 
-  return learning.build_server_finalizer(init_tf, finalize_tf)
+  return finalizers.build_server_finalizer(init_tf, finalize_tf)
 
 
 def _round_metrics(result: fedd3a_tf.ServerRound, stack: stacking_tf.Stack,
@@ -287,7 +291,7 @@ def _round_metrics(result: fedd3a_tf.ServerRound, stack: stacking_tf.Stack,
 # Heterogeneous client models.
 
 
-def _weights_row(model_fn: learning.ModelFn) -> tuple:
+def _weights_row(model_fn: tff_types.ModelFn) -> tuple:
   """A freshly built model's variables, trainable then non-trainable."""
   weights = local_training.model_weights(model_fn())
   return tuple(weights.trainable) + tuple(weights.non_trainable)
@@ -301,7 +305,7 @@ def _row_flat(weights: ModelWeights) -> tuple:
   return tuple(weights.trainable) + tuple(weights.non_trainable)
 
 
-def build_local_model_stores(client_model_fns: Sequence[learning.ModelFn],
+def build_local_model_stores(client_model_fns: Sequence[tff_types.ModelFn],
                              num_clients: int
                              ) -> list[client_store.ClientStore]:
   """One `ClientStore` per client architecture.
@@ -323,10 +327,10 @@ def build_local_model_stores(client_model_fns: Sequence[learning.ModelFn],
 
 def build_hetero_client_work(
     classifier_fn: ClassifierFn,
-    client_model_fns: Sequence[learning.ModelFn],
+    client_model_fns: Sequence[tff_types.ModelFn],
     element_spec: collections.OrderedDict,
     client_optimizer: tff.learning.optimizers.Optimizer,
-    dataset_fn: Optional[learning.DatasetFn],
+    dataset_fn: Optional[tff_types.DatasetFn],
     hparams: hparams_lib.FedD3AHparams,
     *,
     num_clients: int,
@@ -343,7 +347,7 @@ def build_hetero_client_work(
   local model is scattered back into the store. Update: `{'models': one
   whole `ModelWeights` per architecture (zero but the client's own),
   'projection', 'client_id', 'architecture'}`, weighted by its examples.
-  Measurements: `learning.client_measurements`.
+  Measurements: `client_works.client_measurements`.
 
   Traffic (`bytes_down` / `bytes_up`) counts what a real client moves: the
   global model and its own local model down (the store row; a client that
@@ -374,20 +378,20 @@ def build_hetero_client_work(
   num_trainable = [len(local_training.structure_of(fn).trainable_weights)
                    for fn in client_model_fns]
   weights_specs, d, _ = classifier_specs(classifier_fn)
-  weights_type = learning.spec_to_type(weights_specs)
-  data_type = learning.client_data_type(element_spec, dataset_fn,
+  weights_type = tff_types.spec_to_type(weights_specs)
+  data_type = tff_types.client_data_type(element_spec, dataset_fn,
                                         with_id=True)
   itemsize = np.dtype(np.float32).itemsize
-  global_bytes = float(learning.payload_bytes(weights_type))
+  global_bytes = float(tff_types.payload_bytes(weights_type))
   model_bytes = [s.row_bytes for s in stores]
   # Up besides the local model: P, the id, the architecture and the weight.
   extra_up = d * d * itemsize + 3 * itemsize
 
   def client_fn(global_weights, data, lr, round_num, tables):
     del round_num  # Unused by FedD3A.
-    client = learning.client_input(data, dataset_fn)
+    client = tff_types.client_input(data, dataset_fn)
     client_id = client.client_id
-    architecture = learning.prototype_of_id(client_id, num_archs)
+    architecture = tff_types.prototype_of_id(client_id, num_archs)
     own = [tf.equal(architecture, a) for a in range(num_archs)]
     # Only the own architecture's index is checked; others read row 0.
     indices = [tf.where(own[a], client_id // num_archs, 0)
@@ -408,10 +412,10 @@ def build_hetero_client_work(
         models=uploads, projection=result.projection, client_id=client_id,
         architecture=architecture)
     own_bytes = tf.gather(tf.constant(model_bytes, tf.float32), architecture)
-    client_result, stats, keep = learning.screen_client(
+    client_result, stats, keep = client_works.screen_client(
         tff.learning.templates.ClientResult(
             update=update, update_weight=result.local.num_examples),
-        learning.client_stats(result.local, global_bytes + own_bytes,
+        client_works.client_stats(result.local, global_bytes + own_bytes,
                               own_bytes + extra_up))
     # An excluded client's local model is not stored either.
     entries = tuple(
@@ -427,7 +431,7 @@ def build_hetero_client_work(
 
 def build_hetero_finalizer(
     classifier_fn: ClassifierFn,
-    client_model_fns: Sequence[learning.ModelFn],
+    client_model_fns: Sequence[tff_types.ModelFn],
     hparams: hparams_lib.FedD3AHparams,
     stack_type: tff.Type,
     distill_optimizer: tff.learning.optimizers.Optimizer,
@@ -458,7 +462,7 @@ def build_hetero_finalizer(
     A `tff.templates.MeasuredProcess` with the finalizer signature.
   """
   weights_specs, _, _ = classifier_specs(classifier_fn)
-  weights_type = learning.spec_to_type(weights_specs)
+  weights_type = tff_types.spec_to_type(weights_specs)
   num_slots = int(stack_type[1].shape[0])
   seed = int(config.seed)
   settings = fedd3a_tf.ServerSettings(hparams, config)
@@ -467,7 +471,7 @@ def build_hetero_finalizer(
   def init_tf():
     return tf.constant(0, tf.int32)
 
-  @learning.server_computation(np.int32, weights_type, stack_type)
+  @finalizers.server_computation(np.int32, weights_type, stack_type)
   def finalize_tf(round_num, global_weights, stack):
     stack = stacking_tf.Stack(*stack)
     valid = tf.range(num_slots) < stack.count
@@ -490,7 +494,7 @@ def build_hetero_finalizer(
           tf.float32))
     return round_num + 1, result.weights, metrics
 
-  return learning.build_server_finalizer(init_tf, finalize_tf)
+  return finalizers.build_server_finalizer(init_tf, finalize_tf)
 
 
 def build_fedd3a_process(
@@ -507,8 +511,8 @@ def build_fedd3a_process(
     hparams: hparams_lib.FedD3AHparams = hparams_lib.FedD3AHparams(),
     learning_rate_decay: float = 1.0,
     num_clients: int = 0,
-    dataset_fn: Optional[learning.DatasetFn] = None,
-    client_model_fns: Sequence[learning.ModelFn] = (),
+    dataset_fn: Optional[tff_types.DatasetFn] = None,
+    client_model_fns: Sequence[tff_types.ModelFn] = (),
 ) -> tff.learning.templates.LearningProcess:
   """Builds FedD3A.
 
@@ -551,7 +555,7 @@ def build_fedd3a_process(
   """
   hparams.validate()
   distill_config.check_labeled(server_data.val_size)
-  learning.check_schedule(learning_rate, learning_rate_decay)
+  schedules.check_schedule(learning_rate, learning_rate_decay)
   if (isinstance(clients_per_round, bool) or
       not isinstance(clients_per_round, int) or clients_per_round < 1):
     raise errors.ConfigError(

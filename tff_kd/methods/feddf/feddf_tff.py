@@ -59,20 +59,23 @@ from tff_kd.core import distillation
 from tff_kd.core import local_training
 from tff_kd.core import stacking as stacking_tf
 from tff_kd.core import teachers as teachers_tf
+from tff_kd.federated import client_works
 from tff_kd.federated import composer
-from tff_kd.federated import learning
+from tff_kd.federated import finalizers
+from tff_kd.federated import schedules
 from tff_kd.federated import server_data as server_data_lib
 from tff_kd.federated import stacking
+from tff_kd.federated import tff_types
 from tff_kd.methods import common
 from tff_kd.methods.feddf import feddf_tf
 from tff_kd.methods.feddf import hparams as hparams_lib
 
-ModelFn = learning.ModelFn
+ModelFn = tff_types.ModelFn
 
 
 def prototypes_weights_type(model_fns: Sequence[ModelFn]) -> tff.Type:
   """TFF type of the server model: one `ModelWeights` per prototype."""
-  return learning.spec_to_type(tuple(
+  return tff_types.spec_to_type(tuple(
       local_training.model_weights(local_training.structure_of(fn))
       for fn in model_fns))
 
@@ -94,12 +97,12 @@ def build_prototype_client_work(
     *,
     learning_rate: float,
     learning_rate_decay: float = 1.0,
-    dataset_fn: Optional[learning.DatasetFn] = None,
+    dataset_fn: Optional[tff_types.DatasetFn] = None,
 ) -> tff.templates.MeasuredProcess:
   """Local training of each client's own prototype.
 
   Same schedule, measurements and state (the round number) as
-  `tff_kd.federated.learning.build_client_work`. The update is
+  `tff_kd.federated.client_works.build_client_work`. The update is
   `{'deltas': (ModelWeights,) * P, 'prototype': int32}`; the deltas of the
   prototypes a client does not train are zero.
 
@@ -119,18 +122,18 @@ def build_prototype_client_work(
   """
   num_prototypes = len(model_fns)
   weights_type = prototypes_weights_type(model_fns)
-  data_type = learning.client_data_type(element_spec, dataset_fn,
+  data_type = tff_types.client_data_type(element_spec, dataset_fn,
                                         with_id=num_prototypes > 1)
   # What a real client moves: its own prototype down; it, its weight and its
   # prototype index up.
-  sizes = [float(learning.payload_bytes(t)) for t in weights_type]
+  sizes = [float(tff_types.payload_bytes(t)) for t in weights_type]
   extra_up = 2 * np.dtype(np.float32).itemsize
 
   @tff.tensorflow.computation(weights_type, data_type, np.float32)
   def client_update(weights, data, lr):
-    client = learning.client_input(data, dataset_fn)
+    client = tff_types.client_input(data, dataset_fn)
     dataset = client.dataset
-    prototype = learning.prototype_of_id(client.client_id, num_prototypes)
+    prototype = tff_types.prototype_of_id(client.client_id, num_prototypes)
     results = []
     for p, model_fn in enumerate(model_fns):
       # take(-1) is the whole dataset, take(0) none: a zero delta.
@@ -146,12 +149,12 @@ def build_prototype_client_work(
         weights_delta=None, num_examples=num_examples,
         loss_sum=tf.add_n([r.loss_sum for r in results]),
         num_steps=tf.add_n([r.num_steps for r in results]))
-    return learning.screen_client(
+    return client_works.screen_client(
         tff.learning.templates.ClientResult(
             update=update, update_weight=num_examples),
-        learning.client_stats(total, model_bytes, model_bytes + extra_up))[:2]
+        client_works.client_stats(total, model_bytes, model_bytes + extra_up))[:2]
 
-  return learning.build_scheduled_client_work(
+  return client_works.build_scheduled_client_work(
       client_update, learning_rate=learning_rate,
       learning_rate_decay=learning_rate_decay)
 
@@ -199,7 +202,7 @@ def build_fusion_finalizer(
   num_prototypes = len(model_fns)
   weights_type = prototypes_weights_type(model_fns)
   num_slots = int(stack_type[1].shape[0])
-  trainable_specs = [tuple(learning.tensor_specs(t.trainable))
+  trainable_specs = [tuple(tff_types.tensor_specs(t.trainable))
                      for t in weights_type]
   n_train = server_data.pool_size
   if config.val_fraction > 0:
@@ -213,7 +216,7 @@ def build_fusion_finalizer(
 
   opt_state_type = init_tf.type_signature.result
 
-  @learning.server_computation(opt_state_type, weights_type, stack_type)
+  @finalizers.server_computation(opt_state_type, weights_type, stack_type)
   def fuse_tf(opt_states, global_weights, stack):
     stack = stacking_tf.Stack(*stack)
     filled = tf.range(num_slots) < stack.count
@@ -260,11 +263,11 @@ def build_fusion_finalizer(
           result.student_val_accuracy_after[p])
     return tuple(new_states), tuple(result.weights), metrics
 
-  return learning.build_server_finalizer(init_tf, fuse_tf)
+  return finalizers.build_server_finalizer(init_tf, fuse_tf)
 
 
 def build_feddf_process(
-    model_fns: Sequence[learning.ModelFn],
+    model_fns: Sequence[tff_types.ModelFn],
     element_spec: collections.OrderedDict,
     *,
     server_data: server_data_lib.ServerData,
@@ -276,7 +279,7 @@ def build_feddf_process(
     learning_rate: float,
     learning_rate_decay: float = 1.0,
     hparams: hparams_lib.FedDFHparams = hparams_lib.FedDFHparams(),
-    dataset_fn: Optional[learning.DatasetFn] = None,
+    dataset_fn: Optional[tff_types.DatasetFn] = None,
 ) -> tff.learning.templates.LearningProcess:
   """Builds FedDF with one or several architecture prototypes.
 
@@ -313,7 +316,7 @@ def build_feddf_process(
   model_fns = tuple(model_fns)
   if not model_fns:
     raise errors.ConfigError('feddf needs at least one model prototype')
-  learning.check_schedule(learning_rate, learning_rate_decay)
+  schedules.check_schedule(learning_rate, learning_rate_decay)
   if not isinstance(clients_per_round, int) or clients_per_round < 1:
     raise errors.ConfigError(
         f'clients_per_round must be >= 1, got {clients_per_round!r}')

@@ -42,9 +42,12 @@ from tff_kd.core import distillation
 from tff_kd.core import local_training
 from tff_kd.core import stacking as stacking_tf
 from tff_kd.federated import composer
+from tff_kd.federated import finalizers
 from tff_kd.federated import label_counts
 from tff_kd.federated import learning
+from tff_kd.federated import schedules
 from tff_kd.federated import stacking
+from tff_kd.federated import tff_types
 from tff_kd.methods import common
 from tff_kd.methods.fedftg import fedftg_tf
 from tff_kd.methods.fedftg import hparams as hparams_lib
@@ -97,7 +100,7 @@ class FineTuning(NamedTuple):
 
 
 def build_fine_tune_finalizer(
-    model_fn: learning.ModelFn,
+    model_fn: tff_types.ModelFn,
     stack_type: tff.Type,
     server_optimizer: tff.learning.optimizers.Optimizer,
     tuning: FineTuning,
@@ -126,9 +129,9 @@ def build_fine_tune_finalizer(
   clf_weights = local_training.model_weights(local_training.structure_of(model_fn))
   gen_weights = local_training.model_weights(
       local_training.structure_of(tuning.generator_fn))
-  weights_type = learning.spec_to_type(clf_weights)
-  clf_specs = learning.trainable_specs(clf_weights)
-  gen_specs = learning.trainable_specs(gen_weights)
+  weights_type = tff_types.spec_to_type(clf_weights)
+  clf_specs = tff_types.trainable_specs(clf_weights)
+  gen_specs = tff_types.trainable_specs(gen_weights)
   num_slots = int(stack_type[1].shape[0])
 
   @tff.tensorflow.computation
@@ -141,7 +144,7 @@ def build_fine_tune_finalizer(
 
   state_type = init_tf.type_signature.result
 
-  @learning.server_computation(state_type, weights_type, stack_type)
+  @finalizers.server_computation(state_type, weights_type, stack_type)
   def finalize_tf(state, g, stack):
     stack = stacking_tf.Stack(*stack)
     filled = tf.range(num_slots) < stack.count
@@ -176,7 +179,7 @@ def build_fine_tune_finalizer(
             result.student_state)['learning_rate'])
     return new_state, student, metrics
 
-  return learning.build_server_finalizer(init_tf, finalize_tf)
+  return finalizers.build_server_finalizer(init_tf, finalize_tf)
 
 
 def round_fine_tune(student: tf.keras.Model, teachers, label_counts,
@@ -197,7 +200,7 @@ def round_fine_tune(student: tf.keras.Model, teachers, label_counts,
   gen_hparams['learning_rate'] = tf.cast(base_lr, tf.float32) * decay
   gen_state = tuning.generator_optimizer.set_hparams(gen_state, gen_hparams)
   student_state = tuning.student_optimizer.initialize(
-      learning.trainable_specs(local_training.model_weights(student)))
+      tff_types.trainable_specs(local_training.model_weights(student)))
   student_lr = tf.cast(tuning.student_optimizer.get_hparams(student_state)[
       'learning_rate'], tf.float32) * decay
   return fedftg_tf.fine_tune(
@@ -277,7 +280,7 @@ def build_fedftg_process(
     generator_optimizer: tff.learning.optimizers.Optimizer,
     student_optimizer: tff.learning.optimizers.Optimizer,
     learning_rate: float,
-    dataset_fn: Optional[learning.DatasetFn],
+    dataset_fn: Optional[tff_types.DatasetFn],
     learning_rate_decay: float = 1.0,
     hparams: hparams_lib.FedFTGHparams = hparams_lib.FedFTGHparams(),
     seed: int = 0,
@@ -319,7 +322,7 @@ def build_fedftg_process(
       isinstance(clients_per_round, bool) or clients_per_round < 1):
     fail(f'clients_per_round must be an integer >= 1, got '
          f'{clients_per_round!r}')
-  learning.check_schedule(learning_rate, learning_rate_decay)
+  schedules.check_schedule(learning_rate, learning_rate_decay)
   config = distillation.DistillConfig.plain(
       steps=h.student_steps, batch_size=h.batch_size,
       temperature=h.temperature, eval_every=h.student_steps, seed=seed,

@@ -51,9 +51,11 @@ from tff_kd import hparams as hp
 from tff_kd.core import local_training
 from tff_kd.core import stacking as stacking_tf
 from tff_kd.federated import composer
+from tff_kd.federated import finalizers
 from tff_kd.federated import label_counts
-from tff_kd.federated import learning
+from tff_kd.federated import schedules
 from tff_kd.federated import stacking
+from tff_kd.federated import tff_types
 from tff_kd.methods import common
 from tff_kd.methods.fedgen import fedgen_tf
 from tff_kd.methods.fedgen import hparams as hparams_lib
@@ -113,7 +115,7 @@ def build_client_work(
     learning_rate: float,
     regularizer: LocalRegularizer,
     learning_rate_decay: float = 1.0,
-    dataset_fn: Optional[learning.DatasetFn] = None,
+    dataset_fn: Optional[tff_types.DatasetFn] = None,
     seed: int = 0,
 ) -> tff.templates.MeasuredProcess:
   """FedGen's clients: label counts, and local training regularised by G.
@@ -122,7 +124,7 @@ def build_client_work(
   (classifier weights, generator weights) and train the regularised loss
   of `_train_regularized`. Without `dataset_fn`, clients take
   `OrderedDict(client_id, data)`: each draws its own generator noise,
-  seeded by its id and the round (`learning.client_data_type`).
+  seeded by its id and the round (`tff_types.client_data_type`).
 
   Args:
     classifier_fn: Builds the `Classifier` (model, features, head).
@@ -251,9 +253,9 @@ def build_generator_finalizer(
   clf_weights = local_training.model_weights(classifier.model)
   gen_weights = local_training.model_weights(
       local_training.structure_of(training.generator_fn))
-  weights_type = learning.spec_to_type((clf_weights, gen_weights))
-  clf_specs = learning.trainable_specs(clf_weights)
-  gen_specs = learning.trainable_specs(gen_weights)
+  weights_type = tff_types.spec_to_type((clf_weights, gen_weights))
+  clf_specs = tff_types.trainable_specs(clf_weights)
+  gen_specs = tff_types.trainable_specs(gen_weights)
 
   @tff.tensorflow.computation
   def init_tf():
@@ -264,7 +266,7 @@ def build_generator_finalizer(
 
   state_type = init_tf.type_signature.result
 
-  @learning.server_computation(state_type, weights_type, stack_type)
+  @finalizers.server_computation(state_type, weights_type, stack_type)
   def finalize_tf(state, weights, stack):
     stack = stacking_tf.Stack(*stack)
     g, gen = weights
@@ -294,7 +296,7 @@ def build_generator_finalizer(
         teacher_accuracy=result.teacher_accuracy)
     return new_state, (new_classifier, new_gen), metrics
 
-  return learning.build_server_finalizer(init_tf, finalize_tf)
+  return finalizers.build_server_finalizer(init_tf, finalize_tf)
 
 
 def generator_round(generator: tf.keras.Model, kernels: tf.Tensor,
@@ -337,7 +339,7 @@ def build_fedgen_process(
     server_optimizer: tff.learning.optimizers.Optimizer,
     generator_optimizer: tff.learning.optimizers.Optimizer,
     learning_rate: float,
-    dataset_fn: Optional[learning.DatasetFn],
+    dataset_fn: Optional[tff_types.DatasetFn],
     local_batch_size: int,
     learning_rate_decay: float = 1.0,
     hparams: hparams_lib.FedGenHparams = hparams_lib.FedGenHparams(),
@@ -358,7 +360,7 @@ def build_fedgen_process(
     learning_rate: Client learning rate at round 0 (> 0).
     dataset_fn: Key -> dataset function (the fast path), or None: clients
       then take `OrderedDict(client_id=int32, data=<dataset>)`, the id
-      seeding their own generator noise (`learning.client_input`).
+      seeding their own generator noise (`tff_types.client_input`).
     local_batch_size: B, the clients' batch size (scales alpha by B'/B).
     learning_rate_decay: Client lr multiplier per round, in (0, 1].
     hparams: `config.fedgen` (`hparams_lib.FedGenHparams`; defaults: the
@@ -423,7 +425,7 @@ def _check(**v) -> None:
   def fail(message):
     raise errors.ConfigError(f'fedgen {message}')
 
-  learning.check_schedule(v['learning_rate'], v['learning_rate_decay'])
+  schedules.check_schedule(v['learning_rate'], v['learning_rate_decay'])
   for name in ('clients_per_round', 'local_batch_size'):
     if not isinstance(v[name], int) or isinstance(v[name], bool) or (
         v[name] < 1):

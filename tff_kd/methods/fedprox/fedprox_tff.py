@@ -14,12 +14,14 @@ import tensorflow_federated as tff
 
 from tff_kd import hparams as hp
 from tff_kd.federated import learning
+from tff_kd.federated import schedules
+from tff_kd.federated import tff_types
 from tff_kd.methods import common
 from tff_kd.methods.fedprox import hparams as hparams_lib
 
 
 def build_fedprox_process(
-    model_fn: learning.ModelFn,
+    model_fn: tff_types.ModelFn,
     element_spec: collections.OrderedDict,
     *,
     hparams: hparams_lib.FedProxHparams = hparams_lib.FedProxHparams(),
@@ -27,7 +29,7 @@ def build_fedprox_process(
     server_optimizer: tff.learning.optimizers.Optimizer,
     learning_rate: float,
     learning_rate_decay: float = 1.0,
-    dataset_fn: Optional[learning.DatasetFn] = None,
+    dataset_fn: Optional[tff_types.DatasetFn] = None,
     clients_per_call: int = 1,
     fuse_clients: bool = False,
 ) -> tff.learning.templates.LearningProcess:
@@ -42,10 +44,10 @@ def build_fedprox_process(
     learning_rate: Client learning rate at round 0 (> 0).
     learning_rate_decay: Client lr multiplier per round, in (0, 1].
     dataset_fn: Optional key -> dataset function; clients then receive keys
-      (see `tff_kd.federated.learning.client_data_type`).
+      (see `tff_kd.federated.tff_types.client_data_type`).
     clients_per_call: Clients per TFF client, with `dataset_fn`
-      (`tff_kd.federated.learning.build_client_work`); `next` then takes
-      [clients_per_call] vectors of keys (`learning.group_keys`).
+      (`tff_kd.federated.client_works.build_client_work`); `next` then takes
+      [clients_per_call] vectors of keys (`tff_types.group_keys`).
     fuse_clients: Train each call's clients as one batched computation
       (`runtime.fuse_clients`, `tff_kd.core.fused`).
 
@@ -56,7 +58,7 @@ def build_fedprox_process(
     ConfigError: a bad hyper-parameter.
   """
   hparams.validate()
-  learning.check_schedule(learning_rate, learning_rate_decay)
+  schedules.check_schedule(learning_rate, learning_rate_decay)
   return learning.build_keras_learning_process(
       model_fn, element_spec, client_optimizer=client_optimizer,
       server_optimizer=server_optimizer, learning_rate=learning_rate,
