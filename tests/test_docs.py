@@ -13,7 +13,7 @@ import re
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-PAGES = [REPO / 'README.md', *sorted((REPO / 'docs').glob('*.md'))]
+PAGES = [REPO / 'README.md', *sorted((REPO / 'docs').rglob('*.md'))]
 _LINK = re.compile(r'\[[^\]]*\]\(([^)\s]+)\)')
 _README_MAX_LINES = 250
 
