@@ -17,7 +17,7 @@ from absl import flags
 import numpy as np
 
 from tff_kd import errors
-from tff_kd.program import plots
+from tff_kd.program import experiment
 
 _RUNS = flags.DEFINE_list('runs', None, 'Run folders (or folders of runs).',
                           required=True)
@@ -50,12 +50,12 @@ def run_folders(paths: list[str]) -> list[str]:
 def comparison(run_dirs: list[str]) -> list[str]:
   """One line per group: final and best mean test accuracy."""
   lines = []
-  for label, dirs in plots.group_runs(run_dirs).items():
-    accuracy = [np.asarray(plots.read_metrics(d)['test/accuracy'])
+  for label, dirs in experiment.group_runs(run_dirs).items():
+    accuracy = [np.asarray(experiment.read_metrics(d)['test/accuracy'])
                 for d in dirs]
     n = min(len(a) for a in accuracy)
     mean = np.nanmean(np.stack([a[:n] for a in accuracy]), axis=0)
-    best, best_round = plots.best_round(mean.tolist())
+    best, best_round = experiment.best_round(mean.tolist())
     lines.append(f'{label:>8}: final test accuracy {mean[-1]:.4f}, best '
                  f'{best:.4f} (round {best_round} of {n}, {len(dirs)} '
                  f'run{"s" if len(dirs) > 1 else ""})')
@@ -67,7 +67,7 @@ def main(argv: list[str]) -> None:
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
   try:
     runs = run_folders(_RUNS.value)
-    plots.plot_runs(runs, _OUT.value, title=_TITLE.value)
+    experiment.plot_runs(runs, _OUT.value, title=_TITLE.value)
     if _COMPARE.value:
       print('\n'.join(comparison(runs)))
   except errors.UserError as e:

@@ -32,10 +32,7 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 from tff_kd.runtime import context  # pylint: disable=g-import-not-at-top
 context.install()
 from tff_kd import errors  # pylint: disable=g-import-not-at-top,g-bad-import-order
-from tff_kd.program import checkpoints  # pylint: disable=g-import-not-at-top
 from tff_kd.program import experiment  # pylint: disable=g-import-not-at-top
-from tff_kd.program import plots  # pylint: disable=g-import-not-at-top
-from tff_kd.program import run_folder  # pylint: disable=g-import-not-at-top
 
 from absl import app  # pylint: disable=g-bad-import-order
 from absl import flags
@@ -158,21 +155,22 @@ def _log_to_file(root_dir: str) -> None:
   tf_logger.addFilter(_InternalNotices())
 
 
-def _header(config) -> str:
-  data = config.dataset.domains or config.dataset.name
+def _header(settings: experiment.Settings) -> str:
+  data = settings.dataset.domains or settings.dataset.name
   # A TFF ClientData ('tff:' names) brings its own clients.
-  clients = ('its own clients' if experiment.is_federated(config) else
-             f'{config.partition.num_clients} clients')
-  return (f'train: {config.method} on {data}, {clients} '
-          f'({config.clients_per_round} per round), {config.rounds} rounds, '
-          f'seed {config.seed}; outputs in {_ROOT_DIR.value}')
+  clients = ('its own clients' if settings.dataset.is_federated else
+             f'{settings.partition.num_clients} clients')
+  rs = settings.run
+  return (f'train: {rs.method} on {data}, {clients} '
+          f'({rs.clients_per_round} per round), {rs.rounds} rounds, '
+          f'seed {rs.seed}; outputs in {_ROOT_DIR.value}')
 
 
 def _summary(root_dir: str, result, seconds: float,
              curves: str | None) -> str:
   # From the CSV, which holds every round of the run, resumed or not.
-  history = plots.read_metrics(root_dir)
-  best = plots.best_round(history['test/accuracy'], history['round'])
+  history = experiment.read_metrics(root_dir)
+  best = experiment.best_round(history['test/accuracy'], history['round'])
   resumed = (f', resumed after round {result.resumed_after}'
              if result.resumed_after else '')
   lines = [
@@ -209,7 +207,7 @@ def _on_stop_signal(signum: int, unused_frame) -> None:
 
 
 def _how_to_resume(root_dir: str) -> str:
-  last = checkpoints.last_saved_round(root_dir)
+  last = experiment.last_saved_round(root_dir)
   if last is None:
     return 'no round was checkpointed yet; run the same command to start again'
   return (f'the last good state (round {last}) is in '
@@ -235,21 +233,21 @@ def _stopped(e: BaseException, root_dir: str) -> None:
   raise e
 
 
-def _train(config, root_dir: str) -> None:
+def _train(settings: experiment.Settings, root_dir: str) -> None:
   """Trains, under the run folder's lock."""
   _log_to_file(root_dir)
   for signum in (signal.SIGINT, signal.SIGTERM):
     signal.signal(signum, _on_stop_signal)
-  print(_header(config), flush=True)
+  print(_header(settings), flush=True)
   start = time.perf_counter()
   try:
-    experiment.set_context(config)
-    result = experiment.run(config, root_dir, progress=_PROGRESS.value)
+    experiment.set_context(settings)
+    result = experiment.run(settings, root_dir, progress=_PROGRESS.value)
     logging.info('final %s; SavedModel: %s', result.final, result.export_dir)
     curves = None
     if _PLOT.value:
       curves = os.path.join(root_dir, 'curves.png')
-      plots.plot_runs([root_dir], curves, title=config.method)
+      experiment.plot_runs([root_dir], curves, title=settings.run.method)
     summary = _summary(root_dir, result, time.perf_counter() - start, curves)
   except (Exception, KeyboardInterrupt) as e:  # pylint: disable=broad-except
     _stopped(e, root_dir)
@@ -272,10 +270,12 @@ def main(argv: list[str]) -> None:
     if _SEED.value is not None:
       config.seed = _SEED.value
   try:
-    experiment.validate_config(config)  # Before any output or compute.
+    # Validated once, before any output or compute; the run reads only
+    # the settings from here on.
+    settings = experiment.from_config(config)
     # One run per folder: locked before anything is written in it.
-    with run_folder.locked(_ROOT_DIR.value):
-      _train(config, _ROOT_DIR.value)
+    with experiment.locked(_ROOT_DIR.value):
+      _train(settings, _ROOT_DIR.value)
   except errors.UserError as e:
     _fail(str(e))
   except OSError as e:  # E.g. the log folder, on a disk that is full.

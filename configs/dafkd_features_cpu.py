@@ -2,7 +2,7 @@
 
 `configs/dafkd_paper_cpu.py` (Sec. 5's regime, CPU-sized; see there for
 what is shrunk) with the DaFKD variant that did best there on seeds 0-2
-(`benchmarks/README.md`, "Appendix A"). What differs from the paper:
+(`studies/dafkd_pool/README.md`, "Appendix A"). What differs from the paper:
 
 * the generator makes the classifier extractor's features, not images
   (appendix A, Fig. 7): the discriminators and teachers read them with

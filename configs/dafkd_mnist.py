@@ -22,7 +22,7 @@ test accuracy after rounds 1-3: lr 0.01 0.125 / 0.175 / 0.115; lr 1e-4
 lr 1e-4; the paper's value is `--config.distill.learning_rate=0.01`.
 
 Ablations (Table 3): `--config.dafkd.shared_extractor=False` (separate
-discriminator network), `--config.dafkd.no_correlation=True` (uniform
+discriminator network), `--config.dafkd.weighting=uniform` (uniform
 teacher weights). Built offline from raw IDX files with
 `--config.dataset.manual_dir=../shared/data/mnist`.
 """
@@ -45,7 +45,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.local.batch_size = 32
   c.client_optimizer.name = 'adam'
   c.client_optimizer.learning_rate = 1e-3
-  c.dafkd.weight_decay = 1e-3
+  c.client_optimizer.weight_decay = 1e-3  # AdamW, as the paper's.
   c.dafkd.generator_learning_rate = 1e-3
   c.dafkd.pool_size = 1280
   c.dafkd.noise_dim = 100

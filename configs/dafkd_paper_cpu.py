@@ -45,7 +45,6 @@ def get_config() -> ml_collections.ConfigDict:
   c.server_data.proxy_size = 1_280
   c.server_data.val_size = 500
   c.client_optimizer.weight_decay = 1e-3  # Every method's clients: AdamW.
-  c.dafkd.weight_decay = 0.0  # The same, through client_optimizer.
   c.dafkd.generator = 'dcgan'
   c.dafkd.gan_steps = 100
   c.dafkd.gan_window = 'last'

@@ -10,7 +10,7 @@ weights (5 epochs, about 2 minutes on 2 CPU cores, with a progress bar) and
 caches them under the data dir's `tff_kd_pretrained/`; later runs read them.
 
 Measured (5 rounds, seed 0): no gain over the seeded start (84.1% vs
-84.2%; benchmarks/README.md): the small CNN's Fashion-MNIST features do not
+84.2%; studies/fedd3a_protocol/README.md): the small CNN's Fashion-MNIST features do not
 transfer to digits as ImageNet ResNet features do. Online, the paper's own
 start is e.g.
 `--config.model.name=keras:ResNet50 --config.model.weights=imagenet`

@@ -2,7 +2,7 @@
 
 20 users; per class 1,500 training samples split by Dir(0.1); 10 users per
 round doing 20 SGD steps of batch 32 with lr 0.01 * 0.99**round; the 26k
-parameter CNN. Used by benchmarks/fedgen_workload.py.
+parameter CNN. Used by studies/speed/fedgen_workload.py.
 """
 
 import ml_collections

@@ -69,12 +69,12 @@ def smoke_config(case: str, **overrides: Any) -> ml_collections.ConfigDict:
 
 
 def load_state(exp, root_dir: str):
-  """`experiment.load_state(exp.config, root_dir)` for an experiment already
+  """`experiment.load_state(exp.settings, root_dir)` for an experiment already
   prepared with the same config (any root): (the newest state in root_dir,
   its round), without building the method's process again; a build is
   most of a short run's cost."""
   return checkpoints.load_or_initialize(
-      exp, checkpoints.manager_for(exp.config, root_dir))
+      exp, checkpoints.manager_for(exp.settings, root_dir))
 
 
 def saved_leaves(root_dir: str,

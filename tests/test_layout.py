@@ -9,10 +9,16 @@
   registry lists each package once.
 * The tests follow the layout: every method package has its tests in
   `tests/methods/<m>/`, and every folder there is a method package's.
+* `tff_kd.runtime` (TFF runtime glue) imports no program or method module;
+  binaries and notebooks import only the program's entry module,
+  `tff_kd.program.experiment`.
 """
 
 import ast
+import json
 import pathlib
+
+import pytest
 
 from tff_kd.methods import registry
 
@@ -23,7 +29,11 @@ VARIANT_BASES = {'fedprox': {'fedavg'}}
 
 
 def _imported_modules(path: pathlib.Path) -> set[str]:
-  tree = ast.parse(path.read_text())
+  return _imported_modules_of(path.read_text())
+
+
+def _imported_modules_of(source: str) -> set[str]:
+  tree = ast.parse(source)
   names = set()
   for node in ast.walk(tree):
     if isinstance(node, ast.ImportFrom) and node.module:
@@ -102,3 +112,78 @@ def test_every_method_package_has_its_tests_folder():
   folders = sorted(p.name for p in (TESTS / 'methods').iterdir()
                    if p.is_dir() and p.name != '__pycache__')
   assert folders == _packages()
+
+
+def test_the_runtime_glue_imports_no_program_or_method():
+  # `tff_kd.runtime` serves the program; it knows no config or method.
+  wrong = [f'{m.relative_to(ROOT)} imports {n}'
+           for m in (ROOT / 'runtime').rglob('*.py')
+           for n in _imported_modules(m)
+           if n.startswith(('tff_kd.program', 'tff_kd.methods'))]
+  assert not wrong, wrong
+
+
+def _program_imports_outside(folder: pathlib.Path) -> list[str]:
+  """`tff_kd.program` modules other than the entry module that the Python
+  files and notebooks under `folder` import."""
+  found = []
+  for path in sorted(folder.rglob('*')):
+    if path.suffix == '.py':
+      names = _imported_modules(path)
+    elif path.suffix == '.ipynb':
+      cells = json.loads(path.read_text())['cells']
+      source = '\n'.join(''.join(c['source']) for c in cells
+                         if c['cell_type'] == 'code')
+      names = _imported_modules_of(source)
+    else:
+      continue
+    for name in names:
+      parts = name.split('.')
+      if parts[:2] == ['tff_kd', 'program'] and len(parts) > 2 and (
+          parts[2] != 'experiment'):
+        found.append(f'{path.relative_to(ROOT.parent)} imports {name}')
+  return found
+
+
+@pytest.mark.parametrize('folder', ['binaries', 'notebooks'])
+def test_users_of_the_program_import_only_its_entry_module(folder):
+  wrong = _program_imports_outside(ROOT.parent / folder)
+  assert not wrong, wrong
+
+
+def test_the_entry_module_exports_what_it_lists():
+  from tff_kd.program import experiment  # pylint: disable=g-import-not-at-top
+  for name in experiment.__all__:
+    assert getattr(experiment, name) is not None, name
+  with pytest.raises(AttributeError):
+    experiment.validate_config  # pylint: disable=pointless-statement
+
+
+MAX_ARGUMENTS = 10  # TFF's largest builder takes 10.
+# Functions allowed more arguments, as '<path under tff_kd>:<name>'.
+TOO_MANY_ARGUMENTS_ALLOWED = set()
+
+
+def _argument_count(args: ast.arguments) -> int:
+  """Positional and keyword-only parameters, without a leading self/cls."""
+  positional = [a.arg for a in args.posonlyargs + args.args]
+  if positional and positional[0] in ('self', 'cls'):
+    positional = positional[1:]
+  return len(positional) + len(args.kwonlyargs)
+
+
+def test_no_function_takes_more_than_ten_arguments():
+  # Arguments that always travel together are grouped (e.g.
+  # `tff_kd.federated.learning.Training`), as TFF groups its own.
+  wrong = []
+  for module in sorted(ROOT.rglob('*.py')):
+    for node in ast.walk(ast.parse(module.read_text())):
+      if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef,
+                               ast.Lambda)):
+        continue
+      name = getattr(node, 'name', '<lambda>')
+      where = f'{module.relative_to(ROOT).as_posix()}:{name}'
+      count = _argument_count(node.args)
+      if count > MAX_ARGUMENTS and where not in TOO_MANY_ARGUMENTS_ALLOWED:
+        wrong.append(f'{where} (line {node.lineno}) takes {count}')
+  assert not wrong, wrong

@@ -3,7 +3,7 @@
 Importing the package changes nothing in the process but one exit hook
 (`tff_kd.runtime.context.exit_quietly`), which lets a script that imported
 TensorFlow Federated through tff_kd end without TFF's clean-up traceback.
-Programs (the binaries, the tests, notebooks, benchmarks) opt in to the
+Programs (the binaries, the tests, notebooks, studies) opt in to the
 process set-up they want by calling `tff_kd.runtime.context.install()` first
 thing: it defers importing tensorflow_probability to its first use and makes
 every TFF `worker_binary` started by the process die with it.

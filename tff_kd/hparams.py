@@ -21,7 +21,8 @@ small shared set below (`positive_int`, `non_negative_number`, `one_of`,
 ...); `validate()` runs them, then the class's checks of field
 combinations, and raises `tff_kd.errors.ConfigError` naming the key as
 `<section>.<field>` and the bad value. Checks that need other sections of
-the experiment config are `check_config`'s.
+the experiment config are `check_settings`'s, on the run's validated
+`tff_kd.program.settings.Settings`.
 """
 
 import dataclasses
@@ -32,10 +33,9 @@ from typing import (Any, Callable, ClassVar, Mapping, NamedTuple, Optional,
 from absl import logging
 import ml_collections
 import numpy as np
-import tensorflow as tf
 
 from tff_kd import errors
-from tff_kd import models
+from tff_kd.models import names as model_names
 Checker = Callable[[str, Any], None]
 _H = TypeVar('_H', bound='Hparams')
 
@@ -115,7 +115,8 @@ def model_list(key: str, value: Any) -> None:
   """'' or a comma list `name[:norm]` of `tff_kd.models` architectures."""
   if not isinstance(value, str):
     _fail(key, "a comma list such as 'cnn,resnet11'", value)
-  models.parse_model_list(value, default_norm=models.NORMS[0], key=key)
+  model_names.parse_model_list(value, default_norm=model_names.NORMS[0],
+                               key=key)
 
 
 def widths(key: str, value: Any) -> None:
@@ -124,15 +125,19 @@ def widths(key: str, value: Any) -> None:
     _fail(key, "comma-separated widths >= 1 such as '256,512'", value)
 
 
+# The activations `tf.keras.activations.get` knows by name (TF 2.14's Keras),
+# listed so that checking a config needs no TensorFlow; a test keeps the
+# list in step with Keras.
+KERAS_ACTIVATIONS = ('elu', 'exponential', 'gelu', 'hard_sigmoid', 'linear',
+                     'mish', 'relu', 'selu', 'sigmoid', 'softmax',
+                     'softplus', 'softsign', 'swish', 'tanh')
+
+
 def activation(key: str, value: Any) -> None:
-  """'' (linear) or the name of a Keras activation."""
-  if not isinstance(value, str):
-    _fail(key, "'' or a Keras activation name", value)
-  if value:
-    try:
-      tf.keras.activations.get(value)
-    except ValueError:
-      _fail(key, "'' or a Keras activation name such as 'relu'", value)
+  """'' (linear) or the name of a Keras activation (`KERAS_ACTIVATIONS`)."""
+  if not isinstance(value, str) or (value and
+                                    value not in KERAS_ACTIVATIONS):
+    _fail(key, "'' or a Keras activation name such as 'relu'", value)
 
 
 def parse_widths(value: Any) -> Optional[tuple[int, ...]]:
@@ -164,16 +169,27 @@ def config_fields(cls: type) -> list[dataclasses.Field]:
 
 
 class Alias(NamedTuple):
-  """A renamed config key, kept for one release.
+  """A renamed or moved config key, kept for one release.
 
   Attributes:
-    new: The field that replaces it.
+    new: The field that replaces it: a field of the same section, or a
+      dotted key of another section ('client_optimizer.weight_decay'), where
+      a key of a method's section moved to a shared one; the run's settings
+      (`tff_kd.program.settings.from_config`) move it when that method runs.
     to_new: Its value -> the new field's value (e.g. `operator.not_` for a
       negated flag).
+    field_type: The old key's type where it is not the new field's (a
+      moved key's always: `new` is dotted).
   """
 
   new: str
   to_new: Callable[[Any], Any] = lambda value: value
+  field_type: Optional[type] = None
+
+  @property
+  def moved(self) -> bool:
+    """Whether the key moved to another section."""
+    return '.' in self.new
 
 
 # ---------------------------------------------------------------------------
@@ -197,7 +213,12 @@ class Hparams:
     """The dotted config key of field `name`, e.g. 'fedgen.noise'."""
     return f'{cls.SECTION}.{name}' if cls.SECTION else name
 
-  @tf.autograph.experimental.do_not_convert
+  def __post_init__(self) -> None:
+    # Valid by construction: a section is checked once, when it is made
+    # (`from_config`, `replace`, or a builder's caller making it by hand),
+    # and nothing downstream checks it again.
+    self.validate()
+
   def validate(self) -> None:
     """Raises `errors.ConfigError` naming the first bad key and its value."""
     for f in dataclasses.fields(self):  # pytype: disable=wrong-arg-types
@@ -205,19 +226,22 @@ class Hparams:
     self._check_combinations()
 
   def replace(self: _H, **changes: Any) -> _H:
-    """A copy with `changes` applied (not validated again)."""
+    """A copy with `changes` applied (and checked, as any new section)."""
     return dataclasses.replace(self, **changes)
 
   def _check_combinations(self) -> None:
     """Checks of several fields together (each field is valid already)."""
 
-  def check_config(self, config: ml_collections.ConfigDict) -> None:
-    """Raises `errors.ConfigError` for a field the rest of `config` forbids.
+  def check_settings(self, settings: Any) -> None:
+    """Raises `errors.ConfigError` for a field the rest of the run forbids.
+
+    Called once per run, by `tff_kd.program.settings.from_config`, after
+    every section is valid on its own.
 
     Args:
-      config: The experiment config (`configs/base.py`'s keys).
+      settings: The run's `tff_kd.program.settings.Settings`.
     """
-    del config  # Most methods' settings depend on no other section.
+    del settings  # Most sections depend on no other section.
 
   @classmethod
   def from_config(cls: type[_H], section: Mapping[str, Any]) -> _H:
@@ -233,9 +257,7 @@ class Hparams:
     Raises:
       ConfigError: an unknown key, or a bad value (`validate`).
     """
-    hparams = cls(**canonical_section(cls, section, warn=True))
-    hparams.validate()
-    return hparams
+    return cls(**canonical_section(cls, section, warn=True))
 
 
 def canonical_section(cls: type[Hparams], section: Mapping[str, Any], *,
@@ -258,13 +280,14 @@ def canonical_section(cls: type[Hparams], section: Mapping[str, Any], *,
     section = section.to_dict()
   names = [f.name for f in config_fields(cls)]
   out = {k: v for k, v in section.items() if k not in cls.ALIASES}
+  renamed = {old: a for old, a in cls.ALIASES.items() if not a.moved}
   unknown = sorted(set(out) - set(names))
   if unknown:
     raise errors.ConfigError(
         f"config key '{cls.key(unknown[0])}' does not exist; "
         f"{cls.SECTION or 'the config'} has {', '.join(names)}")
   defaults = cls()
-  for old, alias in cls.ALIASES.items():
+  for old, alias in renamed.items():
     value = section.get(old)
     if value is None:
       continue
@@ -294,20 +317,6 @@ def config_section(cls: type) -> ml_collections.ConfigDict:
       {f.name: getattr(defaults, f.name) for f in config_fields(cls)})
   for old, alias in cls.ALIASES.items():
     section[old] = ml_collections.FieldReference(
-        None, field_type=type(getattr(defaults, alias.new)))
+        None, field_type=alias.field_type or type(
+            getattr(defaults, alias.new)))
   return section
-
-
-def section_hparams(config: ml_collections.ConfigDict,
-                    cls: type[Hparams]) -> Hparams:
-  """The validated `cls` of `config[cls.SECTION]`.
-
-  Checks the section's keys and values (`Hparams.from_config`) and what the
-  rest of the config requires of them (`Hparams.check_config`).
-
-  Raises:
-    ConfigError: an unknown key or a bad value, named.
-  """
-  hparams = cls.from_config(config[cls.SECTION])
-  hparams.check_config(config)
-  return hparams

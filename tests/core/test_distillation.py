@@ -6,6 +6,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_kd import errors
+from tff_kd.core import distill_hparams
 from tff_kd.core import distillation
 
 
@@ -164,7 +165,7 @@ def test_student_converges_to_fixed_teacher():
   logits = distillation.teacher_logits([teacher, teacher], x, batch_size=100)
   np.testing.assert_allclose(logits[0], teacher(x), rtol=1e-6)
   targets = distillation.weighted_ensemble(logits, np.full((2, 256), 0.5))
-  config = distillation.DistillConfig.plain(
+  config = distill_hparams.DistillConfig.plain(
       steps=300, batch_size=32, eval_every=50, seed=1)
   result = distillation.distill(
       student, tff.learning.optimizers.build_adam(0.05), x, targets, config)
@@ -184,7 +185,7 @@ def test_callable_targets_match_precomputed_targets():
   teacher = _dense(rng.normal(size=(4, 3)), rng.normal(size=3))
   init = (rng.normal(size=(4, 3)) * 0.1, np.zeros(3))
   x = rng.normal(size=(40, 4)).astype(np.float32)
-  config = distillation.DistillConfig.plain(
+  config = distill_hparams.DistillConfig.plain(
       steps=12, batch_size=8, temperature=2.0, val_fraction=0.25,
       eval_every=4, patience=5, seed=3)
   opt = tff.learning.optimizers.build_sgdm(0.5)
@@ -206,7 +207,7 @@ def test_optimizer_state_continues_across_calls():
   targets = _np_softmax(rng.normal(size=(16, 3))).astype(np.float32)
   student = _dense(np.zeros((4, 3)), np.zeros(3))
   opt = tff.learning.optimizers.build_adam(0.01)
-  config = distillation.DistillConfig.plain(steps=3, batch_size=4)
+  config = distill_hparams.DistillConfig.plain(steps=3, batch_size=4)
   first = distillation.distill(student, opt, x, targets, config)
   second = distillation.distill(student, opt, x, targets, config,
                                 optimizer_state=first.optimizer_state)
@@ -238,7 +239,7 @@ def test_early_stopping_on_plateau():
   student = _dense(rng.normal(size=(4, 3)), np.zeros(3))
   x = rng.normal(size=(40, 4)).astype(np.float32)
   targets = _np_softmax(rng.normal(size=(40, 3))).astype(np.float32)
-  config = distillation.DistillConfig.plain(
+  config = distill_hparams.DistillConfig.plain(
       steps=1000, batch_size=8, val_fraction=0.25, eval_every=10,
       patience=4)
   # Learning rate 0 (overriding the optimiser's 1.0): the validation loss
@@ -259,7 +260,7 @@ def test_the_steps_after_the_last_validation_are_kept_when_better(steps):
   x = rng.normal(size=(40, 4)).astype(np.float32)
   # Targets the student can fit: every step lowers the validation loss.
   targets = _np_softmax(x @ rng.normal(size=(4, 3))).astype(np.float32)
-  config = distillation.DistillConfig.plain(
+  config = distill_hparams.DistillConfig.plain(
       steps=steps, batch_size=8, val_fraction=0.25, eval_every=10,
       patience=4, seed=3, cosine_decay=False)
   optimizer = tff.learning.optimizers.build_sgdm(0.5)
@@ -285,7 +286,7 @@ def test_early_stopping_restores_best_weights():
   init = (rng.normal(size=(4, 3)), rng.normal(size=3))
   student = _dense(*init)
   x = rng.normal(size=(40, 4)).astype(np.float32)
-  config = distillation.DistillConfig.plain(
+  config = distill_hparams.DistillConfig.plain(
       steps=100, batch_size=10, val_fraction=0.25, eval_every=5, patience=3,
       seed=11)
   train_idx, val_idx = distillation.validation_split(40, 0.25, config.seed)
@@ -314,7 +315,7 @@ def test_gradient_clipping_bounds_the_step():
   deltas = {}
   for clip in (0.0, 1e-3):
     student = _dense(np.zeros((4, 3)), np.zeros(3))
-    config = distillation.DistillConfig.plain(steps=1, batch_size=16,
+    config = distill_hparams.DistillConfig.plain(steps=1, batch_size=16,
                                         clip_norm=clip)
     distillation.distill(student, tff.learning.optimizers.build_sgdm(1.0),
                          x, targets, config)
@@ -334,7 +335,7 @@ def test_batchnorm_mode(training):
   h = tf.keras.layers.BatchNormalization(momentum=0.0)(inputs)
   student = tf.keras.Model(inputs, tf.keras.layers.Dense(2)(h))
   x = np.array([[1.0, 3.0], [3.0, 5.0]], np.float32)
-  config = distillation.DistillConfig.plain(
+  config = distill_hparams.DistillConfig.plain(
       steps=1, batch_size=2, student_training=training)
   distillation.distill(student, tff.learning.optimizers.build_sgdm(0.0), x,
                        np.full((2, 2), 0.5, np.float32), config)
@@ -359,7 +360,7 @@ def test_default_mode_keeps_the_student_statistics_on_another_domain():
   pool = np.random.default_rng(0).normal(5.0, 3.0, (64, 2)).astype(
       np.float32)  # Another domain.
   targets = np.full((64, 3), 1 / 3, np.float32)
-  config = distillation.DistillConfig.plain(steps=20, batch_size=16)
+  config = distill_hparams.DistillConfig.plain(steps=20, batch_size=16)
   assert not config.student_training
   result = distillation.distill(
       student, tff.learning.optimizers.build_adam(1e-2), pool, targets,
@@ -383,7 +384,7 @@ def test_mean_reduction_divides_by_the_number_of_classes():
     model = _dense(np.zeros((3, 3)), np.zeros(3))
     distillation.distill(
         model, tff.learning.optimizers.build_sgdm(0.1), student, target,
-        distillation.DistillConfig.plain(steps=1, batch_size=2,
+        distill_hparams.DistillConfig.plain(steps=1, batch_size=2,
                                    kl_reduction=reduction))
     deltas[reduction] = model.trainable_weights[0].numpy()
   np.testing.assert_allclose(deltas['mean'], deltas['batchmean'] / 3,
@@ -403,7 +404,7 @@ def _labeled_problem(seed):
 
 def test_accept_no_worse_keeps_the_initial_student_when_accuracy_drops():
   student, x, wrong, labeled, w = _labeled_problem(0)
-  config = distillation.DistillConfig.plain(steps=30, batch_size=16,
+  config = distill_hparams.DistillConfig.plain(steps=30, batch_size=16,
                                       accept='no_worse')
   result = distillation.distill(
       student, tff.learning.optimizers.build_sgdm(1.0), x, wrong, config,
@@ -423,7 +424,7 @@ def test_accept_no_worse_keeps_the_initial_student_when_accuracy_drops():
 
 def test_labeled_early_stopping_restores_the_best_student():
   student, x, wrong, labeled, w = _labeled_problem(1)
-  config = distillation.DistillConfig.plain(steps=200, batch_size=16,
+  config = distill_hparams.DistillConfig.plain(steps=200, batch_size=16,
                                       validation='labeled', eval_every=5,
                                       patience=3)
   result = distillation.distill(
@@ -438,8 +439,8 @@ def test_labeled_early_stopping_restores_the_best_student():
 
 def test_labeled_modes_need_the_labeled_set():
   student, x, wrong, _, _ = _labeled_problem(2)
-  for config in (distillation.DistillConfig.plain(validation='labeled'),
-                 distillation.DistillConfig.plain(accept='no_worse')):
+  for config in (distill_hparams.DistillConfig.plain(validation='labeled'),
+                 distill_hparams.DistillConfig.plain(accept='no_worse')):
     with pytest.raises(errors.ConfigError, match='labeled server validation'):
       distillation.distill(student, tff.learning.optimizers.build_sgdm(1.0),
                            x, wrong, config)
@@ -451,7 +452,7 @@ def test_distill_inside_tff_computation_matches_eager():
   init = (rng.normal(size=(d, c)).astype(np.float32), np.zeros(c, np.float32))
   x = rng.normal(size=(n, d)).astype(np.float32)
   targets = _np_softmax(rng.normal(size=(n, c)) / 2.0).astype(np.float32)
-  config = distillation.DistillConfig.plain(
+  config = distill_hparams.DistillConfig.plain(
       steps=200, batch_size=8, temperature=2.0, clip_norm=1.0,
       val_fraction=0.25, eval_every=5, patience=2, seed=9, cosine_decay=True)
   optimizer = tff.learning.optimizers.build_adam(0.05)
@@ -490,10 +491,10 @@ def test_distill_inside_tff_computation_matches_eager():
     ('kl_reduction', 'sum', "kl_reduction 'sum' is unknown"),
 ])
 def test_config_validation(field, value, message):
-  config = distillation.DistillConfig().replace(**{field: value})
+  # A section is checked when it is made.
   with pytest.raises(errors.ConfigError, match=message):
-    config.validate()
-  distillation.DistillConfig().validate()
+    distill_hparams.DistillConfig().replace(**{field: value})
+  distill_hparams.DistillConfig().validate()
 
 
 def test_distill_rejects_bad_input_before_compute():
@@ -503,20 +504,20 @@ def test_distill_rejects_bad_input_before_compute():
   targets = np.full((8, 3), 1 / 3, np.float32)
   with pytest.raises(ValueError, match='steps must be an integer >= 1, got 0'):
     distillation.distill(student, opt, x, targets,
-                         distillation.DistillConfig.plain(steps=0))
+                         distill_hparams.DistillConfig.plain(steps=0))
   with pytest.raises(ValueError, match=r'per-example shape \(5,\) does not '
                      r"match the student's input shape \(4,\)"):
     distillation.distill(student, opt, np.ones((8, 5), np.float32), targets,
-                         distillation.DistillConfig.plain())
+                         distill_hparams.DistillConfig.plain())
   with pytest.raises(ValueError, match='pool is empty'):
     distillation.distill(student, opt, np.ones((0, 4), np.float32),
-                         targets[:0], distillation.DistillConfig.plain())
+                         targets[:0], distill_hparams.DistillConfig.plain())
   with pytest.raises(ValueError, match=r'targets \(7, 3\) do not match'):
     distillation.distill(student, opt, x, targets[:7],
-                         distillation.DistillConfig.plain())
+                         distill_hparams.DistillConfig.plain())
   with pytest.raises(ValueError, match="student's 3 outputs"):
     distillation.distill(student, opt, x, np.ones((8, 4), np.float32),
-                         distillation.DistillConfig.plain())
+                         distill_hparams.DistillConfig.plain())
   with pytest.raises(ValueError, match='does not match teacher 0'):
     distillation.teacher_logits([student], np.ones((8, 5), np.float32))
   np.testing.assert_array_equal(student.trainable_weights[0], np.ones((4, 3)))

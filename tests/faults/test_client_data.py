@@ -171,7 +171,7 @@ def test_unreadable_client_files_equal_their_absence(tmp_path):
 
 
 @pytest.mark.parametrize('grouping', [
-    {}, {'runtime.clients_per_call': 2, 'runtime.fuse_clients': True}])
+    {}, {'runtime.clients_per_call': 2, 'runtime.client_execution': 'fused'}])
 def test_a_run_goes_on_past_a_truncated_client_file(tmp_path, caplog,
                                                     grouping):
   config = _config(rounds=2, export=False, **grouping)

@@ -2,7 +2,7 @@
 
 `tff_kd.federated.stacking.build_stacking_aggregator` holds the slots as
 separate values (so TFF's C++ runtime does not keep K copies of a [M, ...]
-accumulator, benchmarks/results/stack_memory.md); its result must be the
+accumulator, studies/speed/results/stack_memory.md); its result must be the
 `Stack` of `build_dense_stacking_aggregator`, the one-accumulator
 formulation it replaced: the same rows in client order, zero padding,
 weights and count, under the local runtime; split over two workers (TFF's

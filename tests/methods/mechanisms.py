@@ -10,7 +10,7 @@ each method (tests/methods/<m>/test_mechanism.py); this module holds their
 settings and the `run` fixture:
 
 * FedDF vs distillation lr 0: the KD loss falls within every round;
-* DaFKD vs `no_correlation`: eq. 7's weights leave uniform, and (oracle pool)
+* DaFKD vs `weighting='uniform'`: eq. 7's weights leave uniform, and (oracle pool)
   put more mass on the clients that hold a sample's label than uniform
   weights do;
 * FedD3A vs `weighting=avg`: the soft weights leave uniform; on real

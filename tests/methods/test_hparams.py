@@ -1,7 +1,7 @@
 """Every method's hyper-parameters: one frozen dataclass per config section.
 
 A bad value in any method's section is a `ConfigError` naming the key,
-raised by `experiment.validate_config`, and so by `experiment.run` before it
+raised by `experiment.from_config`, and so by `experiment.run` before it
 loads data or writes anything under its root_dir. The contract every
 registered method gets (`test_every_field_refuses_a_wrong_typed_value`):
 each field of its hparams class, given a value of the wrong type, is refused
@@ -49,8 +49,15 @@ BAD = [
      r'fedgen\.coefficient_decay must be in \(0, 1\], got 1\.5'),
     ('fedftg', {'fedftg.iterations': -1},
      r'fedftg\.iterations must be an integer >= 1, got -1'),
-    ('fedftg', {'fedftg.kl_reduction': 'sum'},
-     r"fedftg\.kl_reduction 'sum' is unknown"),
+    ('fedftg', {'distill.kl_reduction': 'sum'},
+     r"distill\.kl_reduction 'sum' is unknown"),
+    ('fedftg', {'fedftg.kl_reduction': 'sum'},  # Its old name.
+     r"distill\.kl_reduction 'sum' is unknown"),
+    ('feddf', {'distill.lr_decay': 0.9, **_POOL},
+     r'distill\.lr_decay=0\.9: feddf keeps its server learning rate'),
+    ('fedftg', {'fedftg.temperature': 2.0, 'distill.temperature': 3.0},
+     r'fedftg\.temperature=2\.0 \(moved to distill\.temperature\) '
+     r'contradicts distill\.temperature=3\.0'),
     ('dafkd', {'dafkd.pool_size': 0},
      r'dafkd\.pool_size must be an integer >= 1, got 0'),
     ('dafkd', {'dafkd.generator_hidden': '32,0'},
@@ -58,7 +65,8 @@ BAD = [
     ('dafkd', {'dafkd.generator_beta_1': 1.0},
      r'dafkd\.generator_beta_1 must be in \[0, 1\), got 1\.0'),
     ('dafkd', {'dafkd.weight_decay': 1e-3},
-     r'dafkd\.weight_decay needs client_optimizer\.name=adam .*=0\.001'),
+     r'client_optimizer\.weight_decay needs client_optimizer\.name=adam '
+     r'.*=0\.001'),
     ('dafkd', {'dafkd.pool': 'real'},
      r"dafkd\.pool='real' .* needs the server's proxy pool"),
 ]
@@ -68,11 +76,11 @@ ALL_HPARAMS = tuple(m.hparams for m in registry.METHODS.values()
 
 
 def _refused_before_compute(config, match: str, tmp_path) -> None:
-  """`validate_config` and `run` both raise a `ConfigError` matching `match`,
+  """`from_config` and `run` both raise a `ConfigError` matching `match`,
   and `run` writes nothing (it writes client data under root_dir first thing
   after validation)."""
   with pytest.raises(errors.ConfigError, match=match):
-    experiment.validate_config(config)
+    experiment.from_config(config)
   root_dir = tmp_path / 'run'
   with pytest.raises(errors.ConfigError, match=match):
     experiment.run(config, str(root_dir), progress=False)
@@ -92,10 +100,10 @@ def test_every_method_declares_its_section(method):
   m = registry.get_method(method)
   if m.hparams is None:
     assert method == 'fedavg'
-    assert registry.method_hparams(_config(method=method)) is None
+    assert experiment.from_config(_config(method=method)).hparams is None
     return
   assert m.hparams.SECTION == method
-  assert isinstance(registry.method_hparams(_config(method=method, **_POOL)),
+  assert isinstance(experiment.from_config(_config(method=method, **_POOL)).hparams,
                     m.hparams)
 
 

@@ -68,5 +68,5 @@ def test_a_grouped_round_is_the_same_weighted_mean(tmp_path, method):
 def test_methods_that_keep_clients_apart_refuse_it(method):
   with pytest.raises(errors.ConfigError,
                      match=rf'runtime.clients_per_call=2: {method} keeps'):
-    experiment.validate_config(helpers.smoke_config(
+    experiment.from_config(helpers.smoke_config(
         method, **{'runtime.clients_per_call': 2}))

@@ -38,7 +38,7 @@ from tff_kd.program import experiment
 ])
 def test_bad_settings_fail_before_any_compute(tmp_path, key, value, match):
   with pytest.raises(errors.ConfigError, match=match):
-    experiment.validate_config(_config(**{key: value}))
+    experiment.from_config(_config(**{key: value}))
   with pytest.raises(errors.ConfigError, match=match):
     experiment.run(_config(**{key: value}), str(tmp_path))
   assert not os.path.exists(tmp_path / 'checkpoints')
@@ -50,7 +50,7 @@ def test_unknown_config_key_is_named():
     c.partition.nosuch = 3
   with pytest.raises(errors.ConfigError,
                      match="config key 'partition.nosuch' does not exist"):
-    experiment.validate_config(c)
+    experiment.from_config(c)
 
 
 def test_more_clients_than_samples(tmp_path):

@@ -1,4 +1,4 @@
-"""`runtime.fuse_clients`: each call's clients trained as one computation.
+"""`runtime.client_execution='fused'`: each call's clients trained as one computation.
 
 A fused round must equal the same process with one TFF client per client
 (`build_dataset_process`) fed, per client, a dataset of exactly the batches
@@ -21,6 +21,7 @@ from tests.helpers import digits_config
 from tff_kd import errors
 from tff_kd.core import fused
 from tff_kd.federated import client_works
+from tff_kd.federated import execution
 from tff_kd.federated import tff_types
 from tff_kd.program import experiment
 
@@ -51,7 +52,7 @@ def test_a_fused_round_is_the_per_client_round_on_its_batches(tmp_path,
   exp = experiment.prepare(
       digits_config(method=method, **{
           'partition.num_clients': 8, 'clients_per_round': 5,
-          'runtime.clients_per_call': 3, 'runtime.fuse_clients': True,
+          'runtime.clients_per_call': 3, 'runtime.client_execution': 'fused',
           'client_optimizer.momentum': 0.9}),
       str(tmp_path))
   keys = exp.client_data.keys(_CLIENTS, seed=0, round_num=0)
@@ -82,11 +83,13 @@ def test_a_fused_round_is_the_per_client_round_on_its_batches(tmp_path,
                                                 rel=1e-4)
 
 
-def test_methods_that_keep_clients_apart_refuse_it():
+@pytest.mark.parametrize('key,value', [
+    ('runtime.client_execution', 'fused'),
+    ('runtime.fuse_clients', True)])  # Its old name.
+def test_methods_that_keep_clients_apart_refuse_it(key, value):
   with pytest.raises(errors.ConfigError,
-                     match=r'runtime.fuse_clients=True: feddf keeps'):
-    experiment.validate_config(helpers.smoke_config(
-        'feddf', **{'runtime.fuse_clients': True}))
+                     match=r"runtime.client_execution='fused': feddf keeps"):
+    experiment.from_config(helpers.smoke_config('feddf', **{key: value}))
 
 
 def test_a_model_it_cannot_run_is_named_before_any_round(tmp_path):
@@ -97,9 +100,10 @@ def test_a_model_it_cannot_run_is_named_before_any_round(tmp_path):
     return tf.keras.Model(inputs, tf.keras.layers.Dense(10)(h))
 
   with pytest.raises(errors.ConfigError,
-                     match=r"runtime.fuse_clients: Dropout layer 'drop'"):
+                     match=r"runtime.client_execution='fused': Dropout "
+                     r"layer 'drop'"):
     client_works.build_client_work(
         with_dropout, None, None, learning_rate=0.1,
         dataset_fn=experiment.prepare(
             digits_config(), str(tmp_path)).inputs.dataset_fn,
-        clients_per_call=2, fuse_clients=True)
+        client_execution=execution.ClientExecution(2, 'fused'))

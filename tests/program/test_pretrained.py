@@ -45,12 +45,13 @@ def test_weights_file_is_the_round0_model_of_a_run(tmp_path):
   # The process's own initial state (built in a TFF computation's graph)
   # and the program's round 0 (`load_or_initialize` on a fresh folder).
   for state in (exp.process.initialize(), checkpoints.load_or_initialize(
-      exp, checkpoints.manager_for(config, str(tmp_path / 'fresh')))[0]):
+      exp, checkpoints.manager_for(exp.settings,
+                                   str(tmp_path / 'fresh')))[0]):
     for a, b in zip(_flat(exp.process.get_model_weights(state)), expected):
       np.testing.assert_array_equal(a, b)
   # The run trained from there; resuming reads its checkpoint, not the file.
   state, done = checkpoints.load_or_initialize(
-      exp, checkpoints.manager_for(config, root))
+      exp, checkpoints.manager_for(exp.settings, root))
   assert done == 1
   trained = _flat(exp.process.get_model_weights(state))
   assert not all(np.array_equal(a, b) for a, b in zip(trained, expected))
@@ -108,15 +109,15 @@ def test_heterogeneous_client_lists_take_keras_applications(tmp_path):
     config = smoke_config(method, **{
         f'{method}.client_models': 'cnn,keras:MobileNetV2',
         f'{method}.client_weights': f'{path},imagenet'})
-    experiment.validate_config(config)
-  assert experiment.prototypes(config) == [('cnn', 'batch')]
-  assert experiment.prototype_weights(config) == [('', 'model.weights')]
+    experiment.from_config(config)
+  assert experiment.from_config(config).prototypes == [('cnn', 'batch')]
+  assert experiment.from_config(config).prototype_weights == [('', 'model.weights')]
   config = smoke_config('feddf', **{
       'feddf.client_models': 'cnn,keras:MobileNetV2',
       'feddf.client_weights': f'{path},imagenet'})
-  assert experiment.prototypes(config) == [('cnn', 'batch'),
+  assert experiment.from_config(config).prototypes == [('cnn', 'batch'),
                                            ('keras:MobileNetV2', 'batch')]
-  assert experiment.prototype_weights(config) == [
+  assert experiment.from_config(config).prototype_weights == [
       (path, 'feddf.client_weights entry 0'),
       ('imagenet', 'feddf.client_weights entry 1')]
 
@@ -140,7 +141,7 @@ def test_a_from_keras_model_trains_through_a_method_builder(tmp_path):
       _keras_model(), feature_layer='pool', num_classes=10)
   inputs = exp.inputs._replace(model_fn=lambda: classifier_fn().model,
                                classifier_fn=classifier_fn)
-  process = registry.get_method(config.method).build(inputs, config)
+  process = exp.settings.method.build(inputs, exp.settings)
   state = process.initialize()
   clients = sampling.sample_clients(config.partition.num_clients,
                                     config.clients_per_round,
@@ -157,11 +158,12 @@ def test_a_from_keras_model_trains_through_a_method_builder(tmp_path):
 def test_a_run_folder_is_not_resumed_with_other_weights(tmp_path):
   path = str(tmp_path / 'cnn.h5')
   _weights_file(path)
-  checkpoints.check_resumable(smoke_config('fedavg'), str(tmp_path))
+  checkpoints.check_resumable(
+      experiment.from_config(smoke_config('fedavg')), str(tmp_path))
   with pytest.raises(errors.CheckpointError,
                      match="different 'model.weights' \\(''"):
-    checkpoints.check_resumable(
-        smoke_config('fedavg', **{'model.weights': path}), str(tmp_path))
+    checkpoints.check_resumable(experiment.from_config(
+        smoke_config('fedavg', **{'model.weights': path})), str(tmp_path))
 
 
 def test_a_pretrain_setting_is_made_once_and_runs_as_a_cached_file(

@@ -60,7 +60,7 @@ def test_every_section_and_key_is_documented():
 def test_program_set_fields_are_not_keys():
   keys = _reference_keys()
   assert 'distill.steps' in keys
-  assert 'distill.seed' not in keys and 'distill.kl_reduction' not in keys
+  assert 'distill.seed' not in keys
 
 
 def test_checks_name_choices_and_method_sections_their_method():

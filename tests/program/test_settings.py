@@ -12,7 +12,7 @@ from configs import base
 from tests.helpers import digits_config as _config
 from tff_kd import errors
 from tff_kd import hparams as hp
-from tff_kd.core import distillation
+from tff_kd.core import distill_hparams
 from tff_kd.methods import registry
 from tff_kd.program import checkpoints
 from tff_kd.program import settings
@@ -30,13 +30,78 @@ def test_base_config_is_the_tree():
     assert set(config[cls.SECTION].keys()) == fields | set(cls.ALIASES), cls
 
 
+def test_a_section_is_valid_by_construction():
+  # Checked once, when made: a builder never receives a bad section.
+  with pytest.raises(errors.ConfigError, match='distill.steps must be'):
+    distill_hparams.DistillConfig.plain(steps=0)
+  with pytest.raises(errors.ConfigError, match='distill.steps must be'):
+    distill_hparams.DistillConfig().replace(steps=0)
+  with pytest.raises(errors.ConfigError, match='fedftg.iterations must be'):
+    registry.get_method('fedftg').hparams(iterations=0)
+
+
 def test_distill_defaults_have_one_home():
-  # The record the TF code receives has the config's defaults.
+  # The record the TF code receives has the config's defaults; a key some
+  # method has its own default for is unset (None) in the config.
   section = settings.default_config().distill.to_dict()
-  record = distillation.DistillConfig()
-  assert {k: getattr(record, k) for k in section} == section
-  assert record.seed == 0 and record.kl_reduction == 'batchmean'
-  assert 'seed' not in section and 'kl_reduction' not in section
+  record = distill_hparams.DistillConfig()
+  recipes = {k for m in registry.METHODS.values() for k in m.distill_defaults}
+  assert recipes == {'batch_size', 'temperature', 'student_training',
+                     'kl_reduction', 'lr_decay'}  # FedFTG's.
+  assert {k for k, v in section.items() if v is None} == recipes
+  assert {k: getattr(record, k) for k in section if k not in recipes} == {
+      k: v for k, v in section.items() if k not in recipes}
+  assert record.seed == 0 and 'seed' not in section
+
+
+@pytest.mark.parametrize('method,overrides,expected', [
+    # Unset: the method's own default, else the section's.
+    ('fedftg', {}, dict(batch_size=64, temperature=1.0, kl_reduction='mean',
+                        lr_decay=0.998)),
+    ('feddf', {}, dict(batch_size=128, temperature=1.0,
+                       kl_reduction='batchmean', lr_decay=1.0)),
+    # Set: the value, whichever method runs.
+    ('fedftg', {'distill.batch_size': 128}, dict(batch_size=128)),
+    ('feddf', {'distill.batch_size': 64}, dict(batch_size=64)),
+    # FedFTG's old names move to `distill`.
+    ('fedftg', {'fedftg.batch_size': 16, 'fedftg.lr_decay': 0.5},
+     dict(batch_size=16, lr_decay=0.5, temperature=1.0)),
+])
+def test_a_method_runs_with_its_own_distill_defaults(method, overrides,
+                                                      expected):
+  tree = settings.from_config(_config(
+      method=method, **{'server_data.proxy': 'split',
+                        'server_data.proxy_size': 50}, **overrides))
+  assert {k: getattr(tree.distill, k) for k in expected} == expected
+  # The run folder records the values in force.
+  recorded = tree.to_config().distill
+  assert {k: recorded[k] for k in expected} == expected
+
+
+def test_a_moved_key_becomes_the_shared_one_for_its_method_only():
+  # dafkd.weight_decay moved to client_optimizer.weight_decay.
+  moved = settings.from_config(_config(
+      method='dafkd', **{'dafkd.weight_decay': 1e-3,
+                         'client_optimizer.name': 'adam'}))
+  assert moved.client_optimizer.weight_decay == 1e-3
+  other = settings.from_config(_config(
+      method='fedavg', **{'dafkd.weight_decay': 1e-3}))
+  assert other.client_optimizer.weight_decay == 0.0
+
+
+@pytest.mark.parametrize('old,new', [
+    ({'dafkd.no_correlation': True}, {'weighting': 'uniform'}),
+    ({'dafkd.no_correlation': False}, {'weighting': 'discriminator'}),
+    ({'dafkd.weights_on': 'logits'}, {'ensemble': 'logits'}),
+    ({'fedgen.teacher_ensemble': 'logits'}, {'ensemble': 'logits'}),
+    ({'runtime.fuse_clients': True}, {'client_execution': 'fused'}),
+])
+def test_old_key_names_are_read_under_the_new_ones(old, new):
+  method = next(iter(old)).split('.')[0]
+  method = {'runtime': 'fedavg'}.get(method, method)
+  tree = settings.from_config(_config(method=method, **old))
+  section = tree.runtime if method == 'fedavg' else tree.hparams
+  assert {k: getattr(section, k) for k in new} == new
 
 
 @pytest.mark.parametrize('method', sorted(registry.METHODS))
@@ -161,18 +226,37 @@ def test_a_run_folder_written_with_the_old_names_resumes(tmp_path):
   old['feddf']['prototypes'] = ''
   with open(tmp_path / 'config.json', 'w') as f:
     json.dump(old, f)
-  checkpoints.check_resumable(
-      _config(method='dafkd', **{'dafkd.shared_extractor': False}),
+  checkpoints.check_resumable(settings.from_config(
+      _config(method='dafkd', **{'dafkd.shared_extractor': False})),
       str(tmp_path))
+  # A FedFTG folder written before its distillation keys moved resumes.
+  old = _config(method='fedftg').to_dict()
+  old['distill'] = dict(steps=200, batch_size=128, learning_rate=1e-3,
+                        temperature=1.0, clip_norm=5.0, val_fraction=0.1,
+                        eval_every=50, patience=4, cosine_decay=True,
+                        student_training=False, validation='pool',
+                        accept='always')
+  old['fedftg'].update(batch_size=64, lr_decay=0.998, temperature=1.0,
+                       student_training=False, kl_reduction='mean')
+  (tmp_path / 'ftg').mkdir()
+  with open(tmp_path / 'ftg' / 'config.json', 'w') as f:
+    json.dump(old, f)
+  checkpoints.check_resumable(settings.from_config(_config(method='fedftg')),
+                              str(tmp_path / 'ftg'))
+  with pytest.raises(errors.CheckpointError,
+                     match="different 'distill.batch_size'"):
+    checkpoints.check_resumable(settings.from_config(_config(
+        method='fedftg', **{'distill.batch_size': 32})), str(tmp_path / 'ftg'))
   # Written back under the new names; the same setting still resumes and a
   # different one is refused.
   with open(tmp_path / 'config.json') as f:
     assert json.load(f)['dafkd']['shared_extractor'] is False
-  checkpoints.check_resumable(
-      _config(method='dafkd', **{'dafkd.no_sharing': True}), str(tmp_path))
+  checkpoints.check_resumable(settings.from_config(
+      _config(method='dafkd', **{'dafkd.no_sharing': True})), str(tmp_path))
   with pytest.raises(errors.CheckpointError,
                      match="different 'dafkd.shared_extractor'"):
-    checkpoints.check_resumable(_config(method='dafkd'), str(tmp_path))
+    checkpoints.check_resumable(settings.from_config(_config(method='dafkd')),
+                                str(tmp_path))
 
 
 def test_with_overrides_sets_dotted_keys_and_names_unknown_ones():

@@ -111,7 +111,7 @@ def test_fedavg_reads_only_sampled_clients_and_resumes_exactly(tmp_path):
   exp = experiment.prepare(config, str(tmp_path / 'probe'),
                            client_data=clients, test_data=test)
   a, b = (checkpoints.load_or_initialize(exp, checkpoints.manager_for(
-      exp.config, root)) for root in (resumed, straight))
+      exp.settings, root)) for root in (resumed, straight))
   assert a[1] == b[1] == 2
   for x, y in zip(tf.nest.flatten(a[0]), tf.nest.flatten(b[0])):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
@@ -127,9 +127,8 @@ def test_fedavg_reads_only_sampled_clients_and_resumes_exactly(tmp_path):
   assert not os.path.exists(os.path.join(straight, 'client_data'))
 
   # Other clients (or another name) in the same folder are refused.
-  other = copy.deepcopy(exp.config)
-  other.dataset.client_data = _wrap(folder,
-                                    num_clients=NUM_CLIENTS - 1).identity
+  other = exp.settings.replace(dataset=exp.settings.dataset.replace(
+      client_data=_wrap(folder, num_clients=NUM_CLIENTS - 1).identity))
   with pytest.raises(errors.CheckpointError, match='dataset.client_data'):
     checkpoints.check_resumable(other, straight)
 
@@ -180,7 +179,7 @@ def test_train_model_source_reads_the_sampled_clients(tmp_path):
   _write(folder, keep=set(sampling.sample_clients(NUM_CLIENTS, 3, seed=0,
                                                   round_num=0).tolist()))
   clients = _wrap(folder)
-  local = experiment.local_work(_config())
+  local = experiment.from_config(_config()).local_work
   source = tff_programs.ClientDataSource(clients, local, seed=0)
   iterator = source.iterator()
   restored = tff_programs.ClientDataSourceIterator.from_bytes(
@@ -237,12 +236,12 @@ def test_tff_dataset_offline_names_the_folder_to_fill(tmp_path, monkeypatch):
 
 
 def test_tff_dataset_settings():
-  experiment.validate_config(_config(**{'dataset.name': 'tff:emnist'}))
+  experiment.from_config(_config(**{'dataset.name': 'tff:emnist'}))
   with pytest.raises(errors.ConfigError, match='do not apply to a ClientData'):
-    experiment.validate_config(_config(**{'dataset.name': 'tff:emnist',
+    experiment.from_config(_config(**{'dataset.name': 'tff:emnist',
                                           'dataset.train_limit': 10}))
   with pytest.raises(errors.ConfigError, match="dataset 'tff:nope' is unknown"):
-    experiment.validate_config(_config(**{'dataset.name': 'tff:nope'}))
+    experiment.from_config(_config(**{'dataset.name': 'tff:nope'}))
 
 
 def test_test_set_forms_give_the_same_arrays(tmp_path):

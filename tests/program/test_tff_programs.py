@@ -41,10 +41,9 @@ class _Recorder(tff.program.ReleaseManager):
 
 def _train(exp, process, root: str, rounds: int, recorder,
            eval_recorder) -> None:
-  config = exp.config
   source = tff_programs.ClientDataSource.for_process(
-      process, exp.client_data, experiment.local_work(config),
-      seed=config.seed)
+      process, exp.client_data, exp.settings.local_work,
+      seed=exp.settings.run.seed)
   manager = tff.program.FileProgramStateManager(
       os.path.join(root, 'checkpoints'))
   initial = process.set_model_weights(
@@ -57,7 +56,7 @@ def _train(exp, process, root: str, rounds: int, recorder,
     aio.run_sync(tff.learning.programs.train_model(
         train_process=process, initial_train_state=initial,
         train_data_source=source,
-        train_per_round_clients=config.clients_per_round,
+        train_per_round_clients=exp.settings.run.clients_per_round,
         train_total_rounds=rounds, program_state_manager=manager,
         model_output_manager=tff.program.LoggingReleaseManager(),
         train_metrics_manager=recorder, evaluation_manager=evaluation,
@@ -67,16 +66,16 @@ def _train(exp, process, root: str, rounds: int, recorder,
 def _keyed_rounds(exp):
   """The state after `experiment.run`'s rounds: the same seeded start,
   client samples and keys (the keyed fast path)."""
-  config = exp.config
+  rs = exp.settings.run
   state = exp.process.set_model_weights(
       exp.process.initialize(),
       checkpoints.seeded_initial_weights(exp.model_fn))
-  for round_num in range(config.rounds):
+  for round_num in range(rs.rounds):
     clients = sampling.sample_clients(
-        config.partition.num_clients, config.clients_per_round,
-        seed=config.seed, round_num=round_num)
+        exp.settings.partition.num_clients, rs.clients_per_round,
+        seed=rs.seed, round_num=round_num)
     state = exp.process.next(state, exp.client_data.keys(
-        clients, seed=config.seed, round_num=round_num)).state
+        clients, seed=rs.seed, round_num=round_num)).state
   return state
 
 
@@ -89,8 +88,8 @@ def _saved_state(exp, process, root: str):
       version, tff.learning.programs.ProgramState(
           process.initialize(), 0, 0,
           tff_programs.ClientDataSource.for_process(
-              process, exp.client_data, experiment.local_work(exp.config),
-              seed=exp.config.seed).iterator())))
+              process, exp.client_data, exp.settings.local_work,
+              seed=exp.settings.run.seed).iterator())))
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from tests import helpers
 from tests.helpers import digits_config as _config
 from tff_kd import errors
 from tff_kd.program import experiment
-from tff_kd.runtime import workers
+from tff_kd.runtime import workers as workers_lib
 
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
@@ -31,14 +31,14 @@ _REPO = os.path.dirname(os.path.dirname(os.path.dirname(
 
 @pytest.fixture
 def workers():
-  started = workers.start_local_workers(3)
+  started = workers_lib.start_local_workers(3)
   yield started
-  workers.stop_workers(started)
+  workers_lib.stop_workers(started)
 
 
 def _global_weights(exp, root: str) -> list[np.ndarray]:
   state, rounds = helpers.load_state(exp, root)
-  assert rounds == exp.config.rounds
+  assert rounds == exp.settings.run.rounds
   return [np.asarray(v) for v in
           tf.nest.flatten(exp.process.get_model_weights(state))]
 
@@ -52,7 +52,7 @@ def test_two_workers_give_the_one_worker_model(tmp_path, workers, method):
   for name, group in (('one', addresses[:1]), ('two', addresses[1:])):
     roots[name] = str(tmp_path / name)
     with tff.framework.get_context_stack().install(
-        workers.remote_context(group, timeout_s=30)):
+        workers_lib.remote_context(group, timeout_s=30)):
       experiment.run(config, roots[name], progress=False)
   checks = [('two', 1e-4 if method == 'fedavg' else 1e-3)]
   if method == 'fedavg':  # The local runtime once; it is the slow part.
@@ -83,7 +83,7 @@ def test_bad_worker_lists_are_config_errors(spec, message):
   config = _config()
   config.runtime.workers = spec
   with pytest.raises(errors.ConfigError, match=message):
-    experiment.validate_config(config)
+    experiment.from_config(config)
 
 
 def test_secure_sums_are_refused_on_remote_workers():
@@ -91,7 +91,7 @@ def test_secure_sums_are_refused_on_remote_workers():
   config.dafkd.private = True
   config.runtime.workers = 'localhost:8000'
   with pytest.raises(errors.ConfigError, match='secure sums'):
-    experiment.validate_config(config)
+    experiment.from_config(config)
 
 
 def _metrics_rows(root: str) -> int:
@@ -104,7 +104,7 @@ def _metrics_rows(root: str) -> int:
 
 @pytest.mark.slow
 def test_killed_worker_stops_the_run_clearly_and_it_resumes(tmp_path):
-  started = workers.start_local_workers(2)
+  started = workers_lib.start_local_workers(2)
   try:
     (first, _), (second, proc) = started
     root = str(tmp_path / 'run')
@@ -136,7 +136,7 @@ def test_killed_worker_stops_the_run_clearly_and_it_resumes(tmp_path):
     # worker is back on its port.
     done = _metrics_rows(root)
     port = int(second.rsplit(':', 1)[1])
-    back = subprocess.Popen(workers.worker_command(port),
+    back = subprocess.Popen(workers_lib.worker_command(port),
                             stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     try:
@@ -149,4 +149,4 @@ def test_killed_worker_stops_the_run_clearly_and_it_resumes(tmp_path):
     assert 'resumed after round' in resumed.stdout
     assert _metrics_rows(root) >= 20 and done >= 1
   finally:
-    workers.stop_workers(started)
+    workers_lib.stop_workers(started)

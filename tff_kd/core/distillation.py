@@ -19,9 +19,7 @@ the weights come from; this module owns everything else.
 * FedDF's drop-worst (`drop_worst`): teachers at or below random-guess
   accuracy on a server validation set get weight 0.
 * The loss (`kd_loss`): T^2 * mean_i KL(target_i || softmax(s(x_i) / T))
-  (Hinton et al., 2015; FedD3A eq. 8; FedDF with T = 1), and the pool
-  filter that keeps the samples where that KL is largest
-  (`hardest_samples`).
+  (Hinton et al., 2015; FedD3A eq. 8; FedDF with T = 1).
 * The loop (`distill`): seeded minibatches of the pool, one
   `tff.learning.optimizers` step per batch, optional global-norm clipping
   (FedDF clips at 5), optional cosine learning-rate decay (FedDF's code) and
@@ -40,16 +38,14 @@ Everything is pure TensorFlow with no TFF placement: `distill` runs eagerly
 is a `tf.function`, so AutoGraph converts it in both cases.
 """
 
-import dataclasses
 import math
-from typing import Callable, ClassVar, NamedTuple, Sequence, Union
+from typing import Callable, NamedTuple, Sequence, Union
 
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_kd import errors
-from tff_kd import hparams as hp
+from tff_kd.core import distill_hparams
 from tff_kd.core import local_training
 from tff_kd.core import loops
 
@@ -66,9 +62,23 @@ _EPOCH_STREAM_OFFSET = 1
 NO_VALIDATION = -1.0
 
 _ENSEMBLES = ('probs', 'logits')
-VALIDATIONS = ('pool', 'labeled')
-KL_REDUCTIONS = ('batchmean', 'mean')
-ACCEPTS = ('always', 'no_worse')
+KL_REDUCTIONS = distill_hparams.KL_REDUCTIONS
+
+
+class Distillation(NamedTuple):
+  """The server's distillation: its optimiser and its settings.
+
+  What a KD method's builder takes to distil into its student (FedDF,
+  FedD3A, FedFTG's student steps); `distill` receives both.
+
+  Attributes:
+    optimizer: The student's `tff.learning.optimizers` optimizer.
+    config: The distillation settings (`distill_hparams.DistillConfig`:
+      steps, batch size, temperature, clipping, early stopping, ...).
+  """
+
+  optimizer: tff.learning.optimizers.Optimizer
+  config: distill_hparams.DistillConfig
 
 
 @tf.autograph.experimental.do_not_convert
@@ -211,30 +221,6 @@ def kl_per_example(student_logits: tf.Tensor, target_probs: tf.Tensor,
   return tf.reduce_sum(target_probs * (log_p - log_q), axis=-1)
 
 
-def hardest_samples(student_logits: tf.Tensor, target_probs: tf.Tensor,
-                    temperature: float, count: int) -> tf.Tensor:
-  """Indices of the `count` samples the student matches worst.
-
-  The samples with the largest KL(target_i || softmax(s_i / T)), hardest
-  first (ties: the lower index first). A pool filter in the spirit of
-  FedFTG's hard-sample mining (Zhang et al., CVPR 2022): distillation only
-  moves the student on samples where it disagrees with the target.
-
-  Args:
-    student_logits: [N, C] student logits (untempered).
-    target_probs: [N, C] target probabilities (already tempered).
-    temperature: T > 0, as in `kd_loss`.
-    count: How many to keep (at most N).
-
-  Returns:
-    int32 [count] indices into the N samples.
-  """
-  _check_temperature(temperature)
-  kl = kl_per_example(student_logits, target_probs, temperature)
-  return tf.ensure_shape(tf.math.top_k(kl, k=count, sorted=True).indices,
-                         [count])
-
-
 @tf.autograph.experimental.do_not_convert
 def kd_loss(student_logits: tf.Tensor, target_probs: tf.Tensor,
             temperature: float, reduction: str = 'batchmean') -> tf.Tensor:
@@ -328,112 +314,6 @@ def drop_worst(teacher_val_logits: tf.Tensor, val_labels: tf.Tensor,
       accuracies=accuracies, kept=kept)
 
 
-def _integer(key: str, value) -> None:
-  """Any integer (a seed)."""
-  if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
-    raise errors.ConfigError(f'{key} must be an integer, got {value!r}')
-
-
-@dataclasses.dataclass(frozen=True)
-class DistillConfig(hp.Hparams):
-  """Settings of one server distillation: the `config.distill` section.
-
-  The defaults are the config's (CPU-sized: 200 steps per round). FedDF's
-  reference settings are Adam 1e-3, batch 128, up to 10,000 steps with
-  cosine decay, validation every 100 steps, patience 10 (1,000 steps) and
-  clipping at 5.
-
-  Attributes:
-    steps: Maximum optimiser steps (>= 1). FedDF: 10,000; DaFKD: 1,600.
-    batch_size: Minibatch size (>= 1); capped at the training part's size.
-    learning_rate: The distillation optimiser's learning rate (Adam); 0
-      leaves the student where it is (the mechanism tests' switched-off
-      twin).
-    temperature: T > 0 of the student's softmax and the T^2 scaling; build
-      tensor targets with the same T.
-    clip_norm: Global-norm gradient clipping threshold; 0 disables it. FedDF
-      clips at 5.
-    val_fraction: Fraction of the pool held out (seeded) for early stopping,
-      in [0, 1); 0 disables early stopping.
-    eval_every: Steps between validations (>= 1). Also the length of the
-      windows over which `first_loss` and `last_loss` are averaged.
-    patience: Validations without improvement before stopping (>= 1). FedDF
-      validates every 100 steps and stops after 1,000 steps without
-      improvement, i.e. eval_every=100, patience=10.
-    cosine_decay: Whether to decay the learning rate to 0 over `steps` with a
-      half cosine (FedDF's code); otherwise it is constant.
-    student_training: Whether the student runs in training mode (BatchNorm
-      uses and updates batch statistics, dropout is on), as FedDF's code
-      does. Then the pool's statistics replace the averaged model's
-      BatchNorm statistics, which costs accuracy when the pool is from
-      another domain or generated. False (default) keeps the student in
-      inference mode: it is trained with, and keeps, the averaged model's
-      statistics, the ones it is evaluated with.
-    validation: What early stopping watches: 'pool' (the KD loss on the
-      held-out `val_fraction` of the pool; no early stopping when
-      `val_fraction` is 0) or 'labeled' (the cross-entropy on the server's
-      labeled validation set, `distill(..., labeled=...)`; every
-      `eval_every` steps, `patience` times without improvement).
-    accept: 'always', or 'no_worse': keep the distilled student only if its
-      accuracy on the labeled validation set is at least the initial
-      student's; otherwise return the initial student (a guard that no paper
-      has; it needs `labeled`).
-    seed: Seed of the validation split and of the batch order; set by the
-      program (the experiment's seed), not a config key.
-    kl_reduction: 'batchmean' (Hinton's loss, per example) or 'mean' (also
-      divided by the number of classes, as DaFKD's and FedFTG's code
-      reduce; with SGD the step is then C times smaller). See `kd_loss`.
-      Set by the method, not a config key.
-  """
-
-  SECTION: ClassVar[str] = 'distill'
-
-  steps: int = hp.field(200, hp.positive_int)
-  batch_size: int = hp.field(128, hp.positive_int)
-  learning_rate: float = hp.field(1e-3, hp.non_negative_number)
-  temperature: float = hp.field(1.0, hp.positive_number)
-  clip_norm: float = hp.field(5.0, hp.non_negative_number)
-  val_fraction: float = hp.field(0.1, hp.unit_fraction)
-  eval_every: int = hp.field(50, hp.positive_int)
-  patience: int = hp.field(4, hp.positive_int)
-  cosine_decay: bool = hp.field(True, hp.boolean)
-  student_training: bool = hp.field(False, hp.boolean)
-  validation: str = hp.field('pool', hp.one_of(*VALIDATIONS))
-  accept: str = hp.field('always', hp.one_of(*ACCEPTS))
-  seed: int = hp.field(0, _integer, config=False)
-  kl_reduction: str = hp.field('batchmean', hp.one_of(*KL_REDUCTIONS),
-                               config=False)
-
-  @classmethod
-  def plain(cls, **changes) -> 'DistillConfig':
-    """Plain minimisation: no clipping, no held-out split, a constant rate.
-
-    Also loss windows (`eval_every`) of 100 steps and patience 10, so that
-    `changes` of those two alone turn on nothing else.
-
-    Args:
-      **changes: Fields to set otherwise.
-    """
-    return cls(clip_norm=0.0, val_fraction=0.0, cosine_decay=False,
-               eval_every=100, patience=10).replace(**changes)
-
-  @property
-  def needs_labeled(self) -> bool:
-    """Whether `distill` needs the server's labeled validation set."""
-    return self.validation == 'labeled' or self.accept == 'no_worse'
-
-  def check_labeled(self, val_size: int) -> None:
-    """`errors.ConfigError` if the config needs a labeled set of size 0."""
-    if self.needs_labeled and val_size < 1:
-      raise errors.ConfigError(
-          f'distill.validation={self.validation!r} with '
-          f'distill.accept={self.accept!r} needs a labeled server validation '
-          'set (server_data.val_size > 0)')
-
-  def check_config(self, config) -> None:
-    self.check_labeled(config.server_data.val_size)
-
-
 class DistillResult(NamedTuple):
   """What `distill` produces (the student is also updated in place).
 
@@ -480,7 +360,7 @@ def validation_split(num_examples: tf.Tensor, val_fraction: float,
   Args:
     num_examples: N, the pool size (Python int or scalar int32 tensor).
     val_fraction: In [0, 1).
-    seed: The `DistillConfig.seed`.
+    seed: The `distill_hparams.DistillConfig.seed`.
 
   Returns:
     (train_idx, val_idx), int32 vectors.
@@ -525,7 +405,7 @@ def _num_classes(model: tf.keras.Model) -> int | None:
 
 
 def _check_pool(student: tf.keras.Model, x: tf.Tensor, targets: Targets,
-                config: DistillConfig) -> None:
+                config: distill_hparams.DistillConfig) -> None:
   """Static shape checks, before any compute."""
   expected = _static_input_shape(student)
   if x.shape.rank is None or x.shape.rank < 1:
@@ -561,7 +441,7 @@ def distill(student: tf.keras.Model,
             optimizer: tff.learning.optimizers.Optimizer,
             x: tf.Tensor,
             targets: Targets,
-            config: DistillConfig,
+            config: distill_hparams.DistillConfig,
             *,
             learning_rate: tf.Tensor | float | None = None,
             optimizer_state=None,
@@ -609,7 +489,7 @@ def distill(student: tf.keras.Model,
       output, tempered with `config.temperature`), or a callable mapping a
       batch [B, ...] to [B, C] target probabilities, evaluated per batch
       (e.g. teachers run on the fly). Targets are treated as constants.
-    config: A `DistillConfig`.
+    config: A `distill_hparams.DistillConfig`.
     learning_rate: Overrides the optimiser's learning rate (e.g. a per-round
       decayed one); the cosine schedule, if on, starts from it.
     optimizer_state: State to continue from (`DistillResult.optimizer_state`).
@@ -625,7 +505,6 @@ def distill(student: tf.keras.Model,
       of the pool or targets that do not match the student, or a config that
       needs `labeled` without it.
   """
-  config.validate()
   config.check_labeled(0 if labeled is None else 1)
   if labeled is not None:
     labeled = (tf.convert_to_tensor(labeled[0], tf.float32),

@@ -6,7 +6,7 @@ SGD from the same broadcast weights. Run one after another, a small client's
 fixed costs (its `tf.data` pipeline, its training loop's set-up, a few
 milliseconds each) outweigh its two or three steps: at K = 100 clients of 2
 steps a FedAvg round cost 2.2x K = 10 clients of 20 steps on the same
-examples (benchmarks/results/client_cost.md). `train_fused` runs G clients
+examples (studies/speed/results/client_cost.md). `train_fused` runs G clients
 in lockstep as one computation instead:
 
 * the weights are stacked, [G, ...] per variable, and so is the optimiser

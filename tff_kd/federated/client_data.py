@@ -283,7 +283,7 @@ class KeyedDatasets:
   """key -> the client's dataset of the round: `FileClientData`'s keyed path.
 
   Calling it gives `dataset_from_key`'s batches. Fused clients
-  (`tff_kd.core.fused`, `runtime.fuse_clients`) take the key's arrays
+  (`tff_kd.core.fused`, `runtime.client_execution='fused'`) take the key's arrays
   instead (`arrays`) and draw their batch order themselves.
 
   Attributes:

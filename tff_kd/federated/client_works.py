@@ -5,21 +5,18 @@ local (proximal) training (`build_client_work`), its per-round schedule
 state (`build_scheduled_client_work`), the screening of non-finite client
 results (`screen_client`), the per-client statistics every method reports
 (`client_stats`, `client_measurements`), and the two ways one TFF client can
-run several clients (`merge_clients` in turn, `fused_clients` in lockstep).
+run several clients (`tff_kd.federated.execution`: in turn or in lockstep).
 """
 
 import collections
-from typing import Callable, Optional
+from typing import Optional
 
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_kd import errors
-from tff_kd.core import fused
 from tff_kd.core import local_training
-from tff_kd.core import loops
-from tff_kd.federated import client_data
+from tff_kd.federated import execution
 from tff_kd.federated import schedules
 from tff_kd.federated import tff_types
 
@@ -33,26 +30,17 @@ def build_client_work(
     learning_rate_decay: float = 1.0,
     proximal_strength: float = 0.0,
     dataset_fn: Optional[tff_types.DatasetFn] = None,
-    clients_per_call: int = 1,
-    fuse_clients: bool = False,
+    client_execution: execution.ClientExecution = execution.ONE_BY_ONE,
 ) -> tff.templates.MeasuredProcess:
   """Local (proximal) training as a client-work process.
 
   See `build_scheduled_client_work` for the state (the round number, which
   drives the learning-rate schedule) and the measurements.
 
-  With `clients_per_call` G > 1 (keys only), each TFF client receives G
-  keys and trains those clients in turn, from the same broadcast weights,
-  inside one TensorFlow call (`merge_clients`): the round's weighted mean
-  is the same up to float round-off, and the runtime's per-client costs
-  (a call, a broadcast copy, an aggregation step) are paid once per G
-  clients. A simulation setting: the aggregator then sees group sums, so
-  per-client aggregation (secure sums, DP, stacking) cannot use it.
-
-  With `fuse_clients` too, those G clients train in lockstep as one batched
-  computation (`fused_clients`, `tff_kd.core.fused`) instead of in turn:
-  each client's result is what it would compute from the same batches, but
-  its batch order is the fused schedule's, not `dataset_fn`'s.
+  How one TFF client call runs its clients is `client_execution`, one
+  value applied around the per-client step (`tff_kd.federated.execution`):
+  one client per call (the default), G clients in turn, or G clients in
+  lockstep as one batched computation.
 
   Args:
     model_fn: No-arg callable building the Keras classifier (logits).
@@ -62,11 +50,10 @@ def build_client_work(
     learning_rate_decay: Multiplicative decay per round.
     proximal_strength: FedProx mu (0 for FedAvg).
     dataset_fn: See `tff_types.client_data_type`.
-    clients_per_call: Clients per TFF client (>= 1; > 1 needs
-      `dataset_fn`).
-    fuse_clients: Train each call's clients as one computation; needs a
-      `client_data.KeyedDatasets` `dataset_fn` and a model that
-      `fused.unsupported` accepts.
+    client_execution: How a TFF client call runs its clients
+      (`execution.ClientExecution`; more than one needs `dataset_fn`, fused
+      ones a `client_data.KeyedDatasets` and a model that
+      `fused.unsupported` accepts).
 
   Returns:
     A `tff.learning.templates.ClientWorkProcess`, or with `dataset_fn` a
@@ -74,24 +61,12 @@ def build_client_work(
     [G] vectors of keys).
 
   Raises:
-    ValueError: `clients_per_call` > 1 without `dataset_fn`, or
-      `fuse_clients` without `KeyedDatasets`.
-    ConfigError: `fuse_clients` with a model it cannot run (one line
+    ValueError: grouped clients without `dataset_fn`, or fused ones
+      without `KeyedDatasets`.
+    ConfigError: fused clients with a model they cannot run (one line
       naming the layer).
   """
-  if clients_per_call > 1 and dataset_fn is None:
-    raise ValueError('clients_per_call > 1 needs keyed client data '
-                     '(dataset_fn)')
-  if fuse_clients:
-    if not isinstance(dataset_fn, client_data.KeyedDatasets):
-      raise ValueError('fuse_clients needs keyed file client data '
-                       '(FileClientData.dataset_fn)')
-    reason = fused.unsupported(local_training.structure_of(model_fn))
-    if reason:
-      raise errors.ConfigError(f'runtime.fuse_clients: {reason}; use False')
   weights_type = tff_types.weights_type_of(model_fn)
-  data_type = tff_types.client_data_type(element_spec, dataset_fn,
-                               clients_per_call=clients_per_call)
   # Per client: the broadcast weights down; the update plus its weight up.
   bytes_down = float(tff_types.payload_bytes(weights_type))
   bytes_up = bytes_down + np.dtype(np.float32).itemsize
@@ -105,163 +80,17 @@ def build_client_work(
     return screen_client(client_result,
                          client_stats(result, bytes_down, bytes_up))[:2]
 
-  if fuse_clients:
-
-    @tff.tensorflow.computation(weights_type, data_type, np.float32)
-    def client_update(initial_weights, keys, lr):
-      return fused_clients(
-          model_fn(), client_optimizer, initial_weights,
-          tf.reshape(keys, [clients_per_call]), dataset_fn, lr,
-          proximal_strength=proximal_strength,
-          client_bytes=(bytes_down, bytes_up))
-  elif clients_per_call > 1:
-
-    @tff.tensorflow.computation(weights_type, data_type, np.float32)
-    def client_update(initial_weights, keys, lr):
-      model = model_fn()
-      return merge_clients(
-          lambda key: one_client(model, initial_weights, dataset_fn(key), lr),
-          keys, initial_weights)
-  else:
-
-    @tff.tensorflow.computation(weights_type, data_type, np.float32)
-    def client_update(initial_weights, data, lr):
-      dataset = data if dataset_fn is None else dataset_fn(data)
-      return one_client(model_fn(), initial_weights, dataset, lr)
-
+  client_update = execution.client_update(
+      client_execution, model_fn, element_spec, dataset_fn, one_client,
+      execution.LocalSteps(client_optimizer, proximal_strength,
+                           (bytes_down, bytes_up)))
   return build_scheduled_client_work(
       client_update, learning_rate=learning_rate,
       learning_rate_decay=learning_rate_decay,
       sequence_data=dataset_fn is None)
 
 
-def merge_clients(
-    one_client: Callable[[tf.Tensor], tuple[
-        tff.learning.templates.ClientResult, collections.OrderedDict]],
-    keys: tf.Tensor, weights_like: tff.learning.models.ModelWeights
-) -> tuple[tff.learning.templates.ClientResult, collections.OrderedDict]:
-  """Several clients' work as one client's (`clients_per_call`).
-
-  Runs `one_client(key)` for each non-empty key of `keys`, in order (a
-  graph loop), and merges the results into what a weighted mean sees of
-  them: the update is the update-weight-weighted mean of their updates
-  (zeros when every weight is 0), its weight their summed weights, so that
-  the aggregator's weighted mean over groups equals the one over clients;
-  the stats are summed, plus `num_clients`, the number of keys run, which
-  `client_measurements` reports instead of the number of TFF clients.
-
-  Args:
-    one_client: key -> (`ClientResult`, `client_stats`) of one (screened)
-      client, traceable in a graph loop.
-    keys: [G] string keys, the real ones first: '' pads a short last group
-      (`tff_types.group_keys`), and the loop runs the first (number of non-empty
-      keys) of them.
-    weights_like: A `ModelWeights` of the update's structure.
-
-  Returns:
-    (`ClientResult`, stats).
-  """
-  count = tf.reduce_sum(tf.cast(tf.strings.length(keys) > 0, tf.int32))
-  stats_like = collections.OrderedDict(
-      (name, tf.constant(0.0)) for name in CLIENT_STATS)
-
-  def step(state, i):
-    weighted_sum, weight_sum, stats_sum = state
-    result, stats = one_client(keys[i])
-    weight = tf.cast(result.update_weight, tf.float32)
-    weighted_sum = tf.nest.map_structure(lambda s, u: s + weight * u,
-                                         weighted_sum, result.update)
-    stats_sum = collections.OrderedDict(
-        (k, stats_sum[k] + tf.cast(stats[k], tf.float32)) for k in stats_sum)
-    return weighted_sum, weight_sum + weight, stats_sum
-
-  zeros = tf.nest.map_structure(tf.zeros_like, weights_like)
-  weighted_sum, weight_sum, stats_sum = loops.fold_range(
-      count, step, (zeros, tf.constant(0.0), stats_like))
-  update = tf.nest.map_structure(lambda s: tf.math.divide_no_nan(s, weight_sum),
-                                 weighted_sum)
-  stats_sum['num_clients'] = tf.cast(count, tf.float32)
-  return (tff.learning.templates.ClientResult(update=update,
-                                              update_weight=weight_sum),
-          stats_sum)
-
-
-def fused_clients(
-    model: tf.keras.Model, optimizer: tff.learning.optimizers.Optimizer,
-    initial_weights: tff.learning.models.ModelWeights, keys: tf.Tensor,
-    datasets: client_data.KeyedDatasets, learning_rate: tf.Tensor, *,
-    proximal_strength: float, client_bytes: tuple[float, float]
-) -> tuple[tff.learning.templates.ClientResult, collections.OrderedDict]:
-  """G keyed clients trained as one computation, merged as `merge_clients`.
-
-  Reads the G clients' arrays, draws their lockstep schedule
-  (`fused.fused_schedule`) and trains them (`fused.train_fused`); each
-  client is screened as `screen_client` screens one
-  (`fused.merge_fused`), and the result is what `merge_clients` makes of
-  G separate clients: their example-weighted mean update, their summed
-  weight, their summed stats and `num_clients`.
-
-  Args:
-    model: The Keras classifier (its structure only).
-    optimizer: The client optimizer.
-    initial_weights: The broadcast weights.
-    keys: [G] string keys, '' for padding.
-    datasets: The keyed client data.
-    learning_rate: This round's client learning rate.
-    proximal_strength: FedProx mu.
-    client_bytes: One client's (bytes down, bytes up).
-
-  Returns:
-    (`ClientResult`, stats).
-  """
-  num_clients = int(keys.shape[0])
-  image_shape = list(datasets.data.image_shape)
-
-  def read(arrays, i):
-    xs, ys, sizes, seeds = arrays
-    x, y, seed = datasets.arrays(keys[i])
-    return (xs.write(i, x), ys.write(i, y), sizes.write(i, tf.shape(y)[0]),
-            seeds.write(i, seed))
-
-  xs, ys, sizes, seeds = loops.fold_range(num_clients, read, (
-      tf.TensorArray(tf.float32, num_clients, infer_shape=False,
-                     element_shape=[None] + image_shape),
-      tf.TensorArray(tf.int32, num_clients, infer_shape=False,
-                     element_shape=[None]),
-      tf.TensorArray(tf.int32, num_clients),
-      tf.TensorArray(tf.int64, num_clients)))
-  local = datasets.local
-  sizes = sizes.stack()
-  sizes.set_shape([num_clients])
-  schedule = fused.fused_schedule(
-      sizes, seeds.stack(), unit=local.unit, amount=local.amount,
-      batch_size=local.batch_size)
-  x = tf.concat([xs.concat(), tf.zeros([1] + image_shape)], 0)
-  y = tf.concat([ys.concat(), tf.zeros([1], tf.int32)], 0)
-  result = fused.train_fused(
-      fused.StackedModel(model), optimizer, initial_weights, x, y, schedule,
-      learning_rate, proximal_strength=proximal_strength)
-  present = tf.strings.length(keys) > 0
-  keep, per_client = fused.merge_fused(result, present)
-  weights = per_client['num_examples']
-  total = tf.reduce_sum(weights)
-
-  def mean(t):
-    kept = fused.select(keep, t, tf.zeros_like(t))
-    return tf.math.divide_no_nan(tf.tensordot(weights, kept, 1), total)
-
-  count = tf.reduce_sum(tf.cast(present, tf.float32))
-  sums = {name: tf.reduce_sum(value) for name, value in per_client.items()}
-  sums['bytes_down'], sums['bytes_up'] = (count * b for b in client_bytes)
-  stats = collections.OrderedDict((name, sums[name]) for name in CLIENT_STATS)
-  stats['num_clients'] = count
-  return (tff.learning.templates.ClientResult(
-      update=tf.nest.map_structure(mean, result.weights_delta),
-      update_weight=total), stats)
-
-
-CLIENT_STATS = ('loss_sum', 'num_examples', 'num_steps', 'bytes_down',
-                'bytes_up', 'excluded')
+CLIENT_STATS = tff_types.CLIENT_STATS
 
 
 def client_stats(result: local_training.LocalResult, bytes_down: tf.Tensor,
@@ -330,7 +159,7 @@ def client_measurements(stats, lr) -> collections.OrderedDict:
   totals = tff.federated_sum(stats)
   names = [name for name, _ in
            tff.structure.iter_elements(stats.type_signature.member)]
-  # Grouped clients (`merge_clients`) count their own clients.
+  # Grouped clients (`execution.merge_clients`) count their own clients.
   num_clients = (totals.num_clients if 'num_clients' in names else
                  tff.federated_sum(tff.federated_value(1.0, tff.CLIENTS)))
   return collections.OrderedDict(

@@ -25,7 +25,7 @@ The blocks live along TFF's `learning/templates` lines:
 """
 
 import collections
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import numpy as np
 import tensorflow_federated as tff
@@ -33,8 +33,31 @@ import tensorflow_federated as tff
 from tff_kd.core import local_training
 from tff_kd.federated import client_works
 from tff_kd.federated import composer
+from tff_kd.federated import execution
 from tff_kd.federated import finalizers
 from tff_kd.federated import tff_types
+
+
+class Training(NamedTuple):
+  """The global model's FedAvg backbone every method shares.
+
+  How clients train the global model and how the server applies their mean
+  update; every method's builder takes one (`tff_kd.methods.common.training`
+  builds it from a run's settings).
+
+  Attributes:
+    client_optimizer: Client `tff.learning.optimizers` optimizer.
+    server_optimizer: Applies the clients' mean delta at the server
+      (`build_sgdm(1.0)`: the plain average, FedAvg).
+    learning_rate: Client learning rate at round 0 (> 0).
+    learning_rate_decay: Client lr multiplier per round, in (0, 1]: round r
+      trains with `learning_rate * learning_rate_decay**r`.
+  """
+
+  client_optimizer: tff.learning.optimizers.Optimizer
+  server_optimizer: tff.learning.optimizers.Optimizer
+  learning_rate: float
+  learning_rate_decay: float = 1.0
 
 
 def build_initial_weights_fn(model_fn: tff_types.ModelFn) -> tff.Computation:
@@ -51,41 +74,36 @@ def build_keras_learning_process(
     model_fn: tff_types.ModelFn,
     element_spec: collections.OrderedDict,
     *,
-    client_optimizer: tff.learning.optimizers.Optimizer,
-    server_optimizer: tff.learning.optimizers.Optimizer,
-    learning_rate: float,
-    learning_rate_decay: float = 1.0,
+    training: Training,
     proximal_strength: float = 0.0,
     dataset_fn: Optional[tff_types.DatasetFn] = None,
-    clients_per_call: int = 1,
-    fuse_clients: bool = False,
+    client_execution: execution.ClientExecution = execution.ONE_BY_ONE,
 ) -> tff.learning.templates.LearningProcess:
   """Composes broadcast, client work, weighted mean and finalizer.
 
   Args:
     model_fn: No-arg callable building the Keras classifier (logits).
     element_spec: Batch structure of the client datasets.
-    client_optimizer: Client `tff.learning.optimizers` optimizer.
-    server_optimizer: Server `tff.learning.optimizers` optimizer.
-    learning_rate: Client learning rate at round 0.
-    learning_rate_decay: Multiplicative client lr decay per round.
+    training: The client and server optimisers and the client learning-rate
+      schedule (`Training`).
     proximal_strength: FedProx mu (0 for FedAvg).
     dataset_fn: Optional key -> dataset function; see `tff_types.client_data_type`.
-    clients_per_call: Clients per TFF client (`client_works.build_client_work`).
-    fuse_clients: Train them as one computation (`client_works.build_client_work`).
+    client_execution: How each TFF client call runs its clients
+      (`tff_kd.federated.execution`).
 
   Returns:
     A `tff.learning.templates.LearningProcess` whose `next` takes
     `(state, {element_spec*}@CLIENTS)`, or `(state, {str}@CLIENTS)` of keys
     when `dataset_fn` is given (`{str[G]}@CLIENTS`, `tff_types.group_keys`, with
-    `clients_per_call` G > 1).
+    `client_execution.clients_per_call` G > 1).
   """
   weights_type = tff_types.weights_type_of(model_fn)
   client_work = client_works.build_client_work(
-      model_fn, element_spec, client_optimizer,
-      learning_rate=learning_rate, learning_rate_decay=learning_rate_decay,
+      model_fn, element_spec, training.client_optimizer,
+      learning_rate=training.learning_rate,
+      learning_rate_decay=training.learning_rate_decay,
       proximal_strength=proximal_strength, dataset_fn=dataset_fn,
-      clients_per_call=clients_per_call, fuse_clients=fuse_clients)
+      client_execution=client_execution)
   aggregator = tff.aggregators.MeanFactory().create(
       weights_type, tff.TensorType(np.float32))
   return composer.compose_learning_process(
@@ -93,4 +111,5 @@ def build_keras_learning_process(
       tff.learning.templates.build_broadcast_process(weights_type),
       client_work,
       aggregator,
-      finalizers.build_weights_finalizer(weights_type, server_optimizer))
+      finalizers.build_weights_finalizer(weights_type,
+                                        training.server_optimizer))

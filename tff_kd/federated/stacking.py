@@ -7,7 +7,7 @@ client values (`tff_kd.core.stacking`), so the server step sees each
 teacher, and their FedAvg mean. Its accumulator holds the stack's rows as
 separate slots, so that TFF's C++ runtime needs memory linear in the
 clients per round K, not K^2 (`build_stacking_aggregator`;
-benchmarks/results/stack_memory.md).
+studies/speed/results/stack_memory.md).
 """
 
 from typing import Any, Callable, NamedTuple
@@ -44,7 +44,7 @@ def build_stacking_aggregator(
   own future does. So the last step's future holds the whole chain. A
   [M, ...] accumulator that each step rewrites then costs K x M x P values
   at once (with M = K, the measured 4 K^2 P bytes:
-  benchmarks/results/stack_memory.md); slots that steps pass on share
+  studies/speed/results/stack_memory.md); slots that steps pass on share
   their buffers, so the worker's memory grows linearly in K (measured: 7-10
   P-sized copies per client, most of them TFF's own copies of the M-row
   report).
@@ -65,7 +65,7 @@ def build_dense_stacking_aggregator(
   """`build_stacking_aggregator` with one [M, ...] `Stack` as accumulator.
 
   The same result; kept as the reference that tests and
-  benchmarks/stack_memory.py compare with. Its accumulate steps rewrite
+  studies/speed/stack_memory.py compare with. Its accumulate steps rewrite
   the whole stack, so TFF's C++ runtime holds K x M x P values at once
   (see `build_stacking_aggregator`).
 

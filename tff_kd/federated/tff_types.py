@@ -16,6 +16,10 @@ from tff_kd.core import local_training
 
 
 ModelFn = Callable[[], tf.keras.Model]
+# The statistics each client reports (summed over a round's clients), as
+# `tff_kd.federated.client_works.client_stats` makes them.
+CLIENT_STATS = ('loss_sum', 'num_examples', 'num_steps', 'bytes_down',
+                'bytes_up', 'excluded')
 
 
 DatasetFn = Callable[[tf.Tensor], tf.data.Dataset]
@@ -39,7 +43,7 @@ def client_data_type(element_spec: collections.OrderedDict,
   (`FileClientData.dataset_fn`): the fast path. It skips the serialisation
   of a dataset graph between two computations for every client, which costs
   the TFF runtime about 0.4 s per round on the FedGen workload
-  (benchmarks/fedgen_workload.py).
+  (studies/speed/fedgen_workload.py).
 
   With `dataset_fn` and `clients_per_call` G > 1, a [G] vector of such keys:
   one TFF client then runs G clients in turn (`group_keys`,
@@ -78,7 +82,7 @@ def group_keys(keys: Sequence[str], clients_per_call: int
   """A round's client keys as a process with `clients_per_call` G takes them.
 
   G = 1: the keys themselves. G > 1: consecutive groups of G keys, each a
-  [G] string array, the last one padded with '' (`client_works.merge_clients` skips
+  [G] string array, the last one padded with '' (`execution.merge_clients` skips
   them).
   """
   if clients_per_call <= 1:

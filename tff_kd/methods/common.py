@@ -1,28 +1,28 @@
 """What every method's builder receives, and helpers the builders share.
 
 Each method package (`tff_kd/methods/<m>/`) registers one `Method`: its
-builder turns the experiment's shared inputs (`ProcessInputs`) and its
-config into a `tff.learning.templates.LearningProcess`; its hparams class
-is its config section (`tff_kd.hparams`).
+builder turns the experiment's shared inputs (`ProcessInputs`) and the
+run's validated settings into a `tff.learning.templates.LearningProcess`;
+its hparams class is its config section (`tff_kd.hparams`).
 """
 
 import collections
 import types
 from typing import Any, Callable, Mapping, NamedTuple, Optional
 
-import ml_collections
 import tensorflow_federated as tff
 
 from tff_kd import errors
 from tff_kd import hparams as hp
 from tff_kd import models
-from tff_kd.core import distillation
+from tff_kd.federated import execution
+from tff_kd.federated import learning
 from tff_kd.federated import server_data as server_data_lib
 from tff_kd.federated import tff_types
 
 
 class ProcessInputs(NamedTuple):
-  """What every method builder receives besides its config.
+  """What every method builder receives besides the run's settings.
 
   Attributes:
     model_fn: No-arg callable building the Keras classifier (logits).
@@ -40,6 +40,11 @@ class ProcessInputs(NamedTuple):
       feature space (DaFKD, FedD3A, FedGen).
     num_clients: K, the number of clients of the federation (e.g. for
       per-client state kept at the server); 0 if unknown.
+    client_execution: How each TFF client call runs its clients
+      (`tff_kd.federated.execution`): the program sets it from
+      `runtime.clients_per_call` and `runtime.client_execution` for keyed
+      clients of methods that group clients (`Method.groups_clients`), and
+      the builders of those methods hand it to their client work.
   """
 
   model_fn: tff_types.ModelFn
@@ -50,8 +55,12 @@ class ProcessInputs(NamedTuple):
   prototype_fns: tuple[tff_types.ModelFn, ...] = ()
   classifier_fn: Optional[Callable[[], models.Classifier]] = None
   num_clients: int = 0
+  client_execution: execution.ClientExecution = execution.ONE_BY_ONE
 
-Builder = Callable[[ProcessInputs, ml_collections.ConfigDict],
+# A run's validated settings, `tff_kd.program.settings.Settings` (the
+# program layer's type; methods read its sections, never a config).
+Settings = Any
+Builder = Callable[[ProcessInputs, Settings],
                    tff.learning.templates.LearningProcess]
 
 class Method(NamedTuple):
@@ -59,7 +68,9 @@ class Method(NamedTuple):
 
   Attributes:
     name: The `--method` value.
-    build: The builder.
+    build: The builder: `(ProcessInputs, Settings) -> LearningProcess`,
+      reading the run's validated settings (`settings.hparams` is the
+      method's own section).
     description: One line, with the paper.
     needs_server_data: The builder needs `ProcessInputs.server_data`.
     server_step: The server runs one TF step of its own (distillation,
@@ -68,12 +79,21 @@ class Method(NamedTuple):
     hparams: The `hp.Hparams` class of the method's config section
       (`hparams.SECTION`); None for a method with no section of its own.
     uses_distill: The server distils with `config.distill`.
-    secure_sum: Whether a config makes the process use secure sums (DaFKD's
-      private mode), which only TFF's test context simulates
-      (`tff_kd.runtime.context.set_context_for`); None: never.
+    distill_keys: The `distill` keys the method reads, where it reads only
+      some (FedFTG: its student steps are its own); empty: all of them. A
+      run folder resumes if these match; a key the method does not read
+      neither blocks a resume nor changes its run.
+    distill_defaults: The method's own defaults of `distill` keys (its
+      recipe), in force where the config leaves the key unset (None): a
+      config's explicit value applies to whichever method runs.
+    secure_sum: Whether the method's section (its validated hparams) makes
+      the process use secure sums (DaFKD's private mode), which only TFF's
+      test context simulates (`tff_kd.runtime.context.set_context_for`);
+      None: never.
     groups_clients: The method's clients may be grouped several to a TFF
-      client (`runtime.clients_per_call`): its aggregation is a weighted
-      mean of updates and it keeps no per-client state or stack.
+      client, in turn or fused (`ProcessInputs.client_execution`): its
+      aggregation is a weighted mean of updates and it keeps no per-client
+      state or stack.
     global_model_per_architecture: The method keeps one global model per
       entry of its section's `client_models` (FedDF's heterogeneous
       prototypes); the program builds one model function and one evaluator
@@ -93,59 +113,45 @@ class Method(NamedTuple):
   server_step: bool = True
   hparams: Optional[type[hp.Hparams]] = None
   uses_distill: bool = False
-  secure_sum: Optional[Callable[[ml_collections.ConfigDict], bool]] = None
+  distill_keys: tuple[str, ...] = ()
+  distill_defaults: Mapping[str, Any] = types.MappingProxyType({})
+  secure_sum: Optional[Callable[[Any], bool]] = None
   groups_clients: bool = False
   global_model_per_architecture: bool = False
   smoke: Mapping[str, Any] = types.MappingProxyType({})
 
-def build_optimizer(
-    config: ml_collections.ConfigDict) -> tff.learning.optimizers.Optimizer:
-  """A `tff.learning.optimizers` optimizer from `{name, learning_rate, ...}`."""
-  if config.name == 'sgd':
+def build_optimizer(optimizer: Any) -> tff.learning.optimizers.Optimizer:
+  """A `tff.learning.optimizers` optimizer from an optimiser section.
+
+  Args:
+    optimizer: `settings.client_optimizer` or `settings.server_optimizer`:
+      `name`, `learning_rate`, and where the section has them `momentum`
+      (SGD) and `weight_decay` (Adam becomes AdamW).
+  """
+  name, learning_rate = optimizer.name, optimizer.learning_rate
+  momentum = getattr(optimizer, 'momentum', 0.0)
+  weight_decay = getattr(optimizer, 'weight_decay', 0.0)
+  if name == 'sgd':
     return tff.learning.optimizers.build_sgdm(
-        learning_rate=config.learning_rate,
-        momentum=config.get('momentum') or None)
-  if config.name == 'adam' and config.get('weight_decay'):
+        learning_rate=learning_rate, momentum=momentum or None)
+  if name == 'adam' and weight_decay:
     return tff.learning.optimizers.build_adamw(
-        learning_rate=config.learning_rate, weight_decay=config.weight_decay)
-  if config.name == 'adam':
-    return tff.learning.optimizers.build_adam(
-        learning_rate=config.learning_rate)
+        learning_rate=learning_rate, weight_decay=weight_decay)
+  if name == 'adam':
+    return tff.learning.optimizers.build_adam(learning_rate=learning_rate)
   raise errors.ConfigError(
-      f"optimizer {config.name!r} is unknown; choose one of sgd, adam")
+      f"optimizer {name!r} is unknown; choose one of sgd, adam")
 
-def common_kwargs(inputs: ProcessInputs,
-                  config: ml_collections.ConfigDict) -> dict:
-  """The keyword arguments every builder takes from the shared config."""
-  return dict(
-      dataset_fn=inputs.dataset_fn,
-      client_optimizer=build_optimizer(config.client_optimizer),
-      server_optimizer=build_optimizer(config.server_optimizer),
-      learning_rate=config.client_optimizer.learning_rate,
-      learning_rate_decay=config.client_optimizer.lr_decay)
+def training(settings: Settings) -> learning.Training:
+  """The global model's FedAvg backbone (`learning.Training`) of a run.
 
-
-def clients_per_call(inputs: ProcessInputs,
-                     config: ml_collections.ConfigDict) -> int:
-  """`runtime.clients_per_call` for keyed clients, else 1 (clients that
-  take datasets, e.g. under `tff.learning.programs.train_model`, are one
-  TFF client each)."""
-  return config.runtime.clients_per_call if inputs.dataset_fn else 1
-
-
-def grouping_kwargs(inputs: ProcessInputs,
-                    config: ml_collections.ConfigDict) -> dict:
-  """`clients_per_call` and `fuse_clients` for the builders that group
-  clients (FedAvg, FedProx): `runtime.fuse_clients` needs keyed clients
-  too, and falls back to one client per call without them, as
-  `clients_per_call` does."""
-  return dict(clients_per_call=clients_per_call(inputs, config),
-              fuse_clients=bool(config.runtime.fuse_clients and
-                                inputs.dataset_fn))
-
-
-def distill_config(config: ml_collections.ConfigDict
-                   ) -> distillation.DistillConfig:
-  """The validated `config.distill`, seeded by `config.seed`."""
-  return distillation.DistillConfig.from_config(config.distill).replace(
-      seed=config.seed)
+  Args:
+    settings: The run's validated settings: its `client_optimizer` (also
+      the client learning rate and its per-round `lr_decay`) and
+      `server_optimizer` sections.
+  """
+  return learning.Training(
+      client_optimizer=build_optimizer(settings.client_optimizer),
+      server_optimizer=build_optimizer(settings.server_optimizer),
+      learning_rate=settings.client_optimizer.learning_rate,
+      learning_rate_decay=settings.client_optimizer.lr_decay)

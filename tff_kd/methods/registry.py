@@ -6,12 +6,7 @@ config, a one-line description and the hparams class of its config section.
 Adding a method adds one line here.
 """
 
-from typing import Optional
-
-import ml_collections
-
 from tff_kd import errors
-from tff_kd import hparams as hp
 from tff_kd.methods import common
 from tff_kd.methods.dafkd import dafkd_tff
 from tff_kd.methods.fedavg import fedavg_tff
@@ -44,18 +39,3 @@ def get_method(name: str) -> common.Method:
     raise errors.ConfigError(
         f"method {name!r} is unknown; choose one of {', '.join(METHODS)}")
   return METHODS[name]
-
-
-def method_hparams(
-    config: ml_collections.ConfigDict) -> Optional[hp.Hparams]:
-  """The validated hyper-parameters of `config.method`'s section.
-
-  Returns:
-    The method's `hp.Hparams` (`section_hparams`), or None for a
-    method without a section of its own (FedAvg).
-
-  Raises:
-    ConfigError: an unknown method, key or a bad value, named.
-  """
-  cls = get_method(config.method).hparams
-  return None if cls is None else hp.section_hparams(config, cls)

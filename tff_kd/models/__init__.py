@@ -1,27 +1,49 @@
 """Classifiers with separable feature extractor and head (the library's CNN
 and ResNet-11, Keras Applications as `keras:<name>`, any functional Keras
 model through `from_keras`), their pretrained initial weights, generators,
-and the DaFKD discriminator head."""
+and the DaFKD discriminator head.
 
-from tff_kd.models.classifiers import APPLICATIONS
-from tff_kd.models.classifiers import Classifier
-from tff_kd.models.classifiers import KERAS_PREFIX
-from tff_kd.models.classifiers import MODELS
-from tff_kd.models.classifiers import NORMS
-from tff_kd.models.classifiers import build_classifier
-from tff_kd.models.classifiers import check_model_name
-from tff_kd.models.classifiers import is_application
-from tff_kd.models.classifiers import num_parameters
-from tff_kd.models.classifiers import parse_model_list
-from tff_kd.models.generators import build_dcgan_generator
-from tff_kd.models.generators import build_discriminator_head
-from tff_kd.models.generators import build_feature_generator
-from tff_kd.models.generators import build_image_generator
-from tff_kd.models.generators import sample_noise
-from tff_kd.models.keras_models import from_keras
-from tff_kd.models.pretrained import IMAGENET
-from tff_kd.models.pretrained import check_weights
-from tff_kd.models.pretrained import check_weights_list
-from tff_kd.models.pretrained import classifier_builder
-from tff_kd.models.pretrained import model_fn_of
-from tff_kd.models.pretrained import parse_weights_list
+The package imports its modules at the first use of one of their names
+(PEP 562), so that `tff_kd.models.names` (the model and weights settings as
+text, and their checks) and the names it exports here import no
+TensorFlow: a config can be checked without it.
+"""
+
+from tff_kd import lazy
+
+# Each public name, and the module of this package it comes from.
+_EXPORTS = {
+    # Text only (no TensorFlow).
+    'APPLICATIONS': 'names',
+    'IMAGENET': 'names',
+    'KERAS_PREFIX': 'names',
+    'MODELS': 'names',
+    'NOISE_KINDS': 'names',
+    'NORMS': 'names',
+    'check_model_name': 'names',
+    'check_weights': 'names',
+    'check_weights_list': 'names',
+    'is_application': 'names',
+    'parse_model_list': 'names',
+    'parse_weights_list': 'names',
+    # TensorFlow.
+    'Classifier': 'classifiers',
+    'build_classifier': 'classifiers',
+    'num_parameters': 'classifiers',
+    'build_dcgan_generator': 'generators',
+    'build_discriminator_head': 'generators',
+    'build_feature_generator': 'generators',
+    'build_image_generator': 'generators',
+    'sample_noise': 'generators',
+    'from_keras': 'keras_models',
+    'classifier_builder': 'pretrained',
+    'model_fn_of': 'pretrained',
+}
+# The package's modules, also reachable as attributes (`models.pretrained`).
+_MODULES = ('classifiers', 'generators', 'keras_models', 'names',
+            'pretrained', 'pretraining')
+
+__all__ = sorted(_EXPORTS)
+
+
+__getattr__, __dir__ = lazy.exports(globals(), __name__, _EXPORTS, _MODULES)

@@ -68,8 +68,15 @@ from typing import Callable, NamedTuple, Optional, Sequence
 import tensorflow as tf
 
 from tff_kd import errors
-
-NORMS = ('batch', 'group', 'none')
+# The text-only names and checks (no TensorFlow), re-exported here.
+from tff_kd.models.names import APPLICATIONS
+from tff_kd.models.names import application_of
+from tff_kd.models.names import check_model_name
+from tff_kd.models.names import is_application
+from tff_kd.models.names import KERAS_PREFIX
+from tff_kd.models.names import MODELS
+from tff_kd.models.names import NORMS
+from tff_kd.models.names import parse_model_list
 
 
 class Classifier(NamedTuple):
@@ -159,52 +166,14 @@ def _resnet11_features(inputs: tf.Tensor, seeds: InitSeeds,
 
 
 _FeatureFn = Callable[[tf.Tensor, InitSeeds, str], tf.Tensor]
+# The feature extractor of each of `MODELS` (in its order; a test checks).
 _ARCHITECTURES: dict[str, _FeatureFn] = {
     'cnn': _cnn_features,
     'resnet11': _resnet11_features,
 }
-MODELS: tuple[str, ...] = tuple(_ARCHITECTURES)
 
-# Keras Applications, named `keras:<name>` in configs.
-KERAS_PREFIX = 'keras:'
-APPLICATIONS: tuple[str, ...] = tuple(sorted(
-    n for n in dir(tf.keras.applications)
-    if n[:1].isupper() and callable(getattr(tf.keras.applications, n))))
 # Keras' smallest accepted input side per Application (32 where unlisted).
 _MIN_INPUT_SIZE = {'Xception': 71, 'InceptionV3': 75, 'InceptionResNetV2': 75}
-
-
-def is_application(name: str) -> bool:
-  """Whether `name` is a `keras:<Application>` model name (known or not)."""
-  return isinstance(name, str) and name.startswith(KERAS_PREFIX)
-
-
-def application_of(name: str) -> str:
-  """The Keras Applications name of `keras:<name>`.
-
-  Raises:
-    ConfigError: not a known Application.
-  """
-  app = name[len(KERAS_PREFIX):] if is_application(name) else ''
-  if app not in APPLICATIONS:
-    raise errors.ConfigError(
-        f'model {name!r} is not a Keras Application; use keras:<name> with '
-        'a name of tf.keras.applications, e.g. keras:ResNet50, '
-        'keras:MobileNetV2, keras:ResNet50V2')
-  return app
-
-
-def check_model_name(key: str, value: object) -> None:
-  """A checker (`tff_kd.hparams`): one of `MODELS` or `keras:<App>`."""
-  if is_application(value):
-    try:
-      application_of(value)
-    except errors.ConfigError as e:
-      raise errors.ConfigError(f'{key}: {e}') from None
-  elif value not in _ARCHITECTURES:
-    raise errors.ConfigError(
-        f"{key} {value!r} is unknown; choose one of {', '.join(MODELS)} or "
-        'keras:<Application> (e.g. keras:MobileNetV2)')
 
 
 def min_input_size(app: str) -> int:
@@ -323,7 +292,7 @@ def build_classifier(name: str, *, input_shape: Sequence[int],
     ConfigError: unknown name or norm, or an Application that cannot take
       these images.
   """
-  if not is_application(name) and name not in _ARCHITECTURES:
+  if not is_application(name) and name not in MODELS:
     raise errors.ConfigError(
         f"model {name!r} is unknown; choose one of {', '.join(MODELS)} or "
         'keras:<Application>')
@@ -349,41 +318,6 @@ def build_classifier(name: str, *, input_shape: Sequence[int],
   head = tf.keras.Model(feature_in, logits, name=f'{name}_head')
   model = tf.keras.Model(inputs, head(features(inputs)), name=name)
   return Classifier(model, features, head, feature_dim)
-
-
-def parse_model_list(spec: str, *, default_norm: str,
-                     key: str) -> list[tuple[str, str]]:
-  """(name, norm) of each entry of a comma list `name[:norm]`.
-
-  A `keras:<Application>` entry takes no norm (the Application keeps its
-  own normalisation layers): its pair carries `default_norm`, unused.
-
-  Args:
-    spec: E.g. 'cnn,resnet11:group,keras:MobileNetV2'; '' gives [].
-    default_norm: The norm of entries without one.
-    key: The config key, for the error message.
-
-  Raises:
-    ConfigError: an entry with an unknown model or norm.
-  """
-  result = []
-  for item in (i.strip() for i in spec.split(',')) if spec.strip() else ():
-    if is_application(item):
-      try:
-        application_of(item)
-      except errors.ConfigError as e:
-        raise errors.ConfigError(f'{key} entry {item!r}: {e}') from None
-      result.append((item, default_norm))
-      continue
-    name, _, norm = item.partition(':')
-    norm = norm or default_norm
-    if name not in _ARCHITECTURES or norm not in NORMS:
-      raise errors.ConfigError(
-          f'{key} entry {item!r} is not model[:norm] with model in '
-          f"{', '.join(MODELS)} and norm in {', '.join(NORMS)}, nor "
-          'keras:<Application> (which takes no norm)')
-    result.append((name, norm))
-  return result
 
 
 def num_parameters(model: tf.keras.Model) -> int:

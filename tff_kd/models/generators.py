@@ -55,8 +55,9 @@ from tff_kd.models import classifiers
 # The classifiers' seed dispenser; reused so that generators and
 # discriminator heads are seeded the same way as the classifiers.
 from tff_kd.models.classifiers import InitSeeds
+# The noise kinds a config may name (no TensorFlow there), re-exported here.
+from tff_kd.models.names import NOISE_KINDS
 
-NOISE_KINDS = ('gaussian', 'uniform')
 LABEL_FORMATS = ('int', 'one_hot')
 COMBINES = ('concat', 'multiply')
 _LEAKY_SLOPE = 0.2  # DCGAN's slope (Radford et al., 2016).

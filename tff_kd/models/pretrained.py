@@ -11,7 +11,7 @@ A model's weights setting is one of
   classifier on another dataset and caches under the data dir
   (`tff_kd.models.pretraining`);
 * a path: Keras weights of the *whole* classifier (`Classifier.model`,
-  e.g. `model.save_weights('w.weights.h5')` or `benchmarks/pretrain.py`'s
+  e.g. `model.save_weights('w.weights.h5')` or `studies/fedd3a_protocol/pretrain.py`'s
   file): an `.h5` / `.weights.h5` / `.hdf5` file, a TensorFlow checkpoint
   (the prefix whose `.index` file exists), or a Keras SavedModel folder
   (e.g. a run's exported model).
@@ -42,9 +42,13 @@ import tensorflow as tf
 from tff_kd import errors
 from tff_kd.models import classifiers
 from tff_kd.models import pretraining
+# The text-only settings and checks (no TensorFlow), re-exported here.
+from tff_kd.models.names import check_weights
+from tff_kd.models.names import check_weights_list
+from tff_kd.models.names import IMAGENET
+from tff_kd.models.names import parse_weights_list
+from tff_kd.models.names import weights_format
 
-IMAGENET = 'imagenet'
-_H5_SUFFIXES = ('.h5', '.hdf5', '.keras')
 # Seconds Keras' download may wait on a silent network before giving up.
 _DOWNLOAD_TIMEOUT_S = 30.0
 
@@ -54,102 +58,6 @@ ClassifierFn = Callable[[], classifiers.Classifier]
 def _first_line(e: BaseException) -> str:
   text = str(e).strip()
   return text.splitlines()[0] if text else type(e).__name__
-
-
-def weights_format(path: str) -> Optional[str]:
-  """'h5', 'checkpoint' or 'saved_model' for an existing weights path."""
-  path = os.path.expanduser(path)
-  if os.path.isdir(path):
-    if os.path.exists(os.path.join(path, 'saved_model.pb')):
-      return 'saved_model'
-    return None
-  if os.path.isfile(path) and path.endswith(_H5_SUFFIXES):
-    return 'h5'
-  if os.path.isfile(path + '.index'):
-    return 'checkpoint'
-  return None
-
-
-def check_weights(key: str, value: object, model: str = '') -> None:
-  """A checker: '' / None, 'imagenet' (with a `keras:` model), a
-  `pretrain:` setting (checked without the file system) or a path.
-
-  Args:
-    key: The config key, for the message.
-    value: The setting.
-    model: The model it applies to ('' when not known yet).
-
-  Raises:
-    ConfigError: not a string, 'imagenet' for a model that is not a Keras
-      Application, or no weights file at the path.
-  """
-  if value is None or value == '':
-    return
-  if not isinstance(value, str):
-    raise errors.ConfigError(
-        f"{key} must be '', 'imagenet' or a weights path, got {value!r}")
-  if value == IMAGENET:
-    if model and not classifiers.is_application(model):
-      raise errors.ConfigError(
-          f"{key}='imagenet' needs a keras:<Application> model, not "
-          f'{model!r}; give a weights file instead')
-    return
-  if pretraining.is_spec(value):
-    pretraining.check_spec(key, value, model)
-    return
-  if weights_format(value) is None:
-    raise errors.ConfigError(
-        f'{key} {value!r} is not a weights file: expected an existing .h5 / '
-        '.weights.h5 file, a TensorFlow checkpoint prefix (with its .index '
-        "file), a SavedModel folder, 'imagenet' or 'pretrain:<dataset>'")
-
-
-def check_weights_list(key: str, value: object) -> None:
-  """A checker: '' or a comma list of weights settings (each as
-  `check_weights`); its length is checked against `client_models` by
-  `parse_weights_list`."""
-  if not isinstance(value, str):
-    raise errors.ConfigError(
-        f"{key} must be '' or a comma list of '', 'imagenet' or weights "
-        f'paths, got {value!r}')
-  if value.strip():
-    for entry in value.split(','):
-      check_weights(f'{key} entry', entry.strip())
-
-
-def parse_weights_list(spec: str, model_spec: str, *,
-                       key: str) -> list[str]:
-  """The weights setting of each entry of a `client_models` list.
-
-  Args:
-    spec: '' (none pretrained) or a comma list parallel to `model_spec`,
-      each entry '', 'imagenet' or a path (paths with commas are not
-      supported).
-    model_spec: The `client_models` list it goes with.
-    key: The config key, for the message.
-
-  Returns:
-    One setting per model entry ('' for none).
-
-  Raises:
-    ConfigError: a list of another length, or a bad entry.
-  """
-  names = [n.strip() for n in model_spec.split(',')] if (
-      model_spec.strip()) else []
-  if not isinstance(spec, str):
-    raise errors.ConfigError(
-        f'{key} must be a comma list of weights settings, got {spec!r}')
-  if not spec.strip():
-    return [''] * len(names)
-  entries = [w.strip() for w in spec.split(',')]
-  if len(entries) != len(names):
-    raise errors.ConfigError(
-        f'{key} has {len(entries)} entries but the client models list '
-        f'{model_spec!r} has {len(names)}: give one per model, empty for '
-        'none')
-  for name, entry in zip(names, entries):
-    check_weights(f'{key} entry for {name!r}', entry, name)
-  return entries
 
 
 def _stamp(path: str) -> tuple:

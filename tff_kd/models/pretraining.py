@@ -100,9 +100,10 @@ def parse_spec(value: str, key: str = 'model.weights') -> Spec:
 def check_spec(key: str, value: str, model: str = '') -> Spec:
   """Checks a `pretrain:` setting (its syntax and the model it goes with)
   and returns it parsed."""
-  from tff_kd.models import classifiers  # pylint: disable=g-import-not-at-top
+  # names imports this module (for `check_weights`).
+  from tff_kd.models import names  # pylint: disable=g-import-not-at-top
   spec = parse_spec(value, key)
-  if model and classifiers.is_application(model):
+  if model and names.is_application(model):
     raise errors.ConfigError(
         f"{key}={value!r} pretrains the library's own models; a "
         f"{model!r} backbone takes 'imagenet' or a weights file")

@@ -11,7 +11,7 @@ unreadable ones aside, or initialises from the seeded Keras model.
 
 import json
 import os
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from absl import logging
 import ml_collections
@@ -61,11 +61,11 @@ class CheckpointManager(tff.program.FileProgramStateManager):
     return self._own_root_dir.rstrip(os.sep) + '_unreadable'
 
 
-def manager_for(config: ml_collections.ConfigDict,
+def manager_for(settings: settings_lib.Settings,
                 root_dir: str) -> CheckpointManager:
   """The checkpoint manager of a run folder."""
   return CheckpointManager(os.path.join(root_dir, 'checkpoints'),
-                           keep_total=config.keep_checkpoints)
+                           keep_total=settings.run.keep_checkpoints)
 
 
 def last_saved_round(root_dir: str) -> Optional[int]:
@@ -80,13 +80,17 @@ def last_saved_round(root_dir: str) -> Optional[int]:
 
 
 def _method_sections(method: common.Method) -> tuple[str, ...]:
-  """The config sections only this method reads (as its registry entry says).
+  """The config sections (or a section's keys, 'distill.batch_size') only
+  this method reads, as its registry entry says.
 
   A run folder's config is compared with a resumed run's on the shared
-  sections and on its own method's sections only.
+  sections and on its own method's sections (or keys) only.
   """
   own = (method.hparams.SECTION,) if method.hparams is not None else ()
-  return own + (('distill',) if method.uses_distill else ())
+  if not method.uses_distill:
+    return own
+  return own + (tuple(f'distill.{k}' for k in method.distill_keys) or
+                ('distill',))
 
 
 def _flat(tree: dict, prefix: str = '') -> dict[str, Any]:
@@ -103,13 +107,22 @@ def _resume_keys(config: dict) -> dict[str, Any]:
   """The dotted keys that must match for a run to resume (see below)."""
   sections = {name: _method_sections(m)
               for name, m in registry.METHODS.items()}
-  unused = ({s for own in sections.values() for s in own}
-            - set(sections.get(config.get('method'), ())))
-  return {k: v for k, v in _flat(config).items()
-          if k.split('.')[0] not in unused and k not in _RESUMABLE_KEYS}
+  own = set(sections.get(config.get('method'), ()))
+  unused = {s.split('.')[0] for m in sections.values() for s in m} - {
+      s.split('.')[0] for s in own}
+
+  def compared(key: str) -> bool:
+    section = key.split('.')[0]
+    if section in unused or key in _RESUMABLE_KEYS:
+      return False
+    # A section the method reads in part: only those keys.
+    part = [s for s in own if s.startswith(f'{section}.')]
+    return not part or key in part
+
+  return {k: v for k, v in _flat(config).items() if compared(k)}
 
 
-def check_resumable(config: ml_collections.ConfigDict, root_dir: str) -> None:
+def check_resumable(settings: settings_lib.Settings, root_dir: str) -> None:
   """Refuses to resume a root_dir written by a different experiment.
 
   Compared key by key: the shared settings and the sections the method
@@ -117,19 +130,31 @@ def check_resumable(config: ml_collections.ConfigDict, root_dir: str) -> None:
   the saved run does not have (added to the settings tree since) blocks
   only if it is set away from its default; a key it has that no longer
   exists is ignored; renamed keys are compared under their new names
-  (`settings.canonical_dict`). Then writes the config to the folder.
+  (`settings.canonical_dict`). Then writes the settings to the folder, as
+  a config (`Settings.to_config`).
   """
+  config = settings.to_config()
   path = os.path.join(root_dir, _CONFIG_FILE)
   if os.path.exists(path):
     try:
       with open(path) as f:
-        saved = _resume_keys(settings_lib.canonical_dict(json.load(f)))
+        saved = settings_lib.canonical_dict(json.load(f))
+      saved_method = registry.METHODS.get(saved.get('method'))
+      if saved_method is not None and isinstance(saved.get('distill'), dict):
+        # Unset keys (None) ran with the saved method's defaults.
+        saved['distill'] = settings_lib.method_distill(saved_method,
+                                                       saved['distill'])
+      saved = _resume_keys(saved)
     except (OSError, ValueError) as e:
       raise errors.CheckpointError(
           f'{path} is unreadable ({e}); use a new --root_dir') from None
     current = _resume_keys(settings_lib.canonical_dict(config.to_dict()))
-    defaults = _flat(settings_lib.canonical_dict(
-        settings_lib.default_config().to_dict()))
+    # What the saved run had where its config lacks a key: the defaults
+    # its method ran with.
+    defaults = settings_lib.default_config()
+    defaults.distill = settings_lib.method_distill(
+        settings.method, defaults.distill)
+    defaults = _flat(settings_lib.canonical_dict(defaults.to_dict()))
     for key in sorted(current):
       now = current[key]
       before = saved.get(key, defaults.get(key, now))
@@ -206,7 +231,8 @@ def _set_aside(manager: CheckpointManager, versions: list[int]) -> None:
     os.replace(path, dest)
 
 
-def load_state(config: ml_collections.ConfigDict, root_dir: str, *,
+def load_state(settings: Union[settings_lib.Settings,
+                              ml_collections.ConfigDict], root_dir: str, *,
                client_data: Any = None, test_data: Any = None):
   """The newest checkpointed process state of a run, and its round.
 
@@ -215,7 +241,7 @@ def load_state(config: ml_collections.ConfigDict, root_dir: str, *,
   (DaFKD's discriminator store, FedFTG's generator) is in `state` too.
 
   Args:
-    config: The run's config.
+    settings: The run's settings, or its config (validated here).
     root_dir: The run's folder.
     client_data: The run's `ClientData`, if it had one (`setup.prepare`).
     test_data: Its test set.
@@ -226,6 +252,6 @@ def load_state(config: ml_collections.ConfigDict, root_dir: str, *,
   Raises:
     UserError: a bad config or data, or an unreadable checkpoint.
   """
-  exp = setup.prepare(config, root_dir, client_data=client_data,
+  exp = setup.prepare(settings, root_dir, client_data=client_data,
                       test_data=test_data)
-  return load_or_initialize(exp, manager_for(config, root_dir))
+  return load_or_initialize(exp, manager_for(exp.settings, root_dir))

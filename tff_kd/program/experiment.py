@@ -1,48 +1,65 @@
-"""The training program shared by the `train` binary and notebooks: a facade.
+"""The program's public API: the one module users, binaries and studies import.
 
-This module only re-exports the program's public API from the modules that
-do one job each, so that callers keep one import:
+Everything else in `tff_kd.program` is imported only inside the package (a
+test checks it). The run's validated settings are the currency: a config
+(`configs/`, the command line, a saved `config.json`) is validated once
+into `Settings` (`from_config`), and everything below reads those.
 
-* `tff_kd.program.validation`: checks the config (`validate_config`) and
-  reads settings from it (`domain_names`, `image_shape`, `prototypes`,
-  `prototype_weights`, `local_work`, `needs_secure_sum`), and installs the
-  TFF context it asks for (`set_context`);
-* `tff_kd.program.setup`: loads, holds out and partitions the data, writes
-  the clients' and server's arrays, builds the method's process and the
-  evaluations (`prepare`, `Experiment`, `build_dataset_process`); or takes
-  a TFF `ClientData`'s own clients instead (`prepare(config, root_dir,
-  client_data=..., test_data=...)`, `tff_kd.federated.tff_client_data`);
-* `tff_kd.program.checkpoints`: the run folder's config check and its
-  checkpoints (`load_state`);
-* `tff_kd.program.loop`: the rounds (`run`, `RunResult`, `warm_up`,
-  `evaluate`).
+* Settings: `default_config` (every key with its default, as
+  `configs/base.py`), `with_overrides` and `parse_value` (`key=value`
+  changes), `from_config` (the one validation; `Settings`).
+* Runs: `set_context` (the TFF context the runtime section asks for),
+  `prepare` (loads, holds out and partitions the data, writes the clients'
+  and server's arrays, builds the method's process and the evaluations:
+  an `Experiment`; or takes a TFF `ClientData`'s own clients,
+  `prepare(settings, root_dir, client_data=..., test_data=...)`), `run`
+  (prepare and run the rounds), `run_experiment` (the rounds of an
+  experiment prepared elsewhere: FedJAX's shape, for a notebook that
+  brings its own process or data), `RunResult`, `evaluate`, `warm_up`,
+  `build_dataset_process` (the process with dataset-taking clients, for
+  `tff.learning.programs.train_model`).
+* Run folders: `load_state` (the newest checkpointed state),
+  `last_saved_round`, `locked` (one run per folder).
+* Results: `read_metrics`, `best_round`, `group_runs`, `plot_runs`,
+  `plot_histories` (curves of histories held in memory).
+* `sample_clients`: the seeded client sample of a round.
+* TFF's program logic (`tff.learning.programs.train_model`):
+  `ClientDataSource`, `build_evaluation_manager`, `native_context`.
 
-`run(config, root_dir)` validates the whole config, then loads and
-partitions the data (every user error surfaces there, before any TFF
-computation); resumes from the newest checkpoint in `root_dir/checkpoints`
-or initialises from the seeded Keras model; per round samples clients from
-(seed, round), runs `process.next`, evaluates the global model, releases the
-metrics to CSV, TensorBoard and the log, and checkpoints; and exports the
-final global model as a Keras SavedModel.
+`run(settings, root_dir)` loads and partitions the data (every user error
+surfaces there, before any TFF computation); resumes from the newest
+checkpoint in `root_dir/checkpoints` or initialises from the seeded Keras
+model; per round samples clients from (seed, round), runs `process.next`,
+evaluates the global model, releases the metrics to CSV, TensorBoard and
+the log, and checkpoints; and exports the final global model as a Keras
+SavedModel.
+
+Each name is imported from the module that defines it at its first use, so
+that e.g. `plot` reads results without importing TensorFlow Federated, and
+a run that plots nothing does not import Matplotlib.
 """
 
-# pylint: disable=unused-import
-from tff_kd.program.checkpoints import load_state
-from tff_kd.program.loop import evaluate
-from tff_kd.program.loop import run
-from tff_kd.program.loop import RunResult
-from tff_kd.program.loop import warm_up
-from tff_kd.program.setup import build_dataset_process
-from tff_kd.program.setup import Experiment
-from tff_kd.program.setup import is_federated
-from tff_kd.program.setup import prepare
-from tff_kd.program.validation import domain_names
-from tff_kd.program.validation import image_shape
-from tff_kd.program.validation import local_work
-from tff_kd.program.validation import needs_secure_sum
-from tff_kd.program.validation import PARTITIONS
-from tff_kd.program.validation import prototype_weights
-from tff_kd.program.validation import prototypes
-from tff_kd.program.validation import set_context
-from tff_kd.program.validation import validate_config
-# pylint: enable=unused-import
+from tff_kd import lazy
+
+# Public name -> the `tff_kd.program` module that defines it.
+_EXPORTS = {
+    'Settings': 'settings', 'default_config': 'settings',
+    'from_config': 'settings', 'parse_value': 'settings',
+    'with_overrides': 'settings',
+    'Experiment': 'setup', 'build_dataset_process': 'setup',
+    'prepare': 'setup', 'set_context': 'setup',
+    'RunResult': 'loop', 'evaluate': 'loop', 'run': 'loop',
+    'run_experiment': 'loop', 'warm_up': 'loop',
+    'last_saved_round': 'checkpoints', 'load_state': 'checkpoints',
+    'locked': 'run_folder',
+    'best_round': 'plots', 'group_runs': 'plots', 'plot_histories': 'plots',
+    'plot_runs': 'plots', 'read_metrics': 'plots',
+    'sample_clients': 'sampling',
+    'ClientDataSource': 'tff_programs',
+    'build_evaluation_manager': 'tff_programs',
+    'native_context': 'tff_programs',
+}
+__all__ = sorted(_EXPORTS)
+
+
+__getattr__, __dir__ = lazy.exports(globals(), 'tff_kd.program', _EXPORTS)

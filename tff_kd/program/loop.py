@@ -1,8 +1,11 @@
 """The round loop: train, evaluate, release metrics, checkpoint, export.
 
-`run(config, root_dir)` locks the run folder for the whole run
+`run(settings, root_dir)` locks the run folder for the whole run
 (`tff_kd.program.run_folder`), prepares the experiment
-(`tff_kd.program.setup`), resumes from the newest checkpoint in
+(`tff_kd.program.setup`) and runs its rounds; `run_experiment(exp,
+root_dir)` runs the rounds of an experiment prepared elsewhere (FedJAX's
+shape: a notebook hands the loop its own process or data, as
+`exp._replace(process=...)`). The loop resumes from the newest checkpoint in
 `root_dir/checkpoints` or initialises from the seeded Keras model
 (`tff_kd.program.checkpoints`), then per round: samples clients from (seed,
 round), runs `process.next`, calls the experiment's evaluations of the
@@ -26,7 +29,7 @@ import math
 import os
 import signal
 import time
-from typing import Any, Iterator, NamedTuple, Optional, Sequence
+from typing import Any, Iterator, NamedTuple, Optional, Sequence, Union
 
 from absl import logging
 import ml_collections
@@ -37,7 +40,6 @@ import tqdm
 
 from tff_kd import errors
 from tff_kd.federated import tff_types
-from tff_kd.methods import common
 from tff_kd.program import checkpoints
 from tff_kd.program import evaluation
 from tff_kd.program import export
@@ -45,7 +47,7 @@ from tff_kd.program import releases
 from tff_kd.program import run_folder
 from tff_kd.program import sampling
 from tff_kd.program import setup
-from tff_kd.program import validation
+from tff_kd.program import settings as settings_lib
 from tff_kd.runtime import aio
 from tff_kd.runtime import context
 from tff_kd.runtime import server_stage
@@ -68,7 +70,7 @@ class RunResult(NamedTuple):
   resumed_after: int = 0
 
 
-def _round_metrics(output, config) -> dict[str, Any]:
+def _round_metrics(output, clients_per_round: int) -> dict[str, Any]:
   cw = output.metrics['client_work']['train']
   examples = float(cw['num_examples'])
   metrics = {
@@ -78,7 +80,7 @@ def _round_metrics(output, config) -> dict[str, Any]:
       'train/learning_rate': float(cw['learning_rate']),
       'comm/bytes_down': float(cw['bytes_down']),
       'comm/bytes_up': float(cw['bytes_up']),
-      'clients_per_round': config.clients_per_round,
+      'clients_per_round': clients_per_round,
   }
   # Method-specific client measurements (e.g. DaFKD's discriminator
   # accuracy) report under `client/`.
@@ -241,8 +243,8 @@ def _writing(path: str, root_dir: str, last_saved: int) -> Iterator[None]:
         'to resume') from e
 
 
-def run(config: ml_collections.ConfigDict, root_dir: str, *,
-        progress: bool = True, client_data: Any = None,
+def run(settings: Union[settings_lib.Settings, ml_collections.ConfigDict],
+        root_dir: str, *, progress: bool = True, client_data: Any = None,
         test_data: Any = None) -> RunResult:
   """Trains, evaluates, checkpoints and exports one experiment.
 
@@ -250,12 +252,13 @@ def run(config: ml_collections.ConfigDict, root_dir: str, *,
   second run on the same folder is refused.
 
   Args:
-    config: Experiment config (see `configs/base.py`).
+    settings: The run's validated settings, or an experiment config (see
+      `configs/base.py`), validated once here, before the folder is made.
     root_dir: Output folder; restarting with the same folder resumes.
     progress: Show a tqdm progress bar.
     client_data: Optional federated training clients (a
       `tff_kd.federated.tff_client_data.TFFClientData`) instead of the
-      config's partition; see `setup.prepare`.
+      settings' partition; see `setup.prepare`.
     test_data: Their central test set; see `setup.prepare`.
 
   Returns:
@@ -267,25 +270,47 @@ def run(config: ml_collections.ConfigDict, root_dir: str, *,
       another run, a round without a usable client or with a non-finite
       loss, or a write that failed mid-run (`StorageError`).
   """
-  if client_data is None and test_data is None and not setup.is_federated(
-      config):
-    # Before the folder is created (a ClientData's config is completed and
-    # validated by `prepare`).
-    validation.validate_config(config)
+  settings = setup.settings_of(
+      settings, with_client_data=client_data is not None or
+      test_data is not None)
   with run_folder.locked(root_dir):
     run_folder.remove_debris(root_dir, 'checkpoints')
-    return _run(config, root_dir, progress, client_data, test_data)
+    exp = setup.prepare(settings, root_dir, client_data=client_data,
+                        test_data=test_data)
+    return _rounds(exp, root_dir, progress)
 
 
-def _run(config: ml_collections.ConfigDict, root_dir: str, progress: bool,
-         client_data: Any, test_data: Any) -> RunResult:
-  """`run`, under the run folder's lock."""
-  exp = setup.prepare(config, root_dir, client_data=client_data,
-                      test_data=test_data)
-  config = exp.config  # With a ClientData: its identity and client count.
-  checkpoints.check_resumable(config, root_dir)
+def run_experiment(exp: setup.Experiment, root_dir: str, *,
+                   progress: bool = True) -> RunResult:
+  """The rounds of an experiment prepared elsewhere, as `run` runs them.
+
+  For a notebook that brings its own process or data: `prepare` an
+  experiment, replace what it brings (`exp._replace(process=...)`), and
+  hand it to the loop with its folder. The run settings (rounds,
+  evaluation and checkpoint cadence, export) are `exp.settings.run`.
+
+  Args:
+    exp: A prepared experiment (`setup.prepare`).
+    root_dir: Output folder; restarting with the same folder resumes. It
+      must be the folder `exp` was prepared in, or hold nothing else.
+    progress: Show a tqdm progress bar.
+
+  Returns:
+    A `RunResult`, as `run`'s.
+  """
+  with run_folder.locked(root_dir):
+    run_folder.remove_debris(root_dir, 'checkpoints')
+    return _rounds(exp, root_dir, progress)
+
+
+def _rounds(exp: setup.Experiment, root_dir: str,
+            progress: bool) -> RunResult:
+  """`run`'s rounds, under the run folder's lock."""
+  settings = exp.settings
+  rs = settings.run
+  checkpoints.check_resumable(settings, root_dir)
   warm = warm_up(exp)
-  manager = checkpoints.manager_for(config, root_dir)
+  manager = checkpoints.manager_for(settings, root_dir)
   state, start = checkpoints.load_or_initialize(exp, manager)
   resumed_after = start
   # A run stopped before its first checkpoint after round 0 resumes from
@@ -301,26 +326,26 @@ def _run(config: ml_collections.ConfigDict, root_dir: str, progress: bool,
   logging.info('compiling the round took %.2f s (in the background)',
                warm.result())
   history = []
-  num_clients = config.partition.num_clients
-  bar = tqdm.tqdm(total=config.rounds, initial=start, disable=not progress,
-                  desc=config.method, unit='round')
-  for round_num in range(start, config.rounds):
-    clients = sampling.sample_clients(num_clients, config.clients_per_round,
-                                      seed=config.seed, round_num=round_num)
+  num_clients = settings.partition.num_clients
+  bar = tqdm.tqdm(total=rs.rounds, initial=start, disable=not progress,
+                  desc=rs.method, unit='round')
+  for round_num in range(start, rs.rounds):
+    clients = sampling.sample_clients(num_clients, rs.clients_per_round,
+                                      seed=rs.seed, round_num=round_num)
     keys = tff_types.group_keys(
-        exp.client_data.keys(clients, seed=config.seed, round_num=round_num),
-        common.clients_per_call(exp.inputs, config))
+        exp.client_data.keys(clients, seed=rs.seed, round_num=round_num),
+        exp.inputs.client_execution.clients_per_call)
     t0 = time.perf_counter()
     output = exp.process.next(state, keys)
     t_train = time.perf_counter() - t0
-    metrics = _round_metrics(output, config)
+    metrics = _round_metrics(output, rs.clients_per_round)
     problems = _excluded_clients(exp, metrics, clients, round_num)
     _check_round(metrics, round_num, start, root_dir, problems)
     state = output.state
     metrics['time/train_s'] = t_train
 
-    last = round_num + 1 == config.rounds
-    if (round_num + 1) % config.eval_every == 0 or last:
+    last = round_num + 1 == rs.rounds
+    if (round_num + 1) % rs.eval_every == 0 or last:
       t0 = time.perf_counter()
       metrics.update(evaluate(exp, state))
       metrics['time/eval_s'] = time.perf_counter() - t0
@@ -332,7 +357,7 @@ def _run(config: ml_collections.ConfigDict, root_dir: str, progress: bool,
                   start):
       _release(releaser, metrics, round_num + 1)
     _before_checkpoint(round_num + 1)
-    if (round_num + 1) % config.checkpoint_every == 0 or last:
+    if (round_num + 1) % rs.checkpoint_every == 0 or last:
       t0 = time.perf_counter()
       with _writing(manager.path_for_version(round_num + 1), root_dir,
                     start):
@@ -352,10 +377,10 @@ def _run(config: ml_collections.ConfigDict, root_dir: str, progress: bool,
   # The last round is always evaluated; only a run that had no round left
   # to train evaluates here.
   latest = history[-1] if history else evaluate(exp, state)
-  final = dict(round=config.rounds,
+  final = dict(round=rs.rounds,
                **{k: v for k, v in latest.items() if k.startswith('test/')})
   export_dir = None
-  if config.export:
+  if rs.export:
     model = exp.model_fn()
     weights.assign_weights_to(model)
     with _writing(os.path.join(root_dir, 'export'), root_dir, start):

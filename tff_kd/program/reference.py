@@ -142,8 +142,9 @@ def sections() -> list[Section]:
         Row(key=cls.key(f.name), default=getattr(defaults, f.name),
             check=check_text(f.metadata['check']), doc=docs.get(f.name, ''))
         for f in hp.config_fields(cls))
-    aliases = tuple((cls.key(old), cls.key(alias.new))
-                    for old, alias in cls.ALIASES.items())
+    aliases = tuple(
+        (cls.key(old), alias.new if alias.moved else cls.key(alias.new))
+        for old, alias in cls.ALIASES.items())
     out.append(Section(cls=cls, title=_title(cls),
                        summary=_summary(cls.__doc__), rows=rows,
                        aliases=aliases))
@@ -164,8 +165,17 @@ def _section_markdown(section: Section) -> list[str]:
   for row in section.rows:
     cells = (f'`{row.key}`', f'`{row.default!r}`', row.check, row.doc)
     lines.append('| ' + ' | '.join(_escape(c) for c in cells) + ' |')
+  recipes = [(m.name, m.distill_defaults)
+             for m in registry.METHODS.values() if m.distill_defaults]
+  if section.cls.SECTION == 'distill' and recipes:
+    lines += ['', 'Methods with defaults of their own (in force where the '
+              'config leaves the key unset, None):', '']
+    lines += [f'* {name}: ' + ', '.join(f'`{k}={v!r}`'
+                                        for k, v in defaults.items())
+              for name, defaults in recipes]
   if section.aliases:
-    lines += ['', 'Renamed keys (old -> new), still read with a warning:', '']
+    lines += ['', 'Renamed or moved keys (old -> new), still read with a '
+              'warning:', '']
     lines += [f'* `{old}` -> `{new}`' for old, new in section.aliases]
   return lines + ['']
 

@@ -7,7 +7,7 @@ checks:
 * the shared sections, here: `dataset`, `partition`, `model`, `local`,
   `client_optimizer`, `server_optimizer`, `server_data`, `runtime`, and the
   top-level keys (`RunSettings`: method, seed, rounds, ...);
-* `distill`: `tff_kd.core.distillation.DistillConfig`;
+* `distill`: `tff_kd.core.distill_hparams.DistillConfig`;
 * each method's own section: its registry entry's `hparams` class
   (`tff_kd/methods/<m>/hparams.py`).
 
@@ -21,6 +21,7 @@ naming the key. Renamed keys are still read through their classes'
 run folders resume.
 """
 
+import copy
 import dataclasses
 from typing import Any, ClassVar, Mapping, Optional
 
@@ -31,8 +32,9 @@ from tff_kd import data as data_lib
 from tff_kd import errors
 from tff_kd import hparams as hp
 from tff_kd import models
-from tff_kd.core import distillation
+from tff_kd.core import distill_hparams
 from tff_kd.federated import client_data as client_data_lib
+from tff_kd.federated import execution
 from tff_kd.methods import common
 from tff_kd.methods import registry
 from tff_kd.runtime import workers
@@ -185,8 +187,8 @@ class PartitionSettings(hp.Hparams):
           'partition.per_class must be >= 1 for the fedgen recipe, got '
           f'{self.per_class}')
 
-  def check_config(self, config: ml_collections.ConfigDict) -> None:
-    names = DatasetSettings.from_config(config.dataset).domain_names
+  def check_settings(self, settings: 'Settings') -> None:
+    names = settings.dataset.domain_names
     if self.kind != 'domain':
       if names:
         raise errors.ConfigError(
@@ -203,11 +205,11 @@ class PartitionSettings(hp.Hparams):
           f'partition.num_clients={self.num_clients} but {len(names)} '
           f'domains with clients_per_domain={self.clients_per_domain} make '
           f'{expected} clients')
-    if config.server_data.proxy in names:
+    if settings.server_data.proxy in names:
       logging.warning(
           'server_data.proxy %r is also a client domain: the server pool '
           "overlaps that client's data (the paper's Figure 5 setting)",
-          config.server_data.proxy)
+          settings.server_data.proxy)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -242,10 +244,10 @@ class ModelSettings(hp.Hparams):
   def _check_combinations(self) -> None:
     models.check_weights('model.weights', self.weights, self.name)
 
-  def check_config(self, config: ml_collections.ConfigDict) -> None:
-    method = registry.get_method(config.method)
+  def check_settings(self, settings: 'Settings') -> None:
+    method = settings.method
     if self.weights and method.global_model_per_architecture and (
-        registry.method_hparams(config).client_models):
+        settings.hparams.client_models):
       raise errors.ConfigError(
           f'model.weights is set but {method.name}.client_models replaces '
           f'the model by its prototypes: give their weights in '
@@ -355,11 +357,11 @@ class ServerDataSettings(hp.Hparams):
       raise errors.ConfigError(
           f'server_data.proxy_size must be >= 1, got {self.proxy_size}')
 
-  def check_config(self, config: ml_collections.ConfigDict) -> None:
-    if registry.get_method(config.method).needs_server_data and (
+  def check_settings(self, settings: 'Settings') -> None:
+    if settings.method.needs_server_data and (
         not self.proxy):
       raise errors.ConfigError(
-          f"{config.method} needs a proxy pool: set server_data.proxy "
+          f"{settings.method.name} needs a proxy pool: set server_data.proxy "
           "('split' or a dataset name) and server_data.proxy_size")
 
 
@@ -385,35 +387,41 @@ class RuntimeSettings(hp.Hparams):
       time (0: one per usable core; -1: no limit, TFF's default).
     intra_op_threads: Threads inside each TensorFlow op in the local worker
       (0: TensorFlow's default, every core). The defaults are the fastest
-      measured for this library's models (benchmarks/results/threads.md);
+      measured for this library's models (studies/speed/results/threads.md);
       remote workers take theirs from `tff_kd_worker`'s flags.
     clients_per_call: Clients each TFF client call trains, in turn (1: one
       per call). More cuts the runtime's per-client cost (a call, a
       broadcast copy and an aggregation step; ~1.2 ms of a round's wall
       time per client here) at the same round up to float round-off:
       FedAvg's K = 100 clients of 2 local steps cost 2.6x K = 10 of 20
-      steps with 1, 2.2x with 10 (benchmarks/README.md, "Grouped
+      steps with 1, 2.2x with 10 (studies/scale/README.md, "Grouped
       clients"). Keep K / G at least the worker's concurrent calls.
       FedAvg and FedProx only (a weighted mean of updates; the KD methods
       stack every client's model).
-    fuse_clients: Train each call's clients in lockstep as one batched
-      computation over their stacked weights (`tff_kd.core.fused`) instead
-      of one after another: a client's fixed costs (its `tf.data`
+    client_execution: How each call runs its clients
+      (`tff_kd.federated.execution`): 'sequential' (in turn) | 'fused' (in
+      lockstep, as one batched computation over their stacked weights,
+      `tff_kd.core.fused`): a client's fixed costs (its `tf.data`
       pipeline, its training loop's set-up) are paid once per call, and
       its steps run as one grouped convolution or batched matmul per
       layer. Each client computes what it would from the same batches,
       but draws its batch order from its key statelessly instead of by
       `tf.data`'s shuffle, so a fused run is another draw of the same
-      algorithm (benchmarks/README.md, "Fused clients"). FedAvg and
+      algorithm (studies/scale/README.md, "Fused clients"). FedAvg and
       FedProx, keyed client data (the `train` binary's; a process whose
       clients take datasets, `build_dataset_process`, trains them one by
       one, as with `clients_per_call`), and functional
       Keras models of Conv2D, Dense, BatchNormalization and
       GroupNormalization layers plus weightless, non-random ones (the
-      process build names any other layer).
+      process build names any other layer). Old name: `fuse_clients`
+      (True: 'fused'), read until the next release.
   """
 
   SECTION: ClassVar[str] = 'runtime'
+  ALIASES: ClassVar[Mapping[str, hp.Alias]] = {
+      'fuse_clients': hp.Alias(
+          'client_execution',
+          lambda fused: 'fused' if fused else 'sequential', bool)}
 
   workers: str = hp.field('', _text)
   worker_timeout_s: float = hp.field(60.0, hp.positive_number)
@@ -421,7 +429,8 @@ class RuntimeSettings(hp.Hparams):
   concurrent_clients: int = hp.field(0, _at_least_minus_one)
   intra_op_threads: int = hp.field(1, hp.non_negative_int)
   clients_per_call: int = hp.field(1, hp.positive_int)
-  fuse_clients: bool = hp.field(False, hp.boolean)
+  client_execution: str = hp.field('sequential',
+                                   hp.one_of(*execution.EXECUTIONS))
 
   @property
   def worker_addresses(self) -> list[str]:
@@ -432,9 +441,19 @@ class RuntimeSettings(hp.Hparams):
     self.worker_addresses  # pylint: disable=pointless-statement
     server_stage.check_device(self.server_device)
 
-  def check_config(self, config: ml_collections.ConfigDict) -> None:
-    method = registry.get_method(config.method)
-    workers.check_supported(needs_secure_sum(config), self.workers)
+  def execution_for(self, method: common.Method,
+                    keyed: bool) -> execution.ClientExecution:
+    """How each TFF client call runs its clients: as set, for a method
+    that groups clients and keyed clients (clients that take datasets,
+    e.g. under `tff.learning.programs.train_model`, are one per call)."""
+    if not (keyed and method.groups_clients):
+      return execution.ONE_BY_ONE
+    return execution.ClientExecution(self.clients_per_call,
+                                     self.client_execution)
+
+  def check_settings(self, settings: 'Settings') -> None:
+    method = settings.method
+    workers.check_supported(settings.needs_secure_sum, self.workers)
     if self.server_device != server_stage.IN_RUNTIME and (
         not method.server_step):
       raise errors.ConfigError(
@@ -443,14 +462,14 @@ class RuntimeSettings(hp.Hparams):
           "optimizer step); use 'runtime'")
     for key, value, default in (
         ('clients_per_call', self.clients_per_call, 1),
-        ('fuse_clients', self.fuse_clients, False)):
+        ('client_execution', self.client_execution, 'sequential')):
       if value != default and not method.groups_clients:
         raise errors.ConfigError(
-            f'runtime.{key}={value}: {method.name} keeps every client\'s '
+            f'runtime.{key}={value!r}: {method.name} keeps every client\'s '
             'model apart (a stack of teachers or per-client state); only '
             + ' and '.join(m.name for m in registry.METHODS.values()
                            if m.groups_clients)
-            + f' group clients. Use {default}')
+            + f' group clients. Use {default!r}')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -484,8 +503,10 @@ class RunSettings(hp.Hparams):
   keep_checkpoints: int = hp.field(3, hp.positive_int)
   export: bool = hp.field(True, hp.boolean)
 
-  def check_config(self, config: ml_collections.ConfigDict) -> None:
-    sampling.check_sampling(config.partition.num_clients,
+  def check_settings(self, settings: 'Settings') -> None:
+    if settings.dataset.is_federated:
+      return  # The ClientData's clients are counted when it is opened.
+    sampling.check_sampling(settings.partition.num_clients,
                             self.clients_per_round)
 
 
@@ -494,7 +515,7 @@ class RunSettings(hp.Hparams):
 SHARED_SECTIONS: tuple[type[hp.Hparams], ...] = (
     DatasetSettings, PartitionSettings, ModelSettings, LocalSettings,
     ClientOptimizerSettings, ServerOptimizerSettings, ServerDataSettings,
-    distillation.DistillConfig, RuntimeSettings)
+    distill_hparams.DistillConfig, RuntimeSettings)
 
 
 def method_sections() -> tuple[type[hp.Hparams], ...]:
@@ -518,12 +539,75 @@ def default_config() -> ml_collections.ConfigDict:
   config = hp.config_section(RunSettings)
   for cls in all_sections():
     config[cls.SECTION] = hp.config_section(cls)
+  # A distill key some method has its own default for is unset (None): the
+  # running method's default, else the section's (`method_distill`).
+  generic = distill_hparams.DistillConfig()
+  for key in sorted({k for m in registry.METHODS.values()
+                     for k in m.distill_defaults}):
+    config.distill[key] = ml_collections.FieldReference(
+        None, field_type=type(getattr(generic, key)))
   return config
+
+
+def method_distill(method: common.Method,
+                   section: Mapping[str, Any]) -> dict[str, Any]:
+  """The `distill` section a method runs with: its keys that are set, over
+  the method's own defaults (`Method.distill_defaults`), over the
+  section's."""
+  generic = distill_hparams.DistillConfig()
+  values = {k: v for k, v in dict(section).items() if v is not None}
+  return {**{f.name: getattr(generic, f.name)
+             for f in hp.config_fields(distill_hparams.DistillConfig)},
+          **method.distill_defaults, **values}
+
+
+def _moved_keys(config: ml_collections.ConfigDict,
+                method: common.Method) -> ml_collections.ConfigDict:
+  """`config` with the running method's moved keys (an `hp.Alias` to
+  another section, e.g. `dafkd.weight_decay` ->
+  `client_optimizer.weight_decay`) set at their new place; a copy if any
+  is set.
+
+  Raises:
+    ConfigError: an old key set against its new one.
+  """
+  cls = method.hparams
+  moved = {} if cls is None else {
+      old: a for old, a in cls.ALIASES.items() if a.moved}
+  section = config.get(cls.SECTION) if moved else None
+  todo = [(old, a) for old, a in moved.items()
+          if section is not None and section.get(old) is not None]
+  if not todo:
+    return config
+  config = copy.deepcopy(config)
+  for old, alias in todo:
+    value = alias.to_new(config[cls.SECTION][old])
+    target, key = alias.new.split('.')
+    default = getattr(_section_class(target)(), key)
+    current = config[target][key]
+    if current not in (None, default) and current != value:
+      raise errors.ConfigError(
+          f'{cls.key(old)}={config[cls.SECTION][old]!r} (moved to '
+          f'{alias.new}) contradicts {alias.new}={current!r}; set only '
+          f'{alias.new}')
+    logging.warning('config key %s moved to %s; read as %s=%r',
+                    cls.key(old), alias.new, alias.new, value)
+    config[target][key] = value
+  return config
+
+
+def _section_class(name: str) -> type[hp.Hparams]:
+  return {cls.SECTION: cls for cls in all_sections()}[name]
 
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-  """A validated experiment config, section by section.
+  """A validated experiment config, section by section: what a run uses.
+
+  Built once per run by `from_config` (or `tff_kd.program.experiment`'s
+  entry points from a config); the program and the methods' builders read
+  it, never the config again. Values derived from several keys are its
+  properties.
 
   Attributes:
     run: The top-level keys.
@@ -549,10 +633,75 @@ class Settings:
   client_optimizer: ClientOptimizerSettings
   server_optimizer: ServerOptimizerSettings
   server_data: ServerDataSettings
-  distill: distillation.DistillConfig
+  distill: distill_hparams.DistillConfig
   runtime: RuntimeSettings
   method: common.Method
   hparams: Optional[hp.Hparams]
+
+  def replace(self, **changes: Any) -> 'Settings':
+    """A copy with whole sections replaced (not validated again)."""
+    return dataclasses.replace(self, **changes)
+
+  def sections(self) -> list[hp.Hparams]:
+    """The run's sections in config order, the method's own last."""
+    out = [self.run, self.dataset, self.partition, self.model, self.local,
+           self.client_optimizer, self.server_optimizer, self.server_data,
+           self.distill, self.runtime]
+    return out + ([self.hparams] if self.hparams is not None else [])
+
+  @property
+  def needs_secure_sum(self) -> bool:
+    """Whether the method's process uses secure aggregation (as its
+    registry entry says: DaFKD's private mode), which only TFF's test
+    context simulates (`tff_kd.runtime.context.set_context_for`)."""
+    secure_sum = self.method.secure_sum
+    return secure_sum is not None and secure_sum(self.hparams)
+
+  @property
+  def local_work(self) -> client_data_lib.LocalWork:
+    """The clients' local work (unit, amount, batch size)."""
+    return self.local.local_work()
+
+  @property
+  def _prototype_entries(self) -> str:
+    if self.method.global_model_per_architecture:
+      return self.hparams.client_models
+    return ''
+
+  @property
+  def prototypes(self) -> list[tuple[str, str]]:
+    """(model name, norm) of each global model prototype: one per entry of
+    the method's `client_models` where it keeps a global model per
+    architecture (FedDF), else [model]."""
+    return models.parse_model_list(
+        self._prototype_entries, default_norm=self.model.norm,
+        key=f'{self.method.name}.client_models') or [
+            (self.model.name, self.model.norm)]
+
+  @property
+  def prototype_weights(self) -> list[tuple[str, str]]:
+    """(initial weights setting, its config key) of each entry of
+    `prototypes`: the method's `client_weights` where its `client_models`
+    are the global model prototypes (FedDF), else `model.weights` ('' for
+    seeded random; `tff_kd.models.pretrained`)."""
+    if self._prototype_entries:
+      key = f'{self.method.name}.client_weights'
+      return [(w, f'{key} entry {i}') for i, w in enumerate(
+          models.parse_weights_list(self.hparams.client_weights,
+                                    self.hparams.client_models, key=key))]
+    return [(self.model.weights, 'model.weights')]
+
+  def to_config(self) -> ml_collections.ConfigDict:
+    """The experiment config these settings were validated from, as the
+    run folder records it (`config.json`): every key of `default_config()`,
+    the run's sections with their values (other methods' sections keep
+    their defaults)."""
+    config = default_config()
+    for section in self.sections():
+      node = config[section.SECTION] if section.SECTION else config
+      for f in hp.config_fields(type(section)):
+        node[f.name] = getattr(section, f.name)
+    return config
 
 
 def _check_unknown_sections(config: ml_collections.ConfigDict) -> None:
@@ -564,12 +713,12 @@ def _check_unknown_sections(config: ml_collections.ConfigDict) -> None:
 
 
 def from_config(config: ml_collections.ConfigDict) -> Settings:
-  """Validates a whole experiment config against the tree.
+  """Validates a whole experiment config against the tree, once.
 
   Checks, in order: that every key exists (in every section, the inactive
   methods' included), the top-level keys, the shared sections, the active
   method's section, and the checks across sections, each section's
-  (`Hparams.check_config`). Nothing is loaded or built.
+  (`Hparams.check_settings`). Nothing is loaded or built.
 
   Args:
     config: An experiment config (`default_config()` with changes).
@@ -588,26 +737,21 @@ def from_config(config: ml_collections.ConfigDict) -> Settings:
     if cls.SECTION in config:
       hp.canonical_section(cls, config[cls.SECTION])  # Unknown keys only.
   method = registry.get_method(run.method)
+  config = _moved_keys(config, method)
   sections = {cls.SECTION: cls.from_config(config.get(cls.SECTION, {}))
-              for cls in SHARED_SECTIONS}
-  sections['distill'] = sections['distill'].replace(seed=run.seed)
+              for cls in SHARED_SECTIONS if cls.SECTION != 'distill'}
+  sections['distill'] = distill_hparams.DistillConfig.from_config(
+      method_distill(method, config.get('distill', {}))).replace(
+          seed=run.seed)
   hparams = (None if method.hparams is None else
              method.hparams.from_config(config.get(method.hparams.SECTION,
                                                    {})))
-  checked = [run, *sections.values()]
-  if not method.uses_distill:
-    checked.remove(sections['distill'])
-  for section in checked + ([hparams] if hparams is not None else []):
-    section.check_config(config)
-  return Settings(run=run, method=method, hparams=hparams, **sections)
-
-
-def needs_secure_sum(config: ml_collections.ConfigDict) -> bool:
-  """Whether the method's process uses secure aggregation (as its registry
-  entry says: DaFKD's private mode), which only TFF's test context
-  simulates (`tff_kd.runtime.context.set_context_for`)."""
-  secure_sum = registry.get_method(config.method).secure_sum
-  return secure_sum is not None and secure_sum(config)
+  settings = Settings(run=run, method=method, hparams=hparams, **sections)
+  for section in settings.sections():
+    if section is settings.distill and not method.uses_distill:
+      continue
+    section.check_settings(settings)
+  return settings
 
 
 def parse_value(value: str) -> Any:
@@ -654,6 +798,7 @@ def canonical_dict(config: Mapping[str, Any]) -> dict[str, Any]:
   Sections and keys the tree does not know are kept as they are.
   """
   out = {}
+  moves = []
   classes = {cls.SECTION: cls for cls in all_sections()}
   for key, value in dict(config).items():
     cls = classes.get(key)
@@ -661,9 +806,16 @@ def canonical_dict(config: Mapping[str, Any]) -> dict[str, Any]:
       value = dict(value)
       for old, alias in cls.ALIASES.items():
         old_value = value.pop(old, None)
-        if old_value is not None:
+        if old_value is None:
+          continue
+        if not alias.moved:
           value[alias.new] = alias.to_new(old_value)
+        elif config.get('method') == key:  # Moved: the run's own section.
+          moves.append((alias.new, alias.to_new(old_value)))
     elif isinstance(value, Mapping):
       value = dict(value)
     out[key] = value
+  for new, value in moves:
+    section, key = new.split('.')
+    out.setdefault(section, {})[key] = value
   return out

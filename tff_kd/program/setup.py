@@ -1,8 +1,9 @@
 """Sets an experiment up: data, partition, server data, process, evaluations.
 
-`prepare(config, root_dir)` validates the whole config
-(`tff_kd.program.validation`), then loads the dataset and partitions it:
-every user error surfaces here, before any TFF computation. It holds the
+`prepare(settings, root_dir)` takes the run's validated settings
+(`tff_kd.program.settings.Settings`; a config is validated into them once,
+at the entry, `experiment.prepare`), then loads the dataset and partitions
+it: every user error surfaces here, before any TFF computation. It holds the
 server's slices (`server_data`: an unlabeled proxy split and a labeled
 validation set) out of the training set, whatever the method; writes the
 clients' arrays once under `root_dir/client_data/<fingerprint>` and the
@@ -11,11 +12,11 @@ method's learning process with the dataset computation that reads them
 (`tff_kd.federated.client_data`, `.server_data`). The data and the method
 contribute the evaluations of the global model (`tff_kd.program.evaluation`).
 
-Federated data: with `prepare(config, root_dir, client_data=...,
+Federated data: with `prepare(settings, root_dir, client_data=...,
 test_data=...)`, or a `dataset.name` of TFF's simulation datasets
 ('tff:emnist'), the clients are a `tff.simulation.datasets.ClientData`'s own
 (`tff_kd.federated.tff_client_data`), read per round inside the TFF
-computation: nothing of theirs is written or read here, and the config's
+computation: nothing of theirs is written or read here, and the
 `partition` section is not used (`partition.num_clients` becomes the
 number of clients). The test set is read whole. `server_data` works as
 with central data, except that 'split' holds out whole clients: a seeded
@@ -23,8 +24,10 @@ permutation of the clients is read, client by client, until the clients
 read hold `val_size + proxy_size` examples; their first `val_size`
 examples are the labeled validation set, the next `proxy_size` the
 unlabeled pool (the rest are unused), and those clients leave the
-federation. The returned `Experiment.config` records the `ClientData`'s
+federation. The returned `Experiment.settings` record the `ClientData`'s
 identity (`dataset.client_data`), which a resumed run must match.
+
+Every function here reads the `Settings`; none reads a config.
 """
 
 import copy
@@ -41,22 +44,25 @@ from tff_kd import data as data_lib
 from tff_kd import errors
 from tff_kd import models
 from tff_kd.federated import client_data as client_data_lib
+from tff_kd.federated import execution
 from tff_kd.federated import server_data as server_data_lib
 from tff_kd.federated import tff_client_data
 from tff_kd.federated import tff_types
 from tff_kd.methods import common
-from tff_kd.methods import registry
 from tff_kd.program import evaluation
-from tff_kd.program import validation
+from tff_kd.program import sampling
+from tff_kd.program import settings as settings_lib
+from tff_kd.runtime import context
 from tff_kd.runtime import server_stage
+from tff_kd.runtime import workers
 
 
 class Experiment(NamedTuple):
   """Everything a round loop needs, built by `prepare`.
 
   Attributes:
-    config: The validated config (with federated data, a copy that records
-      the `ClientData`'s identity and client count).
+    settings: The run's validated settings (with federated data, they
+      record the `ClientData`'s identity and client count).
     dataset: The loaded `tff_kd.data.Dataset` (with federated data, the
       training arrays are empty: the clients' examples stay in their
       `ClientData`).
@@ -77,7 +83,7 @@ class Experiment(NamedTuple):
       rebuilds the process from it for dataset-taking clients).
   """
 
-  config: ml_collections.ConfigDict
+  settings: settings_lib.Settings
   dataset: data_lib.Dataset
   client_data: client_data_lib.FileClientData
   process: Union[tff.learning.templates.LearningProcess,
@@ -92,54 +98,56 @@ class Experiment(NamedTuple):
 _EVALUATION_ORDER = ('test', 'prototypes', 'test_slices')
 
 
-def _partition(config: ml_collections.ConfigDict, dataset: data_lib.Dataset):
+def _partition(settings: settings_lib.Settings,
+               dataset: data_lib.Dataset):
   """Client index arrays and, for the FedGen recipe, their test slices."""
-  p = config.partition
+  p, seed = settings.partition, settings.run.seed
   if p.kind == 'iid':
     return data_lib.iid_partition(len(dataset.y_train), p.num_clients,
-                                  seed=config.seed), None
+                                  seed=seed), None
   if p.kind == 'domain':
     # One domain per client (cross-silo) or Dir(alpha) label skew over
     # clients_per_domain clients inside every domain (cross-device).
     return data_lib.domain_partition(
         dataset.train_domains, clients_per_domain=p.clients_per_domain,
         alpha=p.alpha if p.clients_per_domain > 1 else None,
-        labels=dataset.y_train, seed=config.seed,
+        labels=dataset.y_train, seed=seed,
         min_size=p.min_size), None
   if p.kind == 'fedgen':
     return data_lib.fedgen_partition(
         dataset.y_train, p.num_clients, p.alpha, per_class=p.per_class,
-        seed=config.seed, test_labels=dataset.y_test, min_size=p.min_size)
+        seed=seed, test_labels=dataset.y_test, min_size=p.min_size)
   return data_lib.dirichlet_partition(
-      dataset.y_train, p.num_clients, p.alpha, seed=config.seed,
+      dataset.y_train, p.num_clients, p.alpha, seed=seed,
       min_size=p.min_size), None
 
 
-def _fingerprint(config: ml_collections.ConfigDict) -> str:
+def _fingerprint(settings: settings_lib.Settings) -> str:
+  config = settings.to_config()
   key = dict(dataset=config.dataset.to_dict(),
-             partition=config.partition.to_dict(), seed=config.seed)
+             partition=config.partition.to_dict(), seed=settings.run.seed)
   if not config.dataset.domains:  # Keeps older fingerprints unchanged.
     for k in ('domains', 'image_shape'):
       key['dataset'].pop(k, None)
     if key['partition'].get('clients_per_domain') == 1:
       key['partition'].pop('clients_per_domain')
-  sd = config.server_data
+  sd = settings.server_data
   if sd.proxy or sd.val_size:  # Keeps older fingerprints unchanged.
-    key['server_data'] = sd.to_dict()
+    key['server_data'] = config.server_data.to_dict()
   if not key['dataset'].get('client_data'):  # Keeps older ones unchanged.
     key['dataset'].pop('client_data', None)
   key = json.dumps(key, sort_keys=True)
   return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
-def _hold_out(config: ml_collections.ConfigDict, dataset: data_lib.Dataset):
+def _hold_out(settings: settings_lib.Settings, dataset: data_lib.Dataset):
   """Removes the server's slices from the training set.
 
   Returns:
     (client dataset, unlabeled proxy images or None, val images, val labels)
     with the held-out indices drawn by a seeded permutation.
   """
-  sd = config.server_data
+  sd = settings.server_data
   n_proxy = sd.proxy_size if sd.proxy == 'split' else 0
   n_held = n_proxy + sd.val_size
   if not n_held:
@@ -149,7 +157,7 @@ def _hold_out(config: ml_collections.ConfigDict, dataset: data_lib.Dataset):
     raise errors.ConfigError(
         f'server_data holds out {n_held} training examples but the training '
         f'set has only {n}')
-  perm = np.random.default_rng([config.seed, 7]).permutation(n)
+  perm = np.random.default_rng([settings.run.seed, 7]).permutation(n)
   val_idx, proxy_idx, rest = np.split(perm, [sd.val_size, n_held])
   rest = np.sort(rest)
   clients = dataset._replace(
@@ -162,12 +170,12 @@ def _hold_out(config: ml_collections.ConfigDict, dataset: data_lib.Dataset):
   return clients, proxy, val_x, val_y
 
 
-def _server_data(config: ml_collections.ConfigDict,
+def _server_data(settings: settings_lib.Settings,
                  dataset: data_lib.Dataset, proxy: Optional[np.ndarray],
                  val_x: Optional[np.ndarray], val_y: Optional[np.ndarray],
                  directory: str) -> Optional[server_data_lib.ServerData]:
   """Builds (once) and opens the server's data, or None if not configured."""
-  sd = config.server_data
+  sd = settings.server_data
   if not sd.proxy:
     return None
   try:
@@ -177,14 +185,14 @@ def _server_data(config: ml_collections.ConfigDict,
   if sd.proxy != 'split':
     other = data_lib.load_dataset(
         sd.proxy,
-        data_dir=os.path.expanduser(config.dataset.data_dir) or None,
-        manual_dir=config.dataset.manual_dir or None,
+        data_dir=os.path.expanduser(settings.dataset.data_dir) or None,
+        manual_dir=settings.dataset.manual_dir or None,
         image_shape=dataset.x_train.shape[1:])
     if sd.proxy_size > len(other.x_train):
       raise errors.ConfigError(
           f'server_data.proxy_size={sd.proxy_size} is more than the '
           f'{len(other.x_train)} training images of {sd.proxy}')
-    idx = np.random.default_rng([config.seed, 8]).permutation(
+    idx = np.random.default_rng([settings.run.seed, 8]).permutation(
         len(other.x_train))[:sd.proxy_size]
     proxy = other.x_train[np.sort(idx)]
   return server_data_lib.ServerData.create(directory, proxy, val_x, val_y,
@@ -192,13 +200,13 @@ def _server_data(config: ml_collections.ConfigDict,
 
 
 def _data_evaluations(
-    config: ml_collections.ConfigDict, dataset: data_lib.Dataset,
+    settings: settings_lib.Settings, dataset: data_lib.Dataset,
     test_slices: Optional[list[np.ndarray]],
     model: evaluation.SharedModel) -> dict[str, evaluation.Evaluation]:
   """What the data contributes: the whole test set (per client domain, with
   their mean, for multi-domain data) and the FedGen recipe's test slices.
   They share one model, hence one trace."""
-  batch_size = config.eval_batch_size
+  batch_size = settings.run.eval_batch_size
   if dataset.test_domains is not None:
     test = evaluation.DomainTestSets(tuple(
         (name, evaluation.Evaluator(
@@ -219,7 +227,7 @@ def _data_evaluations(
 
 
 def _method_evaluations(
-    config: ml_collections.ConfigDict, dataset: data_lib.Dataset,
+    settings: settings_lib.Settings, dataset: data_lib.Dataset,
     model_fns: tuple[tff_types.ModelFn, ...]
 ) -> dict[str, evaluation.Evaluation]:
   """What the method contributes: its other global models (FedDF's
@@ -228,34 +236,30 @@ def _method_evaluations(
     return {}
   return {'prototypes': evaluation.OtherGlobalModels(tuple(
       evaluation.Evaluator(evaluation.SharedModel(fn), dataset.x_test,
-                           dataset.y_test, batch_size=config.eval_batch_size)
+                           dataset.y_test, batch_size=settings.run.eval_batch_size)
       for fn in model_fns[1:]))}
 
 
-def _load(config: ml_collections.ConfigDict) -> data_lib.Dataset:
+def _load(settings: settings_lib.Settings) -> data_lib.Dataset:
   """The configured dataset (every client domain's, for multi-domain data)."""
-  if validation.domain_names(config):
-    return data_lib.load_domains(
-        validation.domain_names(config), validation.image_shape(config),
-        data_dir=os.path.expanduser(config.dataset.data_dir) or None,
-        manual_dir=config.dataset.manual_dir or None,
-        train_limit=config.dataset.train_limit or None)
-  return data_lib.load_dataset(
-      config.dataset.name,
-      data_dir=os.path.expanduser(config.dataset.data_dir) or None,
-      manual_dir=config.dataset.manual_dir or None,
-      train_limit=config.dataset.train_limit or None)
+  d = settings.dataset
+  dirs = dict(data_dir=os.path.expanduser(d.data_dir) or None,
+              manual_dir=d.manual_dir or None,
+              train_limit=d.train_limit or None)
+  if d.domain_names:
+    return data_lib.load_domains(d.domain_names, d.shape, **dirs)
+  return data_lib.load_dataset(d.name, **dirs)
 
 
 def is_federated(config: ml_collections.ConfigDict) -> bool:
-  """Whether the config names a `ClientData` (a 'tff:' dataset, or the
+  """Whether a config names a `ClientData` (a 'tff:' dataset, or the
   identity `prepare` recorded) rather than a dataset to partition."""
   dataset = config.get('dataset') or {}
   return (dataset.get('name') in data_lib.TFF_DATASETS or
           bool(dataset.get('client_data')))
 
 
-def _hold_out_clients(config: ml_collections.ConfigDict,
+def _hold_out_clients(settings: settings_lib.Settings,
                       clients: tff_client_data.TFFClientData):
   """Removes the server's slices from a `ClientData`: whole clients.
 
@@ -264,13 +268,13 @@ def _hold_out_clients(config: ml_collections.ConfigDict,
     labels): a seeded permutation of the clients is read until the clients
     read hold the held-out examples; they all leave the federation.
   """
-  sd = config.server_data
+  sd = settings.server_data
   n_proxy = sd.proxy_size if sd.proxy == 'split' else 0
   n_held = n_proxy + sd.val_size
   if not n_held:
     return clients, None, None, None
   ids = clients.client_ids
-  order = np.random.default_rng([config.seed, 7]).permutation(len(ids))
+  order = np.random.default_rng([settings.run.seed, 7]).permutation(len(ids))
   xs, ys, held = [], [], 0
   for count, i in enumerate(order[:-1], start=1):
     x, y = clients.arrays([ids[i]])
@@ -292,41 +296,31 @@ def _hold_out_clients(config: ml_collections.ConfigDict,
 
 
 def _federated_clients(
-    config: ml_collections.ConfigDict, client_data: Any, test_data: Any
-) -> tuple[ml_collections.ConfigDict, tff_client_data.TFFClientData, Any]:
-  """The config's or the caller's `ClientData`, with its test set.
-
-  Validates the whole config first (its client count aside, unknown
-  before the `ClientData` is opened), so that no bad setting costs a
-  download.
+    settings: settings_lib.Settings, client_data: Any, test_data: Any
+) -> tuple[settings_lib.Settings, tff_client_data.TFFClientData, Any]:
+  """The settings' or the caller's `ClientData`, with its test set.
 
   Returns:
-    (a copy of the config recording the `ClientData`'s identity, the
-    wrapped training clients, the test data).
+    (the settings recording the `ClientData`'s identity, the wrapped
+    training clients, the test data).
   """
-  config = copy.deepcopy(config)
-  name = config.dataset.name
-  num_clients = config.partition.num_clients
-  if isinstance(config.get('clients_per_round'), int):
-    config.partition.num_clients = max(1, config.clients_per_round)
-  validation.validate_config(config)
-  config.partition.num_clients = num_clients
+  d = settings.dataset
   if client_data is None:
     if test_data is not None:
       raise errors.ConfigError('prepare got test_data without client_data')
-    if name not in data_lib.TFF_DATASETS:
+    if d.name not in data_lib.TFF_DATASETS:
       raise errors.ConfigError(
-          f'dataset.client_data={config.dataset.client_data!r} is recorded '
-          'by prepare: pass that ClientData as prepare(..., client_data=...)')
+          f'dataset.client_data={d.client_data!r} is recorded by prepare: '
+          'pass that ClientData as prepare(..., client_data=...)')
     train, test_data, source = data_lib.load_tff(
-        name, data_dir=os.path.expanduser(config.dataset.data_dir) or None)
+        d.name, data_dir=os.path.expanduser(d.data_dir) or None)
     client_data = tff_client_data.TFFClientData(
-        train, name=name, num_classes=source.num_classes,
+        train, name=d.name, num_classes=source.num_classes,
         x_key=source.x_key, y_key=source.y_key, pixel_max=source.pixel_max)
   else:
-    if name in data_lib.TFF_DATASETS:
+    if d.name in data_lib.TFF_DATASETS:
       raise errors.ConfigError(
-          f'dataset.name={name!r} and a client_data argument: give one')
+          f'dataset.name={d.name!r} and a client_data argument: give one')
     if isinstance(client_data, tff.simulation.datasets.ClientData):
       raise errors.ConfigError(
           'wrap the ClientData first: tff_kd.federated.tff_client_data.'
@@ -339,35 +333,38 @@ def _federated_clients(
       raise errors.ConfigError(
           'prepare(client_data=...) needs test_data=: (x, y) arrays, a '
           'tf.data.Dataset of (x, y) or a test ClientData')
-  recorded = config.dataset.client_data
-  if recorded and recorded != client_data.identity:
+  if d.client_data and d.client_data != client_data.identity:
     raise errors.ConfigError(
-        f'dataset.client_data is {recorded!r} but the given ClientData is '
-        f'{client_data.identity!r}')
-  config.dataset.client_data = client_data.identity
-  return config, client_data, test_data
+        f'dataset.client_data is {d.client_data!r} but the given ClientData '
+        f'is {client_data.identity!r}')
+  settings = settings.replace(
+      dataset=d.replace(client_data=client_data.identity))
+  return settings, client_data, test_data
 
 
-def _prepare_federated(config: ml_collections.ConfigDict, root_dir: str,
+def _prepare_federated(settings: settings_lib.Settings, root_dir: str,
                        client_data: Any, test_data: Any):
-  """`prepare`'s data with a `ClientData`: (config, dataset, clients,
+  """`prepare`'s data with a `ClientData`: (settings, dataset, clients,
   server data); see the module docstring."""
-  config, clients, test_data = _federated_clients(config, client_data,
-                                                  test_data)
-  clients, proxy, val_x, val_y = _hold_out_clients(config, clients)
-  config.partition.num_clients = len(clients.client_ids)
-  validation.validate_config(config)
+  settings, clients, test_data = _federated_clients(settings, client_data,
+                                                    test_data)
+  clients, proxy, val_x, val_y = _hold_out_clients(settings, clients)
+  settings = settings.replace(partition=settings.partition.replace(
+      num_clients=len(clients.client_ids)))
+  # The one check that needed the data: its clients are counted now.
+  sampling.check_sampling(settings.partition.num_clients,
+                          settings.run.clients_per_round)
   x_test, y_test = tff_client_data.central_test_set(test_data, clients)
   dataset = data_lib.Dataset(
       clients.name, np.zeros([0, *clients.image_shape], np.float32),
       np.zeros([0], np.int32), x_test, y_test, clients.num_classes)
   server = _server_data(
-      config, dataset, proxy, val_x, val_y,
-      os.path.join(root_dir, 'server_data', _fingerprint(config)))
-  return config, dataset, clients, server
+      settings, dataset, proxy, val_x, val_y,
+      os.path.join(root_dir, 'server_data', _fingerprint(settings)))
+  return settings, dataset, clients, server
 
 
-def _classifier_builders(config: ml_collections.ConfigDict,
+def _classifier_builders(settings: settings_lib.Settings,
                          dataset: data_lib.Dataset) -> list:
   """One seeded classifier builder per global model (`model`, or FedDF's
   prototypes); pretrained weights (`model.weights`, the prototypes'
@@ -375,26 +372,52 @@ def _classifier_builders(config: ml_collections.ConfigDict,
   return [
       models.classifier_builder(
           name, input_shape=dataset.x_train.shape[1:],
-          num_classes=dataset.num_classes, norm=norm, seed=config.seed,
-          weights=weights, what=what, data_dir=config.dataset.data_dir,
-          manual_dir=config.dataset.manual_dir or None)
-      for (name, norm), (weights, what) in zip(
-          validation.prototypes(config),
-          validation.prototype_weights(config))]
+          num_classes=dataset.num_classes, norm=norm,
+          seed=settings.run.seed, weights=weights, what=what,
+          data_dir=settings.dataset.data_dir,
+          manual_dir=settings.dataset.manual_dir or None)
+      for (name, norm), (weights, what) in zip(settings.prototypes,
+                                               settings.prototype_weights)]
 
 
-def prepare(config: ml_collections.ConfigDict, root_dir: str, *,
-            client_data: Optional[tff_client_data.TFFClientData] = None,
-            test_data: Any = None) -> Experiment:
-  """Validates, loads and partitions data, and builds the process.
+def settings_of(config: Union[settings_lib.Settings,
+                              ml_collections.ConfigDict], *,
+                with_client_data: bool = False) -> settings_lib.Settings:
+  """The run's settings: `config` itself, or the config validated once.
 
   Args:
-    config: Experiment config.
+    config: `Settings`, or an experiment config (the Python API's edge).
+    with_client_data: The caller passes its own `ClientData`, whose clients
+      replace the partition: `partition.num_clients` is then counted from
+      it, after validation, so it is not checked against
+      `clients_per_round` here.
+
+  Raises:
+    ConfigError: naming the first bad key and its value.
+  """
+  if isinstance(config, settings_lib.Settings):
+    return config
+  if with_client_data and isinstance(config.get('clients_per_round'), int):
+    config = copy.deepcopy(config)
+    config.partition.num_clients = max(1, config.clients_per_round)
+  return settings_lib.from_config(config)
+
+
+def prepare(settings: Union[settings_lib.Settings,
+                            ml_collections.ConfigDict],
+            root_dir: str, *,
+            client_data: Optional[tff_client_data.TFFClientData] = None,
+            test_data: Any = None) -> Experiment:
+  """Loads and partitions data, and builds the process.
+
+  Args:
+    settings: The run's validated settings (`settings.from_config`); an
+      experiment config is validated into them first (`settings_of`).
     root_dir: Output folder of the run.
     client_data: Federated training clients: a
       `tff_kd.federated.tff_client_data.TFFClientData` wrapping a
       `tff.simulation.datasets.ClientData`; its clients replace the
-      partition of `config.dataset` (see the module docstring).
+      partition of `settings.dataset` (see the module docstring).
     test_data: With `client_data`, the central test set: `(x, y)` arrays
       normalised like the training images, a `tf.data.Dataset` of `(x, y)`,
       or a test `ClientData` (mapped like the training clients).
@@ -405,51 +428,66 @@ def prepare(config: ml_collections.ConfigDict, root_dir: str, *,
   Raises:
     UserError: for any bad setting, data file or partition request.
   """
-  if client_data is not None or test_data is not None or is_federated(
-      config):
-    config, dataset, clients, server = _prepare_federated(
-        config, root_dir, client_data, test_data)
+  federated = client_data is not None or test_data is not None
+  settings = settings_of(settings, with_client_data=federated)
+  if federated or settings.dataset.is_federated:
+    settings, dataset, clients, server = _prepare_federated(
+        settings, root_dir, client_data, test_data)
     test_slices = None
-    builders = _classifier_builders(config, dataset)
+    builders = _classifier_builders(settings, dataset)
   else:
-    validation.validate_config(config)
-    dataset = _load(config)
-    dataset, proxy, val_x, val_y = _hold_out(config, dataset)
+    dataset = _load(settings)
+    dataset, proxy, val_x, val_y = _hold_out(settings, dataset)
     # Pretrained weights are read and checked before anything is written.
-    builders = _classifier_builders(config, dataset)
-    parts, test_slices = _partition(config, dataset)
+    builders = _classifier_builders(settings, dataset)
+    parts, test_slices = _partition(settings, dataset)
 
-    data_dir = os.path.join(root_dir, 'client_data', _fingerprint(config))
+    data_dir = os.path.join(root_dir, 'client_data', _fingerprint(settings))
     server = _server_data(
-        config, dataset, proxy, val_x, val_y,
-        os.path.join(root_dir, 'server_data', _fingerprint(config)))
+        settings, dataset, proxy, val_x, val_y,
+        os.path.join(root_dir, 'server_data', _fingerprint(settings)))
     if os.path.exists(os.path.join(data_dir, 'manifest.json')):
       clients = client_data_lib.FileClientData(data_dir)
     else:
       clients = client_data_lib.FileClientData.create(
           data_dir, dataset.x_train, dataset.y_train, parts)
-  method = registry.get_method(config.method)
   model_fns = tuple(models.model_fn_of(b) for b in builders)
   model_fn = model_fns[0]
   classifier_fn = builders[0]
 
   inputs = common.ProcessInputs(
       model_fn, clients.element_spec, dataset.num_classes,
-      dataset_fn=clients.dataset_fn(validation.local_work(config)),
+      dataset_fn=clients.dataset_fn(settings.local_work),
       server_data=server,
       prototype_fns=model_fns if len(model_fns) > 1 else (),
       classifier_fn=classifier_fn,
-      num_clients=config.partition.num_clients)
-  process = server_stage.place_server(method.build(inputs, config),
-                                      config.runtime.server_device)
+      num_clients=settings.partition.num_clients,
+      client_execution=settings.runtime.execution_for(settings.method,
+                                                      keyed=True))
+  process = server_stage.place_server(settings.method.build(inputs, settings),
+                                      settings.runtime.server_device)
   evaluations = {
-      **_data_evaluations(config, dataset, test_slices,
+      **_data_evaluations(settings, dataset, test_slices,
                           evaluation.SharedModel(model_fn)),
-      **_method_evaluations(config, dataset, model_fns)}
+      **_method_evaluations(settings, dataset, model_fns)}
   evaluations = {name: evaluations[name] for name in _EVALUATION_ORDER
                  if name in evaluations}
-  return Experiment(config, dataset, clients, process, model_fn, evaluations,
-                    server, inputs)
+  return Experiment(settings, dataset, clients, process, model_fn,
+                    evaluations, server, inputs)
+
+
+def set_context(settings: settings_lib.Settings) -> None:
+  """Installs the TFF context the runtime section asks for: TFF's local
+  runtime (its test context for secure sums), or remote workers."""
+  addresses = settings.runtime.worker_addresses
+  if addresses:
+    workers.set_remote_context(addresses,
+                               timeout_s=settings.runtime.worker_timeout_s)
+  else:
+    context.set_context_for(
+        settings.needs_secure_sum,
+        concurrent_clients=settings.runtime.concurrent_clients,
+        intra_op_threads=settings.runtime.intra_op_threads)
 
 
 def build_dataset_process(
@@ -468,5 +506,7 @@ def build_dataset_process(
     ConfigError: for methods that read per-client metadata from keyed client
       data (DaFKD, FedGen, FedFTG, heterogeneous FedDF and FedD3A).
   """
-  method = registry.get_method(exp.config.method)
-  return method.build(exp.inputs._replace(dataset_fn=None), exp.config)
+  # Clients that take datasets are one per TFF call.
+  inputs = exp.inputs._replace(dataset_fn=None,
+                               client_execution=execution.ONE_BY_ONE)
+  return exp.settings.method.build(inputs, exp.settings)

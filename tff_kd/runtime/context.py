@@ -20,7 +20,7 @@ child survives, keeps the parent's stdout/stderr open, and pipelines such as
   half of the SIGTERMs to a loaded run's process group).
 
 The local contexts also set how the worker uses the cores
-(`benchmarks/results/threads.md` measures it): at most `concurrent_clients`
+(`studies/speed/results/threads.md` measures it): at most `concurrent_clients`
 client computations at a time (default: one per usable core) and
 `intra_op_threads` threads inside each TensorFlow op (default 1). TF's own
 defaults, unlimited calls that each spread every op over all cores, cost
@@ -31,7 +31,7 @@ readiness every 10 ms instead of TFF's 1 s (which cost every run a second).
 
 Programs opt in with `install()`, first thing, before TensorFlow Federated
 is imported: the binaries, tests/conftest.py, the notebook and the
-benchmarks' mains call it. It installs the reaper and defers importing
+studies' mains call it. It installs the reaper and defers importing
 tensorflow_probability to its first use (`defer_import`). Importing
 `tff_kd` does neither. Builders in this library never set a context
 themselves; callers pick one (`set_local_context` for simulation), which keeps
@@ -262,7 +262,7 @@ def defer_import(name: str) -> None:
   TFF imports tensorflow_privacy, whose discrete-Gaussian sampler imports
   tensorflow_probability at module level but uses it only inside functions
   that this library never calls: 0.35 s of every start-up
-  (benchmarks/README.md, side by side). Until an attribute is asked for,
+  (studies/speed/README.md, side by side). Until an attribute is asked for,
   `sys.modules[name]` is a stand-in; then the real module is imported, and
   the stand-in forwards to it. (`importlib.util.LazyLoader` does not help:
   Python 3.11's import statement reads `__spec__`, which loads it.)

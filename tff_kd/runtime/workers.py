@@ -211,7 +211,7 @@ def worker_command(port: int, *, concurrent_clients: int = 0) -> list[str]:
 def start_local_workers(count: int, *,
                         ready_timeout_s: float = 60.0) -> list[
                             tuple[str, subprocess.Popen]]:
-  """Starts `count` workers on free localhost ports (tests, benchmarks).
+  """Starts `count` workers on free localhost ports (tests, studies).
 
   They are reaped with this process (`tff_kd.runtime.context`); stop them
   earlier with `stop_workers`.

@@ -18,16 +18,17 @@ import tensorflow_federated as tff
 
 from tff_kd import errors
 from tff_kd import models
-from tff_kd.core import distillation
-from tff_kd.methods.dafkd import gan
+from tff_kd.core import distill_hparams
 from tff_kd.federated import client_data
 from tff_kd.methods import common
 from tff_kd.methods import registry
 from tff_kd.methods.dafkd import dafkd_tf
 from tff_kd.methods.dafkd import dafkd_tff
 from tff_kd.methods.dafkd import dafkd_tff as dafkd
+from tff_kd.methods.dafkd import gan
 from tff_kd.methods.dafkd import hparams as dafkd_hparams
 from tff_kd.models import generators
+from tff_kd.program import settings as settings_lib
 from tff_kd.runtime import context
 
 SHAPE = (8, 8, 1)
@@ -89,10 +90,11 @@ def _build(data, **kwargs):
       # SGD: the secure sum quantises the targets (~1e-7), and Adam's
       # normalised steps would amplify that into the weights.
       optimizers=dafkd.Optimizers(
-          sgd, sgd, tff.learning.optimizers.build_sgdm(0.5)),
-      distill_config=distillation.DistillConfig.plain(steps=3, batch_size=8,
-                                                seed=SEED),
-      learning_rate=LR, seed=SEED,
+          sgd, sgd, tff.learning.optimizers.build_sgdm(0.5),
+          learning_rate=kwargs.pop('learning_rate', LR)),
+      distill_config=distill_hparams.DistillConfig.plain(
+          steps=3, batch_size=8, seed=SEED),
+      seed=SEED,
       hparams=dafkd_hparams.DaFKDHparams(**dict(
           dict(pool_size=16, noise_dim=NOISE,
                generator_hidden=','.join(map(str, HIDDEN)),
@@ -299,18 +301,14 @@ def _bad(data, match, **kwargs):
     (dict(gp_weight=-0.3), 'dafkd.gp_weight must be a finite number >= 0'),
     (dict(generator_form='wgan'), "generator_form 'wgan' is unknown"),
     (dict(discriminator_mode='moving'), "discriminator_mode 'moving' is"),
-    (dict(weights_on='mean'), "dafkd.weights_on 'mean' is unknown"),
-    (dict(private=True, weights_on='logits'), "needs weights_on='probs'"),
+    (dict(ensemble='mean'), "dafkd.ensemble 'mean' is unknown"),
+    (dict(private=True, ensemble='logits'), "needs ensemble='probs'"),
     (dict(private=True, pool_generator='aggregated'),
      "pool_generator must be 'broadcast'"),
     (dict(generator_hidden=''), 'dafkd.generator_hidden must be'),
     (dict(generator_hidden='8,0'), 'dafkd.generator_hidden must be'),
     (dict(holder_share=0.0), r'dafkd.holder_share must be in \(0, 1\]'),
     (dict(pool='real', private=True), "pool='real' is an ablation"),
-    (dict(pool_candidates=0), 'pool_candidates must be an integer >= 1'),
-    (dict(pool_candidates=2, private=True),
-     "pool_candidates=2: the selection needs every teacher"),
-    (dict(pool_candidates=3, pool='real'), 'pool_candidates=3: the selection'),
     (dict(generator='feature', pool='real'),
      r"generator='feature' \(appendix A\).*pool='real' holds images"),
     (dict(generator='feature', gp_weight=0.3),
@@ -322,8 +320,6 @@ def _bad(data, match, **kwargs):
      'twin_student=True distils on the uniform ensemble'),
     (dict(detach_extractor=True, shared_extractor=False),
      'detach_extractor=True keeps eq. 2 out of the shared extractor'),
-    (dict(distill_config=distillation.DistillConfig.plain(steps=0)),
-     'distill.steps must be'),
 ])
 def test_bad_settings_raise_config_error(data, kwargs, match):
   _bad(data, match, **kwargs)
@@ -333,7 +329,8 @@ def test_missing_inputs_raise_config_error(data):
   inputs = common.ProcessInputs(lambda: None, data.element_spec, 3,
                                   dataset_fn=data.dataset_fn(LOCAL))
   with pytest.raises(errors.ConfigError, match='classifier_fn'):
-    registry.get_method('dafkd').build(inputs, _config())
+    registry.get_method('dafkd').build(inputs,
+                                       settings_lib.from_config(_config()))
 
 
 def _config():

@@ -1,6 +1,6 @@
 """`train --method=dafkd` in-process on digits: a short run learns; configs.
 
-The bad-setting checks fail in `validate_config`, before any data is loaded.
+The bad-setting checks fail in `from_config`, before any data is loaded.
 """
 
 import math
@@ -12,8 +12,7 @@ from configs import dafkd_fashion_mnist
 from configs import dafkd_mnist
 from tests.helpers import digits_config as _config
 from tff_kd import errors
-from tff_kd.methods.dafkd import dafkd_tf
-from tff_kd.methods.dafkd import dafkd_tff
+from tff_kd.methods.dafkd import diagnostics as dafkd_diagnostics
 from tff_kd.program import experiment
 
 
@@ -35,7 +34,7 @@ def _dafkd_config(**overrides):
     {},
     # The conditional generator and projection discriminator candidates.
     {'dafkd.generator_labels': 'local', 'dafkd.aux_weight': 1.0,
-     'dafkd.discriminator': 'projection', 'dafkd.generator_steps': 2},
+     'dafkd.discriminator': 'projection'},
 ], ids=['paper', 'conditional'])
 def test_dafkd_run_reports_its_mechanism(tmp_path, candidate):
   """`train`'s program wires DaFKD's diagnostics (mechanism tests:
@@ -80,8 +79,8 @@ def test_dafkd_run_reports_its_mechanism(tmp_path, candidate):
 def test_diagnostics_every_skips_only_the_diagnostics(tmp_path):
   """`dafkd.diagnostics_every=2`: round 1 reads NaN diagnostics, round 2
   the same ones as every round; everything else is unchanged."""
-  diagnostics = {f'distill/{k}' for k in dafkd_tff.diagnostic_metrics(
-      dafkd_tf.skipped_diagnostics(pool_labels=True))}
+  diagnostics = {f'distill/{k}' for k in dafkd_diagnostics.diagnostic_metrics(
+      dafkd_diagnostics.skipped_diagnostics(pool_labels=True))}
   histories = {}
   for every in (1, 2):
     histories[every] = experiment.run(
@@ -110,11 +109,13 @@ def test_diagnostics_every_skips_only_the_diagnostics(tmp_path):
     ({'distill.accept': 'no_worse'},
      'needs a labeled server validation set'),
     ({'dafkd.pool_size': 0}, 'pool_size must be an integer >= 1'),
-    ({'dafkd.weights_on': 'mean'}, "weights_on 'mean' is unknown"),
+    ({'dafkd.ensemble': 'mean'}, "ensemble 'mean' is unknown"),
+    ({'dafkd.weights_on': 'mean'}, "ensemble 'mean' is unknown"),  # Old.
+    ({'dafkd.weighting': 'max'}, "weighting 'max' is unknown"),
     ({'dafkd.generator_hidden': '32,x'}, 'comma-separated widths'),
     ({'dafkd.discriminator_mode': 'moving'}, "discriminator_mode 'moving'"),
-    ({'dafkd.private': True, 'dafkd.weights_on': 'logits'},
-     "needs weights_on='probs'"),
+    ({'dafkd.private': True, 'dafkd.ensemble': 'logits'},
+     "needs ensemble='probs'"),
     ({'dafkd.generator_labels': 'global'}, "generator_labels 'global'"),
     ({'dafkd.discriminator': 'projection', 'dafkd.gp_weight': 0.3},
      'no gradient penalty'),
@@ -134,7 +135,7 @@ def test_bad_dafkd_settings_fail_before_training(tmp_path, overrides, match):
 def test_shipped_dafkd_configs_validate():
   for module in (dafkd_mnist, dafkd_fashion_mnist):
     c = module.get_config()
-    experiment.validate_config(c)
+    experiment.from_config(c)
     assert (c.partition.num_clients, c.clients_per_round) == (20, 8)
     # Adam lr 1e-4 (reference code): the paper's 0.01 wrecked CPU-sized runs
     # (configs/dafkd_mnist.py); T = 20 as in the reference.

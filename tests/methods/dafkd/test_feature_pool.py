@@ -22,9 +22,11 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_kd import models
+from tff_kd.core import distill_hparams
 from tff_kd.core import distillation
 from tff_kd.core import local_training
 from tff_kd.methods.dafkd import dafkd_tf
+from tff_kd.methods.dafkd import diagnostics as dafkd_diagnostics
 from tff_kd.methods.dafkd import gan
 from tff_kd.models import generators
 from tests.methods.dafkd import server_case as server_case_lib
@@ -61,28 +63,37 @@ def server_case():
   (clf_w, gen_w), uploads = server_case_lib.two_clients(
       gan.GanModels(clf, disc, gen), 0.5, 1.0)
   rng = np.random.default_rng(4)
-  validation = dafkd_tf.Validation(
+  validation = dafkd_diagnostics.Validation(
       tf.constant(rng.uniform(-1, 1, (40, *SHAPE)), tf.float32),
       tf.constant(rng.integers(0, CLASSES, 40), tf.int32),
       tf.constant(rng.integers(0, 5, (2, CLASSES)), tf.float32), 0.05)
   return gan.GanModels(clf, disc, gen), (clf_w, gen_w), uploads, validation
 
 
-def _settings(steps=6, twin_student=False):
+def _settings(steps=6):
   return dafkd_tf.ServerSettings(
       gan.GanSettings(NOISE, CLASSES, feature_space=True),
-      distillation.DistillConfig.plain(steps=steps, batch_size=8, seed=5,
+      distill_hparams.DistillConfig.plain(steps=steps, batch_size=8, seed=5,
                                        temperature=T),
-      POOL, pool_from_broadcast=True, twin_student=twin_student)
+      POOL, pool_from_broadcast=True)
+
+
+def _server_round(case, settings, twin_student=False):
+  """`server_round` with DaFKD's diagnostics hook on the labeled images."""
+  models_, weights, uploads, validation = case
+  optimizer = tff.learning.optimizers.build_sgdm(0.5)
+  return dafkd_tf.server_round(
+      models_, optimizer, weights, uploads, settings,
+      dafkd_tf.pool_seed(0, tf.constant(3)),
+      labeled=(validation.x, validation.y),
+      diagnostics=dafkd_diagnostics.RoundDiagnostics(
+          settings, optimizer, validation, twin_student=twin_student))
 
 
 def test_server_round_distils_the_head_on_generated_features(server_case):
   models_, (clf_w, gen_w), uploads, validation = server_case
   clf, _, gen = models_
-  r = dafkd_tf.server_round(
-      models_, tff.learning.optimizers.build_sgdm(0.5), (clf_w, gen_w),
-      uploads, _settings(), dafkd_tf.pool_seed(0, tf.constant(3)),
-      validation=validation)
+  r = _server_round(server_case, _settings())
   # The pool, by hand: features from the broadcast generator.
   tf.nest.map_structure(lambda v, t: v.assign(t),
                         local_training.model_weights(gen), gen_w)
@@ -101,8 +112,9 @@ def test_server_round_distils_the_head_on_generated_features(server_case):
                     + d_bias[:, None, 0])
   alpha = scores / scores.sum(0, keepdims=True)
   target = np.einsum('kn,knc->nc', alpha, _softmax(logits / T))
-  np.testing.assert_allclose(r.mean_score, scores.mean(), rtol=1e-5)
-  np.testing.assert_allclose(r.target_entropy, np.mean(
+  np.testing.assert_allclose(r.metrics['mean_disc_score'], scores.mean(),
+                             rtol=1e-5)
+  np.testing.assert_allclose(r.metrics['target_entropy'], np.mean(
       -(target * np.log(target)).sum(-1)), rtol=1e-5)
   # The averaged classifier, and its head distilled by hand on (f, target).
   averaged = dafkd_tf.mean_update(clf_w, uploads.classifier_deltas,
@@ -111,9 +123,10 @@ def test_server_round_distils_the_head_on_generated_features(server_case):
                         local_training.model_weights(clf.model), averaged)
   head_before = clf.head(feats).numpy()
   np.testing.assert_allclose(
-      r.label_fidelity, np.mean(head_before.argmax(-1) == labels.numpy()))
+      r.metrics['label_fidelity'],
+      np.mean(head_before.argmax(-1) == labels.numpy()))
   np.testing.assert_allclose(
-      r.agreement_before, np.mean(head_before.argmax(-1) ==
+      r.metrics['agreement_before'], np.mean(head_before.argmax(-1) ==
                                   target.argmax(-1)))
   hand = distillation.distill(
       clf.head, tff.learning.optimizers.build_sgdm(0.5), feats,
@@ -143,31 +156,27 @@ def test_server_round_distils_the_head_on_generated_features(server_case):
   np.testing.assert_allclose(r.distill.labeled_accuracy_after, accuracy)
   # Diagnostics: eq. (7) on the real labeled images (through the
   # extractors) and on the generated features with their pseudo labels.
-  assert 0.0 <= float(r.diagnostics.weights.holder_mass) <= 1.0
-  assert 0.0 <= float(r.diagnostics.pool_weights.holder_mass) <= 1.0
+  assert 0.0 <= float(r.metrics['holder_mass']) <= 1.0
+  assert 0.0 <= float(r.metrics['pool_label_mass_weighted']) <= 1.0
 
 
 def test_twin_student_is_the_uniform_target_from_the_same_start(
     server_case):
-  models_, (clf_w, gen_w), uploads, validation = server_case
-  clf, disc, gen = models_
 
   def run(twin_student, correlation=True):
-    return dafkd_tf.server_round(
-        models_, tff.learning.optimizers.build_sgdm(0.5), (clf_w, gen_w),
-        uploads, _settings(twin_student=twin_student)._replace(
-            correlation=correlation),
-        dafkd_tf.pool_seed(0, tf.constant(3)), validation=validation)
+    return _server_round(server_case,
+                         _settings()._replace(correlation=correlation),
+                         twin_student=twin_student)
 
   plain, with_twin = run(False), run(True)
-  assert plain.twin_accuracy_after is None
+  assert 'twin_labeled_accuracy_after' not in plain.metrics
   # The round itself is unchanged by the diagnostic.
   for a, b in zip(tf.nest.flatten(plain.classifier),
                   tf.nest.flatten(with_twin.classifier)):
     np.testing.assert_array_equal(a, b)
   # The twin's accuracy is the uniform-weight round's.
   uniform = run(False, correlation=False)
-  np.testing.assert_allclose(with_twin.twin_accuracy_after,
+  np.testing.assert_allclose(with_twin.metrics['twin_labeled_accuracy_after'],
                              uniform.distill.labeled_accuracy_after)
   assert (float(uniform.distill.labeled_accuracy_after)
           != float(plain.distill.labeled_accuracy_after)

@@ -1,6 +1,6 @@
 """The mechanism against its switched-off twin (tests/methods/mechanisms.py).
 
-DaFKD vs `no_correlation`: eq. 7's weights leave uniform, and (oracle
+DaFKD vs `weighting='uniform'`: eq. 7's weights leave uniform, and (oracle
 pool) put more mass on the clients that hold a sample's label than uniform
 weights do.
 """
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 
 def test_dafkd_weights_leave_uniform(run):
   method = run(**DAFKD)
-  twin = run(**DAFKD, **{'dafkd.no_correlation': True})
+  twin = run(**DAFKD, **{'dafkd.weighting': 'uniform'})
   np.testing.assert_allclose(_metric(twin, 'distill/alpha_entropy'), LOG3,
                              rtol=1e-6)
   np.testing.assert_allclose(_metric(twin, 'distill/holder_ratio'), 1.0,
@@ -28,7 +28,7 @@ def test_dafkd_weights_leave_uniform(run):
 
 def test_dafkd_oracle_pool_weights_the_holders(run):
   method = run(**DAFKD, **{'dafkd.pool': 'real'})
-  twin = run(**DAFKD, **{'dafkd.pool': 'real', 'dafkd.no_correlation': True})
+  twin = run(**DAFKD, **{'dafkd.pool': 'real', 'dafkd.weighting': 'uniform'})
   np.testing.assert_allclose(_metric(twin, 'distill/holder_ratio'), 1.0,
                              rtol=1e-6)
   ratio = _metric(method, 'distill/holder_ratio')

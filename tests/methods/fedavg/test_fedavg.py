@@ -13,6 +13,7 @@ import tensorflow_federated as tff
 
 from tff_kd import errors
 from tff_kd.federated import client_data
+from tff_kd.federated import learning
 from tff_kd.methods import registry
 from tff_kd.methods.fedavg import fedavg_tff as fedavg
 
@@ -57,14 +58,16 @@ def _run_round(process, data, steps=1):
   return process, output
 
 
-def _optimizers():
-  return dict(client_optimizer=tff.learning.optimizers.build_sgdm(1.0),
-              server_optimizer=tff.learning.optimizers.build_sgdm(1.0))
+def _training(learning_rate_decay: float = 1.0) -> learning.Training:
+  return learning.Training(
+      client_optimizer=tff.learning.optimizers.build_sgdm(1.0),
+      server_optimizer=tff.learning.optimizers.build_sgdm(1.0),
+      learning_rate=0.1, learning_rate_decay=learning_rate_decay)
 
 
 def test_fedavg_round_is_example_weighted_mean(data):
   process = fedavg.build_fedavg_process(
-      _model_fn, data.element_spec, learning_rate=0.1, **_optimizers())
+      _model_fn, data.element_spec, training=_training())
   assert isinstance(process, tff.learning.templates.LearningProcess)
   process, output = _run_round(process, data)
   expected = W0 + (1 * _client_delta(PARTS[0], 0.1) +
@@ -81,8 +84,8 @@ def test_fedavg_round_is_example_weighted_mean(data):
 
 def test_learning_rate_schedule_decays_per_round(data):
   process = fedavg.build_fedavg_process(
-      _model_fn, data.element_spec, learning_rate=0.1,
-      learning_rate_decay=0.5, **_optimizers())
+      _model_fn, data.element_spec,
+      training=_training(learning_rate_decay=0.5))
   process = tff.simulation.compose_dataset_computation_with_learning_process(
       data.dataset_computation(client_data.LocalWork('steps', 1, 4)), process)
   state = process.initialize()
@@ -96,7 +99,7 @@ def test_learning_rate_schedule_decays_per_round(data):
 
 def test_set_and_get_model_weights_round_trip(data):
   process = fedavg.build_fedavg_process(
-      _model_fn, data.element_spec, learning_rate=0.1, **_optimizers())
+      _model_fn, data.element_spec, training=_training())
   state = process.initialize()
   new = tff.learning.models.ModelWeights(trainable=[W0 * 3],
                                          non_trainable=[])

@@ -73,9 +73,9 @@ def test_shipped_fedd3a_configs_validate():
   silo = fedd3a_digits_silo.get_config()
   device = fedd3a_digits_device.get_config()
   for c in (silo, device):
-    experiment.validate_config(c)
-    assert c.server_data.proxy not in experiment.domain_names(c)
-  assert experiment.domain_names(silo) == ['mnist', 'usps', 'mnist_m']
+    experiment.from_config(c)
+    assert c.server_data.proxy not in experiment.from_config(c).dataset.domain_names
+  assert experiment.from_config(silo).dataset.domain_names == ['mnist', 'usps', 'mnist_m']
   assert (silo.partition.num_clients, device.partition.num_clients) == (3, 15)
   assert device.partition.alpha == 0.2
 
@@ -89,7 +89,8 @@ def test_domain_partition_gives_single_domain_clients():
   c = _domain_config(**{'partition.clients_per_domain': 3,
                         'partition.num_clients': 6, 'partition.alpha': 0.3,
                         'partition.min_size': 5})
-  parts, _ = setup._partition(c, dataset)  # pylint: disable=protected-access
+  settings = experiment.from_config(c)
+  parts, _ = setup._partition(settings, dataset)  # pylint: disable=protected-access
   assert len(parts) == 6
   np.testing.assert_array_equal(np.sort(np.concatenate(parts)),
                                 np.arange(200))
@@ -138,11 +139,13 @@ def test_holding_out_server_images_keeps_the_domain_ids_aligned():
   c = _domain_config(**{'server_data.val_size': 30,
                         'server_data.proxy': 'split',
                         'server_data.proxy_size': 20})
-  clients, _, val_x, _ = setup._hold_out(c, dataset)  # pylint: disable=protected-access
+  settings = experiment.from_config(c)
+  clients, _, val_x, _ = setup._hold_out(settings, dataset)  # pylint: disable=protected-access
   assert len(clients.train_domains) == len(clients.y_train) == 150
   # Each image's single pixel is its domain id.
   np.testing.assert_array_equal(clients.x_train[:, 0, 0, 0],
                                 clients.train_domains)
-  parts, _ = setup._partition(c, clients)  # pylint: disable=protected-access
+  settings = experiment.from_config(c)
+  parts, _ = setup._partition(settings, clients)  # pylint: disable=protected-access
   np.testing.assert_array_equal(np.sort(np.concatenate(parts)),
                                 np.arange(150))

@@ -46,7 +46,7 @@ def test_bad_hetero_settings_fail_before_compute(tmp_path, overrides, match):
 
 def test_shipped_hetero_config_validates():
   c = fedd3a_digits_hetero.get_config()
-  experiment.validate_config(c)
+  experiment.from_config(c)
   assert c.fedd3a.client_models == 'cnn,resnet11'
   assert c.model.name == 'cnn'
 

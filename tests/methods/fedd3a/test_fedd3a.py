@@ -20,8 +20,10 @@ import tensorflow_federated as tff
 
 from tff_kd import errors
 from tff_kd import models
+from tff_kd.core import distill_hparams
 from tff_kd.core import distillation
 from tff_kd.federated import client_data
+from tff_kd.federated import learning
 from tff_kd.federated import server_data
 from tff_kd.methods import common
 from tff_kd.methods import registry
@@ -29,6 +31,7 @@ from tff_kd.methods.fedd3a import fedd3a_tf
 from tff_kd.methods.fedd3a import fedd3a_tff
 from tff_kd.methods.fedd3a import fedd3a_tff as fedd3a
 from tff_kd.methods.fedd3a import hparams as fedd3a_hparams
+from tff_kd.program import settings as settings_lib
 
 ModelWeights = tff.learning.models.ModelWeights
 
@@ -48,7 +51,7 @@ POOL = np.array([[1.0, 0.1, 0.05], [0.95, -0.05, 0.1], [1.05, 0.0, 0.0],
 LOCAL = client_data.LocalWork('epochs', 1, 1)
 LR = 0.1
 ALPHA = 0.1
-CONFIG = distillation.DistillConfig.plain(steps=4, batch_size=2, seed=5,
+CONFIG = distill_hparams.DistillConfig.plain(steps=4, batch_size=2, seed=5,
                                     eval_every=2)
 DISTILL_LR = 0.05
 
@@ -100,10 +103,13 @@ def _build(data, pool, **overrides):
   fields = {f.name for f in dataclasses.fields(fedd3a_hparams.FedD3AHparams)}
   kwargs = dict(
       server_data=pool, clients_per_round=3,
-      client_optimizer=tff.learning.optimizers.build_sgdm(1.0),
-      server_optimizer=tff.learning.optimizers.build_sgdm(1.0),
-      distill_optimizer=tff.learning.optimizers.build_adam(DISTILL_LR),
-      distill_config=CONFIG, learning_rate=LR,
+      training=learning.Training(
+          client_optimizer=tff.learning.optimizers.build_sgdm(1.0),
+          server_optimizer=tff.learning.optimizers.build_sgdm(1.0),
+          learning_rate=overrides.pop('learning_rate', LR)),
+      distillation=distillation.Distillation(
+          optimizer=tff.learning.optimizers.build_adam(DISTILL_LR),
+          config=overrides.pop('config', CONFIG)),
       hparams=fedd3a_hparams.FedD3AHparams(
           **dict(dict(alpha=ALPHA),
                  **{k: v for k, v in overrides.items() if k in fields})),
@@ -319,13 +325,18 @@ def test_per_client_mean_places_rows_at_their_ids():
     ({'clients_per_round': 0}, errors.ConfigError,
      'clients_per_round must be >= 1'),
     ({'learning_rate': 0.0}, errors.ConfigError, 'learning rate must be > 0'),
-    ({'distill_config': CONFIG.replace(steps=0)}, errors.ConfigError,
-     'distill.steps must be an integer >= 1'),
 ])
 def test_bad_settings_fail_before_building(data, pool, overrides, error,
                                            match):
   with pytest.raises(error, match=match):
     _build(data, pool, **overrides)
+
+
+def test_zero_distillation_steps_fail_before_building(data, pool):
+  # A `DistillConfig` checks itself when it is made.
+  with pytest.raises(errors.ConfigError,
+                     match='distill.steps must be an integer >= 1'):
+    _build(data, pool, config=CONFIG.replace(steps=0))
 
 
 def test_pool_shape_mismatch_is_a_data_error(data, tmp_path):
@@ -347,7 +358,11 @@ def test_registry_builds_fedd3a_from_config(data, pool):
       lambda: _classifier_fn().model, data.element_spec, 2,
       dataset_fn=data.dataset_fn(LOCAL), server_data=pool,
       classifier_fn=_classifier_fn, num_clients=2)
+  c.method = 'fedd3a'
+  c.server_data.proxy, c.server_data.proxy_size = 'split', 10
   with pytest.raises(errors.ConfigError, match='fedd3a.alpha'):
-    method.build(inputs, c)
+    settings_lib.from_config(c)  # The one check, before anything is built.
+  c.fedd3a.alpha = 1.0
   with pytest.raises(errors.ConfigError, match='needs a classifier_fn'):
-    method.build(inputs._replace(classifier_fn=None), c)
+    method.build(inputs._replace(classifier_fn=None),
+                 settings_lib.from_config(c))

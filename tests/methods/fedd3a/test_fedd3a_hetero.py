@@ -23,8 +23,10 @@ import tensorflow_federated as tff
 
 from tff_kd import errors
 from tff_kd import models
+from tff_kd.core import distill_hparams
 from tff_kd.core import distillation
 from tff_kd.federated import client_data
+from tff_kd.federated import learning
 from tff_kd.federated import server_data
 from tff_kd.methods import common
 from tff_kd.methods import registry
@@ -32,6 +34,7 @@ from tff_kd.methods.fedd3a import fedd3a_tf
 from tff_kd.methods.fedd3a import fedd3a_tff
 from tff_kd.methods.fedd3a import fedd3a_tff as fedd3a
 from tff_kd.methods.fedd3a import hparams as fedd3a_hparams
+from tff_kd.program import settings as settings_lib
 
 ModelWeights = tff.learning.models.ModelWeights
 
@@ -57,7 +60,7 @@ KD_WEIGHT = 0.7
 KD_T = 2.0
 HPARAMS = fedd3a_hparams.FedD3AHparams(alpha=ALPHA, kd_weight=KD_WEIGHT,
                                         kd_temperature=KD_T)
-CONFIG = distillation.DistillConfig.plain(steps=4, batch_size=2, seed=5,
+CONFIG = distill_hparams.DistillConfig.plain(steps=4, batch_size=2, seed=5,
                                     eval_every=2)
 DISTILL_LR = 0.05
 W0 = ModelWeights([WF, WH], [])
@@ -127,10 +130,14 @@ def _build(data, pool, **overrides):
   fields = {f.name for f in dataclasses.fields(fedd3a_hparams.FedD3AHparams)}
   kwargs = dict(
       server_data=pool, clients_per_round=3,
-      client_optimizer=tff.learning.optimizers.build_sgdm(1.0),
-      server_optimizer=tff.learning.optimizers.build_sgdm(1.0),
-      distill_optimizer=tff.learning.optimizers.build_adam(DISTILL_LR),
-      distill_config=CONFIG, learning_rate=LR, num_clients=3,
+      training=learning.Training(
+          client_optimizer=tff.learning.optimizers.build_sgdm(1.0),
+          server_optimizer=tff.learning.optimizers.build_sgdm(1.0),
+          learning_rate=overrides.pop('learning_rate', LR)),
+      distillation=distillation.Distillation(
+          optimizer=tff.learning.optimizers.build_adam(DISTILL_LR),
+          config=overrides.pop('config', CONFIG)),
+      num_clients=3,
       hparams=fedd3a_hparams.FedD3AHparams(
           **dict(dict(alpha=ALPHA, kd_weight=KD_WEIGHT, kd_temperature=KD_T),
                  **{k: v for k, v in overrides.items() if k in fields})),
@@ -357,7 +364,9 @@ def test_unknown_client_architecture_is_a_config_error(data, pool):
       classifier_fn=_classifier_fn, num_clients=3)
   with pytest.raises(errors.ConfigError,
                      match="fedd3a.client_models entry 'cnn:layer' is not"):
-    registry.get_method('fedd3a').build(inputs, c)
+    c.method = 'fedd3a'
+    c.server_data.proxy, c.server_data.proxy_size = 'split', 10
+    registry.get_method('fedd3a').build(inputs, settings_lib.from_config(c))
 
 
 def test_client_id_outside_the_store_fails_at_run_time(data):

@@ -55,9 +55,9 @@ def test_holding_out_more_than_the_training_set(tmp_path):
 
 def test_shipped_feddf_configs_validate():
   for module in (feddf_mnist, feddf_mnist_hetero):
-    experiment.validate_config(module.get_config())
+    experiment.from_config(module.get_config())
   c = feddf_mnist_hetero.get_config()
-  assert experiment.prototypes(c) == [('cnn', 'batch'), ('resnet11', 'batch')]
+  assert experiment.from_config(c).prototypes == [('cnn', 'batch'), ('resnet11', 'batch')]
 
 
 def test_other_dataset_as_proxy_is_resized_and_unlabeled(tmp_path):
@@ -69,12 +69,13 @@ def test_other_dataset_as_proxy_is_resized_and_unlabeled(tmp_path):
                        'dataset.manual_dir': manual,
                        'dataset.data_dir': str(tmp_path / 'tfds')})
   digits = data_lib.load_dataset('digits')
-  clients, proxy, val_x, val_y = setup._hold_out(c, digits)  # pylint: disable=protected-access
+  settings = experiment.from_config(c)
+  clients, proxy, val_x, val_y = setup._hold_out(settings, digits)  # pylint: disable=protected-access
   assert proxy is None  # Nothing of the training set goes to the pool ...
   assert len(val_y) == 100  # ... only the labeled validation slice.
   assert len(clients.y_train) == len(digits.y_train) - 100
   server = setup._server_data(  # pylint: disable=protected-access
-      c, clients, proxy, val_x, val_y, str(tmp_path / 'server'))
+      settings, clients, proxy, val_x, val_y, str(tmp_path / 'server'))
   assert server.pool_size == 50 and server.image_shape == (8, 8, 1)
   assert server.proxy_name == 'usps' and server.val_size == 100
   assert not os.path.exists(tmp_path / 'server' / 'pool.y')

@@ -23,8 +23,10 @@ from tests.methods.fedavg.test_fedavg import W0
 from tests.methods.fedavg.test_fedavg import X
 from tests.methods.fedavg.test_fedavg import Y
 from tff_kd import errors
+from tff_kd.core import distill_hparams
 from tff_kd.core import distillation
 from tff_kd.federated import client_data
+from tff_kd.federated import learning
 from tff_kd.federated import server_data
 from tff_kd.federated import stacking
 from tff_kd.methods import common
@@ -66,18 +68,23 @@ def _moved(a: ModelWeights, b: ModelWeights) -> bool:
 _KEYED = object()
 
 
+def _training() -> learning.Training:
+  return learning.Training(
+      client_optimizer=tff.learning.optimizers.build_sgdm(1.0),
+      server_optimizer=tff.learning.optimizers.build_sgdm(1.0),
+      learning_rate=LR)
+
+
 def _build(data, pool, *, distill_lr=0.0, steps=4, drop_worst=False,
            model_fns=(_model_fn,), clients_per_round=2, dataset_fn=_KEYED,
            **kwargs):
   return feddf.build_feddf_process(
       model_fns, data.element_spec, server_data=pool,
-      clients_per_round=clients_per_round,
-      client_optimizer=tff.learning.optimizers.build_sgdm(1.0),
-      server_optimizer=tff.learning.optimizers.build_sgdm(1.0),
-      distill_optimizer=tff.learning.optimizers.build_adam(distill_lr),
-      distill_config=kwargs.pop('config', distillation.DistillConfig.plain(
-          steps=steps, batch_size=2, seed=5)),
-      learning_rate=LR,
+      clients_per_round=clients_per_round, training=_training(),
+      distillation=distillation.Distillation(
+          optimizer=tff.learning.optimizers.build_adam(distill_lr),
+          config=kwargs.pop('config', distill_hparams.DistillConfig.plain(
+              steps=steps, batch_size=2, seed=5))),
       hparams=feddf_hparams.FedDFHparams(drop_worst=drop_worst),
       dataset_fn=data.dataset_fn(LOCAL) if dataset_fn is _KEYED
       else dataset_fn, **kwargs)
@@ -101,10 +108,8 @@ def test_zero_learning_rate_distillation_is_fedavg(data, pool):
   np.testing.assert_allclose(new, expected, rtol=1e-5, atol=1e-6)
   # ... and equals the FedAvg process itself.
   avg = fedavg.build_fedavg_process(
-      _model_fn, data.element_spec,
-      client_optimizer=tff.learning.optimizers.build_sgdm(1.0),
-      server_optimizer=tff.learning.optimizers.build_sgdm(1.0),
-      learning_rate=LR, dataset_fn=data.dataset_fn(LOCAL))
+      _model_fn, data.element_spec, training=_training(),
+      dataset_fn=data.dataset_fn(LOCAL))
   avg_out = _round(avg, data)
   np.testing.assert_allclose(
       new, avg.get_model_weights(avg_out.state).trainable[0], atol=1e-6)
@@ -147,7 +152,7 @@ def test_server_receives_each_clients_trained_model(data, pool):
 
 @pytest.mark.parametrize('drop_worst', [False, True])
 def test_process_fusion_matches_eager_fuse(data, pool, drop_worst):
-  config = distillation.DistillConfig.plain(steps=6, batch_size=2, seed=5,
+  config = distill_hparams.DistillConfig.plain(steps=6, batch_size=2, seed=5,
                                       eval_every=2)
   output = _round(_build(data, pool, distill_lr=0.1, config=config,
                          drop_worst=drop_worst), data)
@@ -215,7 +220,7 @@ def test_bad_inputs_fail_with_one_clear_line(data, pool, tmp_path):
   with pytest.raises(errors.ConfigError,
                      match='distill.steps must be an integer >= 1, '
                      'got 0'):
-    _build(data, pool, config=distillation.DistillConfig.plain(steps=0))
+    _build(data, pool, config=distill_hparams.DistillConfig.plain(steps=0))
   no_val = server_data.ServerData.create(str(tmp_path / 'noval'), X)
   with pytest.raises(errors.ConfigError, match='drop_worst needs'):
     _build(data, no_val, drop_worst=True)

@@ -10,6 +10,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_kd import errors
+from tff_kd.core import distill_hparams
 from tff_kd.core import distillation
 from tff_kd.methods.feddf import feddf_tf as feddf
 from tff_kd.core import teachers as teachers_tf
@@ -86,7 +87,7 @@ def test_fuse_distills_the_avg_logits_of_valid_teachers():
       global_weights=ModelWeights([g], []),
       deltas=ModelWeights([d], []),
       valid=tf.constant([True, True, False]), start_weights=start)
-  config = distillation.DistillConfig.plain(steps=20, batch_size=8, seed=3,
+  config = distill_hparams.DistillConfig.plain(steps=20, batch_size=8, seed=3,
                                       eval_every=5)
   optimizer = tff.learning.optimizers.build_adam(0.05)
   result = feddf.fuse([proto], optimizer, pool, config)

@@ -15,7 +15,9 @@ import tensorflow_federated as tff
 
 from tests.methods import toy_kd
 from tff_kd import errors
+from tff_kd.core import distill_hparams
 from tff_kd.core import distillation
+from tff_kd.federated import learning
 from tff_kd.methods import registry
 from tff_kd.methods.fedftg import fedftg_tf
 from tff_kd.methods.fedftg import fedftg_tff
@@ -25,22 +27,29 @@ from tff_kd.models import generators
 from tff_kd.program import experiment
 
 ModelWeights = tff.learning.models.ModelWeights
-KW = dict(iterations=3, student_steps=2, batch_size=8, noise_dim=4,
-          temperature=2.0, mask='none')
+KW = dict(iterations=3, student_steps=2, noise_dim=4, mask='none')
+# The student's `distill` keys (`fedftg_hparams.DISTILL_KEYS`).
+DISTILL_KW = dict(fedftg_hparams.DISTILL_DEFAULTS, batch_size=8,
+                  temperature=2.0)
 
 
 def _build(data, **overrides):
-  kwargs = dict(seed=7, hparams=fedftg_hparams.FedFTGHparams(**dict(KW,
-                                                             **overrides)))
+  distill = {k: v for k, v in overrides.items() if k in DISTILL_KW}
+  own = {k: v for k, v in overrides.items() if k not in DISTILL_KW}
   return fedftg.build_fedftg_process(
       toy_kd.classifier_fn, data.element_spec,
       num_classes=toy_kd.NUM_CLASSES, clients_per_round=3,
-      client_optimizer=tff.learning.optimizers.build_sgdm(toy_kd.LR),
-      server_optimizer=tff.learning.optimizers.build_sgdm(1.0),
+      training=learning.Training(
+          client_optimizer=tff.learning.optimizers.build_sgdm(toy_kd.LR),
+          server_optimizer=tff.learning.optimizers.build_sgdm(1.0),
+          learning_rate=toy_kd.LR),
       generator_optimizer=tff.learning.optimizers.build_adam(1e-2),
-      student_optimizer=tff.learning.optimizers.build_sgdm(0.5),
-      learning_rate=toy_kd.LR, dataset_fn=data.dataset_fn(toy_kd.LOCAL),
-      **kwargs)
+      distillation=distillation.Distillation(
+          optimizer=tff.learning.optimizers.build_sgdm(0.5),
+          config=distill_hparams.DistillConfig(
+              **dict(DISTILL_KW, **distill))),
+      dataset_fn=data.dataset_fn(toy_kd.LOCAL), seed=7,
+      hparams=fedftg_hparams.FedFTGHparams(**dict(KW, **own)))
 
 
 def _generator_fn():
@@ -53,7 +62,7 @@ def _tuning():
       generator_fn=_generator_fn,
       generator_optimizer=tff.learning.optimizers.build_adam(1e-2),
       student_optimizer=tff.learning.optimizers.build_sgdm(0.5),
-      distill_config=distillation.DistillConfig.plain(
+      distill_config=distill_hparams.DistillConfig.plain(
           steps=2, batch_size=8, temperature=2.0, eval_every=2, seed=7,
           student_training=False, kl_reduction='mean'),
       iterations=3, noise_dim=4, noise='gaussian', transfer_weight=1.0,
@@ -143,22 +152,27 @@ def test_model_weights_and_state(toy):
     ({'noise': 'pink'}, "fedftg.noise 'pink' is unknown"),
     ({'mask': 'some'}, "fedftg.mask 'some' is unknown"),
     ({'ensemble': 'max'}, "fedftg.ensemble 'max' is unknown"),
-    ({'lr_decay': 1.5}, r'fedftg.lr_decay must be in \(0, 1\]'),
-    ({'temperature': 0.0}, 'fedftg.temperature must be a finite number > 0'),
+    ({'lr_decay': 1.5}, r'distill.lr_decay must be in \(0, 1\]'),
+    ({'temperature': 0.0}, 'distill.temperature must be a finite number > 0'),
 ])
 def test_bad_settings_fail_before_compute(tmp_path, overrides, match):
   data = toy_kd.make_data(str(tmp_path))
   with pytest.raises(errors.ConfigError, match=match):
     if 'dataset_fn' in overrides:
-      kwargs = dict(seed=7, hparams=fedftg_hparams.FedFTGHparams(**KW))
       fedftg.build_fedftg_process(
           toy_kd.classifier_fn, data.element_spec, num_classes=3,
           clients_per_round=2,
-          client_optimizer=tff.learning.optimizers.build_sgdm(0.1),
-          server_optimizer=tff.learning.optimizers.build_sgdm(1.0),
+          training=learning.Training(
+              client_optimizer=tff.learning.optimizers.build_sgdm(0.1),
+              server_optimizer=tff.learning.optimizers.build_sgdm(1.0),
+              learning_rate=0.1),
           generator_optimizer=tff.learning.optimizers.build_adam(1e-3),
-          student_optimizer=tff.learning.optimizers.build_sgdm(0.1),
-          learning_rate=0.1, dataset_fn=None, **kwargs)
+          distillation=distillation.Distillation(
+              optimizer=tff.learning.optimizers.build_sgdm(0.1),
+              config=distill_hparams.DistillConfig(
+                  **fedftg_hparams.DISTILL_DEFAULTS)),
+          dataset_fn=None, seed=7,
+          hparams=fedftg_hparams.FedFTGHparams(**KW))
     else:
       _build(data, **overrides)
 
@@ -167,7 +181,7 @@ def test_registry_and_shipped_config():
   assert registry.get_method('fedftg').name == 'fedftg'
   from configs import fedftg_mnist  # pylint: disable=g-import-not-at-top
   c = fedftg_mnist.get_config()
-  experiment.validate_config(c)
+  experiment.from_config(c)
   assert c.method == 'fedftg' and c.partition.alpha == 0.1
   assert c.clients_per_round == 8 and c.partition.num_clients == 20
 
@@ -206,7 +220,7 @@ def test_one_fine_tune_iteration_matches_an_independent_computation():
   start = toy_kd.values(student)
   gen_start = [v.numpy() for v in gen.trainable_weights]
   teacher_values = [toy_kd.values(t) for t in teachers]
-  config = distillation.DistillConfig.plain(
+  config = distill_hparams.DistillConfig.plain(
       steps=2, batch_size=8, temperature=temperature, eval_every=2, seed=7,
       kl_reduction='mean')
   adam = tff.learning.optimizers.build_adam(lr_g)

@@ -16,6 +16,7 @@ import tensorflow_federated as tff
 from tests.methods import toy_kd
 from tff_kd import errors
 from tff_kd import models
+from tff_kd.federated import learning
 from tff_kd.methods import registry
 from tff_kd.methods.fedgen import fedgen_tff
 from tff_kd.methods.fedgen import fedgen_tff as fedgen
@@ -28,16 +29,22 @@ KW = dict(generator_steps=4, generator_batch_size=8, noise_dim=4, hidden=8,
           local_gen_batch_size=4, local_alpha=2.0, local_beta=1.0)
 
 
+def _fedavg_training(learning_rate: float) -> learning.Training:
+  return learning.Training(
+      client_optimizer=tff.learning.optimizers.build_sgdm(learning_rate),
+      server_optimizer=tff.learning.optimizers.build_sgdm(1.0),
+      learning_rate=learning_rate)
+
+
 def _build(data, **overrides):
   kwargs = dict(seed=7, hparams=fedgen_hparams.FedGenHparams(**dict(KW,
                                                              **overrides)))
   return fedgen.build_fedgen_process(
       toy_kd.classifier_fn, data.element_spec,
       num_classes=toy_kd.NUM_CLASSES, clients_per_round=2,
-      client_optimizer=tff.learning.optimizers.build_sgdm(toy_kd.LR),
-      server_optimizer=tff.learning.optimizers.build_sgdm(1.0),
+      training=_fedavg_training(toy_kd.LR),
       generator_optimizer=tff.learning.optimizers.build_adam(1e-2),
-      learning_rate=toy_kd.LR, dataset_fn=data.dataset_fn(toy_kd.LOCAL),
+      dataset_fn=data.dataset_fn(toy_kd.LOCAL),
       local_batch_size=toy_kd.LOCAL.batch_size, **kwargs)
 
 
@@ -53,7 +60,7 @@ def _training():
       hparams=fedgen_hparams.FedGenHparams(
           generator_steps=4, generator_batch_size=8, noise_dim=4,
           noise='gaussian', teacher_weight=1.0, diversity_weight=1.0,
-          teacher_ensemble='per_head'),
+          ensemble='per_head'),
       seed=7)
 
 
@@ -209,7 +216,7 @@ def test_model_weights_view_is_the_classifier(toy):
 @pytest.mark.parametrize('overrides,match', [
     ({'generator_steps': 0}, 'fedgen.generator_steps must be an integer >= 1'),
     ({'noise': 'pink'}, "fedgen.noise 'pink' is unknown"),
-    ({'teacher_ensemble': 'max'}, "fedgen.teacher_ensemble 'max' is unknown"),
+    ({'ensemble': 'max'}, "fedgen.ensemble 'max' is unknown"),
     ({'local_alpha': -1.0}, 'fedgen.local_alpha must be a finite number >= 0'),
     ({'coefficient_decay': 0.0},
      r'fedgen.coefficient_decay must be in \(0, 1\]'),
@@ -222,10 +229,9 @@ def test_bad_settings_fail_before_compute(tmp_path, overrides, match):
       fedgen.build_fedgen_process(
           toy_kd.classifier_fn, data.element_spec, num_classes=3,
           clients_per_round=2,
-          client_optimizer=tff.learning.optimizers.build_sgdm(0.1),
-          server_optimizer=tff.learning.optimizers.build_sgdm(1.0),
+          training=_fedavg_training(0.1),
           generator_optimizer=tff.learning.optimizers.build_adam(1e-3),
-          learning_rate=0.1, dataset_fn=None, local_batch_size=8)
+          dataset_fn=None, local_batch_size=8)
     else:
       _build(data, **overrides)
 
@@ -245,18 +251,16 @@ def test_nonlinear_head_is_refused(tmp_path):
     fedgen.build_fedgen_process(
         two_layer_head, data.element_spec, num_classes=3,
         clients_per_round=2,
-        client_optimizer=tff.learning.optimizers.build_sgdm(0.1),
-        server_optimizer=tff.learning.optimizers.build_sgdm(1.0),
+        training=_fedavg_training(0.1),
         generator_optimizer=tff.learning.optimizers.build_adam(1e-3),
-        learning_rate=0.1, dataset_fn=data.dataset_fn(toy_kd.LOCAL),
-        local_batch_size=8)
+        dataset_fn=data.dataset_fn(toy_kd.LOCAL), local_batch_size=8)
 
 
 def test_registry_and_shipped_config():
   assert registry.get_method('fedgen').name == 'fedgen'
   from configs import fedgen_method_mnist  # pylint: disable=g-import-not-at-top
   c = fedgen_method_mnist.get_config()
-  experiment.validate_config(c)
+  experiment.from_config(c)
   assert c.method == 'fedgen' and c.partition.alpha == 0.1
   assert c.clients_per_round == 8 and c.partition.num_clients == 20
 

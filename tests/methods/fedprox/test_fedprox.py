@@ -9,8 +9,8 @@ import pytest
 
 from tests.methods.fedavg.test_fedavg import _client_delta
 from tests.methods.fedavg.test_fedavg import _model_fn
-from tests.methods.fedavg.test_fedavg import _optimizers
 from tests.methods.fedavg.test_fedavg import _run_round
+from tests.methods.fedavg.test_fedavg import _training
 from tests.methods.fedavg.test_fedavg import data  # pylint: disable=unused-import
 from tests.methods.fedavg.test_fedavg import PARTS
 from tests.methods.fedavg.test_fedavg import W0
@@ -22,8 +22,7 @@ from tff_kd.methods.fedprox import hparams as fedprox_hparams
 def test_fedprox_matches_proximal_reference(data):
   process = fedprox.build_fedprox_process(
       _model_fn, data.element_spec,
-      hparams=fedprox_hparams.FedProxHparams(mu=0.5),
-      learning_rate=0.1, **_optimizers())
+      hparams=fedprox_hparams.FedProxHparams(mu=0.5), training=_training())
   process, output = _run_round(process, data, steps=3)
   expected = W0 + (1 * _client_delta(PARTS[0], 0.1, 0.5, 3) +
                    3 * _client_delta(PARTS[1], 0.1, 0.5, 3)) / 4
@@ -40,4 +39,4 @@ def test_fedprox_rejects_non_positive_mu(data, mu):
   with pytest.raises(errors.ConfigError, match=f'fedprox.mu .*{mu}'):
     fedprox.build_fedprox_process(_model_fn, data.element_spec,
                                  hparams=fedprox_hparams.FedProxHparams(mu=mu),
-                                 learning_rate=0.1, **_optimizers())
+                                 training=_training())

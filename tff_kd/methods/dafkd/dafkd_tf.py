@@ -27,6 +27,10 @@ feature generator (`gan.GanSettings.feature_space`) the pool holds features
 of the extractor, the teachers read them with their heads, and only the
 averaged classifier's head is distilled (`gan.pool_classifier`); its extractor
 stays the average of eq. (6).
+`server_round` is the algorithm alone: the round's mechanism metrics
+(eq. 7's domain awareness, the pool's quality, the uniform-weight twin) are
+computed by the one hook it calls (`tff_kd.core.diagnostics`; DaFKD's is
+`tff_kd.methods.dafkd.diagnostics.RoundDiagnostics`).
 
 The discriminator state of a client (`discriminator_variables`) is the head
 alone when it shares the classifier's extractor (the extractor is part of the
@@ -38,21 +42,22 @@ Seeds are stateless: a client's step seeds come from its data key
 and server can draw the same pool (appendix B) and runs are reproducible.
 """
 
+import collections
 from typing import NamedTuple, Optional, Sequence
 
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_kd.core import diagnostics as core_diagnostics
+from tff_kd.core import distill_hparams
 from tff_kd.core import distillation
-from tff_kd.methods.dafkd import gan
 from tff_kd.core import local_training
 from tff_kd.core import stacking as stacking_tf
-from tff_kd.methods.dafkd import weight_diagnostics
+from tff_kd.methods.dafkd import gan
 from tff_kd.models import classifiers
 from tff_kd.models import generators
 
 ModelWeights = tff.learning.models.ModelWeights
-GAN_WINDOWS = ('first', 'last')
 _HASH_BUCKETS = 2**62
 
 
@@ -94,16 +99,6 @@ def pseudo_pool(generator: tf.keras.Model, size: int, *, noise_dim: int,
                                    num_classes=num_classes, seed=seed,
                                    training=False)
   return (images, labels) if with_labels else images
-
-
-def argmax_agreement(logits_or_probs: tf.Tensor, reference) -> tf.Tensor:
-  """Fraction of rows whose argmax equals `reference`'s (argmax or labels)."""
-  reference = tf.convert_to_tensor(reference)
-  if reference.shape.rank == 2:
-    reference = tf.argmax(reference, axis=-1)
-  return tf.reduce_mean(tf.cast(tf.equal(
-      tf.argmax(logits_or_probs, axis=-1, output_type=tf.int32),
-      tf.cast(reference, tf.int32)), tf.float32))
 
 
 class ClientRoundResult(NamedTuple):
@@ -473,149 +468,26 @@ def mean_update(global_weights: ModelWeights, deltas: ModelWeights,
       mean.non_trainable)
 
 
-class Validation(NamedTuple):
-  """The server's labeled images and the round's label counts (diagnostics).
-
-  Attributes:
-    x: Labeled validation images [V, ...] (real data, held out).
-    y: Their int labels [V].
-    label_counts: Stacked [M, C] label counts of the received clients.
-    holder_share: A client holds a label with at least this share of its
-      examples (`weight_diagnostics.holders`).
-  """
-
-  x: tf.Tensor
-  y: tf.Tensor
-  label_counts: tf.Tensor
-  holder_share: float
-
-
-class Diagnostics(NamedTuple):
-  """Whether eq. (7) knows who knows, measured every round.
-
-  Attributes:
-    weights: `weight_diagnostics.WeightDiagnostics` of eq. (7)'s alpha on the
-      labeled validation images (the mechanism's domain awareness and the
-      weighted / uniform / oracle ensemble accuracies).
-    pool: `weight_diagnostics.PoolQuality` of the teachers on the pool.
-    score_real: Mean server-mode discriminator score f_k on the validation
-      images (received clients).
-    score_pool: The same on the distillation pool.
-    pool_weights: `weight_diagnostics.WeightDiagnostics` of eq. (7)'s alpha
-      on the generated pool, with each sample's pseudo label y of G(z, y)
-      as its class (the holders of y are the teachers that should get the
-      weight; the "accuracies" are agreements with y), or None for a real
-      pool, whose labels the server does not have.
-  """
-
-  weights: weight_diagnostics.WeightDiagnostics
-  pool: weight_diagnostics.PoolQuality
-  score_real: tf.Tensor
-  score_pool: tf.Tensor
-  pool_weights: Optional[weight_diagnostics.WeightDiagnostics] = None
-
-
-class ServerRoundResult(NamedTuple):
-  """The server's round.
-
-  Attributes:
-    classifier: New classifier `ModelWeights` w_{t+1} (distilled).
-    generator: New generator `ModelWeights` theta_{t+1}^g (eq. 4).
-    distill: `distillation.DistillResult` (its weights are the student's:
-      the head alone with appendix A's features).
-    alpha_entropy: Mean entropy (nats) of alpha; -1 in private mode.
-    alpha_sum_error: max_i |sum_k alpha[k, i] - 1|; 0 in private mode.
-    mean_score: Mean discriminator score f_k(x_i) over received clients and
-      the pool (private mode: sum_k f_k / K_t).
-    agreement_before: Fraction of the pool where the averaged classifier's
-      argmax (inference mode) equals the target's, before distillation.
-    agreement_after: The same for the distilled student.
-    label_fidelity: Fraction of the generated pool G(z, y) that the averaged
-      classifier (before distillation) classifies as its pseudo label y;
-      -1 for a real pool. About 1/C when the generator ignores its label.
-    diagnostics: `Diagnostics`, or None (private mode, or no validation).
-    target_entropy: Mean entropy (nats) of the distillation targets over
-      the pool: ln C for uniform targets, 0 for one-hot ones.
-    seconds: Wall time of the whole server round (pool, teachers,
-      diagnostics and distillation).
-    twin_accuracy_after: With `ServerSettings.twin_student`, the labeled
-      accuracy of the averaged classifier distilled on the uniform
-      ensemble instead (same teachers, pool and start); else None.
-  """
-
-  classifier: ModelWeights
-  generator: ModelWeights
-  distill: distillation.DistillResult
-  alpha_entropy: tf.Tensor
-  alpha_sum_error: tf.Tensor
-  mean_score: tf.Tensor
-  agreement_before: tf.Tensor
-  agreement_after: tf.Tensor
-  label_fidelity: tf.Tensor
-  diagnostics: Optional[Diagnostics] = None
-  target_entropy: Optional[tf.Tensor] = None
-  seconds: Optional[tf.Tensor] = None
-  twin_accuracy_after: Optional[tf.Tensor] = None
-
-
 class ServerSettings(NamedTuple):
   """The server round's settings, fixed for a process.
 
   Attributes:
     gan: `gan.GanSettings` (the pool's noise size and classes).
-    distill: `distillation.DistillConfig`; its temperature also tempers the
+    distill: `distill_hparams.DistillConfig`; its temperature also tempers the
       teachers.
     pool_size: N (generated pools).
     pool_from_broadcast: Draw the pool from the broadcast generator theta_t
       (appendix B: clients have no other) instead of theta_{t+1}.
     ensemble: 'probs' (eq. 8) or 'logits' (the reference code).
     correlation: Weights of eq. (7), or uniform (ablation).
-    pool_candidates: m: draw m x pool_size generated images and distil on
-      the pool_size hardest (`select_hardest`); 1: the paper's pool.
-    twin_student: A diagnostic: before the round's distillation, also
-      distil the averaged classifier on the uniform ensemble of the same
-      teachers on the same pool (`_twin_student`) and report its labeled
-      accuracy; the round's result is unchanged. Needs a labeled set and
-      plain (non-private) mode.
   """
 
   gan: gan.GanSettings
-  distill: distillation.DistillConfig
+  distill: distill_hparams.DistillConfig
   pool_size: int
   pool_from_broadcast: bool
   ensemble: str = 'probs'
   correlation: bool = True
-  pool_candidates: int = 1
-  twin_student: bool = False
-
-
-class PoolTerms(NamedTuple):
-  """The pool and what the server computed on it, sample by sample."""
-
-  images: tf.Tensor
-  labels: Optional[tf.Tensor]
-  logits: tf.Tensor
-  scores: tf.Tensor
-  alpha: tf.Tensor
-  target: tf.Tensor
-  student_logits: tf.Tensor
-
-
-def select_hardest(terms: PoolTerms, count: int,
-                   temperature: float) -> PoolTerms:
-  """The `count` samples where the student matches eq. (8)'s target worst.
-
-  A variant, not the paper's: a generated pool that the averaged classifier
-  already labels as the target does gives distillation nothing to move
-  (`distillation.hardest_samples`).
-  """
-  idx = distillation.hardest_samples(terms.student_logits, terms.target,
-                                     temperature, count)
-  sample_axis = {'logits': 1, 'scores': 1, 'alpha': 1}
-  return PoolTerms(**{
-      name: None if value is None else tf.gather(
-          value, idx, axis=sample_axis.get(name, 0))
-      for name, value in terms._asdict().items()})
 
 
 class Uploads(NamedTuple):
@@ -645,89 +517,78 @@ class Uploads(NamedTuple):
   example_weights: Optional[tf.Tensor] = None
 
 
-def _diagnose(models: gan.GanModels, global_weights: ModelWeights,
-              uploads: Uploads, pool_outputs: tuple[tf.Tensor, tf.Tensor],
-              target: tf.Tensor, validation: Validation,
-              correlation: bool,
-              pool_labels: Optional[tf.Tensor] = None) -> Diagnostics:
-  """`Diagnostics` of this round's teachers (scored as on the pool).
+class Teachers(NamedTuple):
+  """The round's teachers, as the diagnostics hook sees them.
 
-  `pool_outputs` are the teachers' (logits, scores) on the pool;
-  `pool_labels` the generated pool's pseudo labels (None: a real pool).
-  """
-  valid = uploads.valid
-  pool_logits, pool_scores = pool_outputs
-  logits, scores = teacher_outputs(models.classifier, models.discriminator,
-                                   global_weights, uploads.classifier_deltas,
-                                   uploads.discriminator_rows, valid,
-                                   validation.x, labels=validation.y)
-  shares = weight_diagnostics.label_shares(validation.label_counts)
-
-  def weights_on(alpha_scores, sample_logits, labels):
-    holder = weight_diagnostics.holders(shares, labels, valid,
-                                        validation.holder_share)
-    return weight_diagnostics.weight_diagnostics(
-        teacher_weights(alpha_scores, valid, correlation=correlation),
-        sample_logits, labels, holder, valid)
-
-  num_clients = tf.maximum(tf.reduce_sum(tf.cast(valid, tf.float32)), 1.0)
-
-  def mean_score(s):
-    return tf.reduce_sum(tf.reduce_mean(s, axis=1)) / num_clients
-
-  return Diagnostics(
-      weights_on(scores, logits, validation.y),
-      weight_diagnostics.pool_quality(pool_logits, valid, target),
-      mean_score(scores), mean_score(pool_scores),
-      None if pool_labels is None else weights_on(pool_scores, pool_logits,
-                                                  pool_labels))
-
-
-def skipped_diagnostics(pool_labels: bool) -> Diagnostics:
-  """NaN `Diagnostics` for a round that skips them (`server_round`).
-
-  Args:
-    pool_labels: The pool has pseudo labels (a generated pool), so the
-      diagnostics have `pool_weights`.
+  Attributes:
+    models: The server's `gan.GanModels` (one classifier and discriminator
+      serve every teacher row, `teacher_outputs`).
+    global_classifier: The broadcast classifier `ModelWeights`.
+    uploads: The clients' `Uploads`.
   """
 
-  def nan(cls):
-    return cls(*[tf.constant(float('nan'))] * len(cls._fields))
-
-  return Diagnostics(
-      nan(weight_diagnostics.WeightDiagnostics),
-      nan(weight_diagnostics.PoolQuality), tf.constant(float('nan')),
-      tf.constant(float('nan')),
-      nan(weight_diagnostics.WeightDiagnostics) if pool_labels else None)
+  models: gan.GanModels
+  global_classifier: ModelWeights
+  uploads: Uploads
 
 
-def _twin_student(student: tf.keras.Model,
-                  optimizer: tff.learning.optimizers.Optimizer,
-                  pool: tf.Tensor, teachers: tuple, settings: 'ServerSettings',
-                  labeled: tuple[tf.Tensor, tf.Tensor]) -> tf.Tensor:
-  """The uniform-weight twin's student, from the same start and pool.
+class PoolTerms(NamedTuple):
+  """What the server computed on the pool (`core_diagnostics.ServerRound.terms`).
 
-  Distils `student` (the averaged classifier, overwritten) on the uniform
-  ensemble of the same teachers and returns its labeled accuracy after.
-
-  Args:
-    student: The model distillation trains (classifier or head).
-    optimizer: The distillation optimiser (fresh state).
-    pool: The round's (selected) pool.
-    teachers: (logits [M, N, C], scores [M, N], valid [M]) on the pool.
-    settings: `ServerSettings` (its distillation config and ensemble).
-    labeled: The labeled set as the student reads it.
-
-  Returns:
-    The twin student's labeled accuracy (float32 scalar).
+  Attributes:
+    labels: The generated pool's pseudo labels y of G(z, y) [N], or None
+      (a real pool).
+    logits: The teachers' logits [M, N, C], or None (appendix B).
+    scores: Their discriminator scores f_k [M, N], or None (appendix B).
+    private_sums: Appendix B's (sum_k f_k s_k, sum_k f_k), or None.
   """
-  logits, scores, valid = teachers
-  uniform = distillation.weighted_ensemble(
-      logits, teacher_weights(scores, valid, correlation=False),
-      temperature=settings.distill.temperature, ensemble=settings.ensemble)
-  return distillation.distill(student, optimizer, pool, uniform,
-                              settings.distill,
-                              labeled=labeled).labeled_accuracy_after
+
+  labels: Optional[tf.Tensor]
+  logits: Optional[tf.Tensor] = None
+  scores: Optional[tf.Tensor] = None
+  private_sums: Optional[tuple[tf.Tensor, tf.Tensor]] = None
+
+
+class ServerRoundResult(NamedTuple):
+  """The server's round.
+
+  Attributes:
+    classifier: New classifier `ModelWeights` w_{t+1} (distilled).
+    generator: New generator `ModelWeights` theta_{t+1}^g (eq. 4).
+    distill: `distillation.DistillResult` (its weights are the student's:
+      the head alone with appendix A's features).
+    metrics: The diagnostics hook's named metrics (empty without one).
+    seconds: Wall time of the whole server round (pool, teachers,
+      distillation and the hook).
+  """
+
+  classifier: ModelWeights
+  generator: ModelWeights
+  distill: distillation.DistillResult
+  metrics: collections.OrderedDict
+  seconds: tf.Tensor
+
+
+def _round_pool(generator: tf.keras.Model,
+                generators_: tuple[ModelWeights, ModelWeights],
+                settings: ServerSettings, seed: tf.Tensor,
+                real_pool: Optional[tf.Tensor]
+                ) -> tuple[tf.Tensor, Optional[tf.Tensor]]:
+  """The round's pool and its pseudo labels (Algorithm 1, line 11).
+
+  Drawn from the broadcast or the new generator of `generators_`
+  (`ServerSettings.pool_from_broadcast`); the oracle pool `real_pool` has
+  no labels.
+  """
+  if real_pool is not None:
+    return real_pool, None
+  core_diagnostics.load(
+      local_training.model_weights(generator),
+      generators_[0] if settings.pool_from_broadcast else generators_[1])
+  return pseudo_pool(generator, settings.pool_size,
+                     noise_dim=settings.gan.noise_dim,
+                     num_classes=settings.gan.num_classes, seed=seed,
+                     with_labels=True)
 
 
 @tf.function
@@ -739,10 +600,15 @@ def server_round(models: gan.GanModels,
                  pool_seed_value: tf.Tensor,
                  *,
                  real_pool: Optional[tf.Tensor] = None,
-                 validation: Optional[Validation] = None,
-                 diagnose: Optional[tf.Tensor] = None
+                 labeled: Optional[tuple[tf.Tensor, tf.Tensor]] = None,
+                 diagnostics: Optional[core_diagnostics.Hook] = None
                  ) -> ServerRoundResult:
   """Algorithm 1, lines 9-13 (models built outside, overwritten here).
+
+  The means of eqs. (4) and (6), the pool, eq. (7)'s weights and eq. (8)'s
+  target (or appendix B's secure sums), and the distillation into the
+  averaged classifier. The hook `diagnostics` then sees the round once
+  (`core_diagnostics.ServerRound`); it cannot change the result.
 
   Args:
     models: `gan.GanModels`: a classifier (teacher slot, then the student),
@@ -754,10 +620,10 @@ def server_round(models: gan.GanModels,
     pool_seed_value: `pool_seed` of this round.
     real_pool: The oracle-pool ablation: distil on these real images
       [N, ...] instead of a generated pool.
-    validation: Labeled images and label counts: `Diagnostics`, and the
-      labeled set of `settings.distill.validation` / `.accept`.
-    diagnose: With `validation`, a bool scalar: compute the `Diagnostics`
-      this round, or return `skipped_diagnostics` (NaN); None: every round.
+    labeled: The server's labeled images [V, ...] and labels [V], read by
+      `settings.distill.validation` / `.accept`.
+    diagnostics: A `core_diagnostics.Hook` (DaFKD's:
+      `dafkd.diagnostics.RoundDiagnostics`), or None.
 
   Returns:
     A `ServerRoundResult`.
@@ -768,41 +634,16 @@ def server_round(models: gan.GanModels,
   if feature_space and real_pool is not None:
     raise ValueError('the oracle pool holds real images; the feature-space '
                      'generator (appendix A) distils on features')
-  # Appendix A distils the head on generated features; the averaged
-  # extractor stays as it is.
-  student = gan.pool_classifier(classifier, settings.gan)
   valid = uploads.valid
-  config = settings.distill
   new_classifier = mean_update(global_weights[0], uploads.classifier_deltas,
                                valid, uploads.example_weights)
   new_generator = ModelWeights(
       [g + d for g, d in zip(global_weights[1].trainable,
                              uploads.generator_mean.trainable)],
       list(uploads.generator_mean.non_trainable))
-  if real_pool is None:
-    gen_vars = local_training.model_weights(generator)
-    tf.nest.map_structure(
-        lambda v, t: v.assign(t), gen_vars,
-        global_weights[1] if settings.pool_from_broadcast else new_generator)
-    pool, pool_labels = pseudo_pool(
-        generator, settings.pool_size * settings.pool_candidates,
-        noise_dim=settings.gan.noise_dim,
-        num_classes=settings.gan.num_classes, seed=pool_seed_value,
-        with_labels=True)
-  else:
-    pool, pool_labels = real_pool, None
-  num_clients = tf.maximum(tf.reduce_sum(tf.cast(valid, tf.float32)), 1.0)
-  student_vars = local_training.model_weights(classifier.model)
-
-  def load_average():
-    tf.nest.map_structure(lambda v, t: v.assign(t), student_vars,
-                          new_classifier)
-
-  def student_logits():
-    return distillation.teacher_logits([student], pool)[0]
-
-  diagnostics = None
-  fidelity = logits_before = None
+  pool, pool_labels = _round_pool(generator,
+                                  (global_weights[1], new_generator),
+                                  settings, pool_seed_value, real_pool)
   if uploads.private_sums is None:
     logits, scores = teacher_outputs(
         classifier, discriminator, global_weights[0],
@@ -810,68 +651,34 @@ def server_round(models: gan.GanModels,
         labels=pool_labels, features_in=feature_space)
     alpha = teacher_weights(scores, valid, correlation=settings.correlation)
     target = distillation.weighted_ensemble(
-        logits, alpha, temperature=config.temperature,
+        logits, alpha, temperature=settings.distill.temperature,
         ensemble=settings.ensemble)
-    if settings.pool_candidates > 1:
-      load_average()
-      candidates = PoolTerms(pool, pool_labels, logits, scores, alpha,
-                              target, student_logits())
-      # Label fidelity is the generator's: measured on every candidate.
-      fidelity = argmax_agreement(candidates.student_logits, pool_labels)
-      (pool, pool_labels, logits, scores, alpha, target,
-       logits_before) = select_hardest(candidates, settings.pool_size,
-                                       config.temperature)
-    entropy = distillation.mean_entropy(alpha, axis=0)
-    sum_error = tf.reduce_max(tf.abs(tf.reduce_sum(alpha, axis=0) - 1.0))
-    mean_score = tf.reduce_sum(tf.reduce_mean(scores, axis=1)) / num_clients
-    if validation is not None:
-
-      def run_diagnostics():
-        return _diagnose(models, global_weights[0], uploads,
-                         (logits, scores), target, validation,
-                         settings.correlation, pool_labels)
-
-      diagnostics = (run_diagnostics() if diagnose is None else tf.cond(
-          diagnose, run_diagnostics,
-          lambda: skipped_diagnostics(pool_labels is not None)))
   else:
-    sum_fs, sum_f = uploads.private_sums
-    target = tf.ensure_shape(gan.private_teacher(sum_fs, sum_f),
+    logits = scores = alpha = None
+    target = tf.ensure_shape(gan.private_teacher(*uploads.private_sums),
                              [settings.pool_size, settings.gan.num_classes])
-    entropy = tf.constant(-1.0)
-    sum_error = tf.constant(0.0)
-    mean_score = tf.reduce_mean(sum_f) / num_clients
-  load_average()
-  if logits_before is None:  # Else the selection has them.
-    logits_before = student_logits()
-  before = argmax_agreement(logits_before, target)
-  if fidelity is None:
-    fidelity = (tf.constant(-1.0) if pool_labels is None else
-                argmax_agreement(logits_before, pool_labels))
-  labeled = None
-  if validation is not None:
+  # Appendix A distils the head on generated features; the averaged
+  # extractor stays as it is.
+  student = gan.pool_classifier(classifier, settings.gan)
+  student_vars = local_training.model_weights(classifier.model)
+  core_diagnostics.load(student_vars, new_classifier)
+  if labeled is not None and feature_space:
     # The head's labeled inputs: the averaged extractor's features, which
     # head-only distillation leaves unchanged.
     labeled = (distillation.teacher_logits([classifier.features],
-                                           validation.x)[0]
-               if feature_space else validation.x, validation.y)
-  twin_after = None
-  if (settings.twin_student and labeled is not None
-      and uploads.private_sums is None):
-    twin_after = _twin_student(student, distill_optimizer, pool, (
-        logits, scores, valid), settings, labeled)
-    load_average()
+                                           labeled[0])[0], labeled[1])
   result = distillation.distill(student, distill_optimizer, pool, target,
-                                config, labeled=labeled)
+                                settings.distill, labeled=labeled)
   # The round's classifier is the whole model as distillation left it (the
   # student may be its head alone).
   with tf.control_dependencies(tf.nest.flatten(result.weights)):
     new_weights = tf.nest.map_structure(tf.identity, student_vars)
-  after = argmax_agreement(student_logits(), target)
-  with tf.control_dependencies([after, *tf.nest.flatten(new_weights)]):
+  metrics = core_diagnostics.run(diagnostics, core_diagnostics.ServerRound(
+      Teachers(models, global_weights[0], uploads), alpha, pool, target,
+      student, student_vars, new_classifier, new_weights, labeled,
+      PoolTerms(pool_labels, logits, scores, uploads.private_sums)))
+  with tf.control_dependencies([*tf.nest.flatten(metrics),
+                                *tf.nest.flatten(new_weights)]):
     seconds = tf.cast(tf.timestamp() - t_start, tf.float32)
-  return ServerRoundResult(new_weights, new_generator, result, entropy,
-                           sum_error, mean_score, before, after, fidelity,
-                           diagnostics,
-                           distillation.mean_entropy(target, axis=-1),
-                           seconds, twin_after)
+  return ServerRoundResult(new_weights, new_generator, result, metrics,
+                           seconds)

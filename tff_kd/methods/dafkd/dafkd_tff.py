@@ -11,7 +11,7 @@ discriminators on the clients (secure sums). The maths is
 `tff_kd.methods.dafkd.dafkd_tf` and `tff_kd.methods.dafkd.gan`; the
 hyper-parameters are `tff_kd.methods.dafkd.hparams.DaFKDHparams`
 (`config.dafkd`), whose ablations (Table 3) are `shared_extractor=False`
-(a separate discriminator network per client) and `no_correlation`
+(a separate discriminator network per client) and `weighting='uniform'`
 (uniform teacher weights). One round:
 
 1. distributor: broadcast the server model, a tuple (classifier
@@ -44,7 +44,9 @@ hyper-parameters are `tff_kd.methods.dafkd.hparams.DaFKDHparams`
 4. finalizer (`build_finalizer`): `dafkd_tf.server_round`: plain means of
    classifiers (eq. 6) and generators (eq. 4), a pool of `pool_size`
    generated images seeded by (seed, round), alpha of eq. (7), the target of
-   eq. (8) and `distillation.distill` into the mean classifier.
+   eq. (8) and `distillation.distill` into the mean classifier; the round's
+   mechanism metrics come from its one diagnostics hook
+   (`diagnostics.RoundDiagnostics`, `tff_kd.core.diagnostics`).
 
 State: `tff.learning.templates.LearningAlgorithmState` whose
 `global_model_weights` is `(classifier ModelWeights, generator
@@ -73,14 +75,14 @@ import collections
 import functools
 from typing import Callable, NamedTuple, Optional
 
-import ml_collections
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_kd import errors
 from tff_kd import hparams as hp
-from tff_kd.core import distillation
+from tff_kd.core import diagnostics as core_diagnostics
+from tff_kd.core import distill_hparams
 from tff_kd.core import local_training
 from tff_kd.core import stacking as stacking_tf
 from tff_kd.core import teachers as teachers_tf
@@ -94,6 +96,7 @@ from tff_kd.federated import stacking
 from tff_kd.federated import tff_types
 from tff_kd.methods import common
 from tff_kd.methods.dafkd import dafkd_tf
+from tff_kd.methods.dafkd import diagnostics
 from tff_kd.methods.dafkd import gan
 from tff_kd.methods.dafkd import hparams as hparams_lib
 from tff_kd.models import classifiers
@@ -133,7 +136,7 @@ class ModelSpec(NamedTuple):
 
 
 class Optimizers(NamedTuple):
-  """DaFKD's optimisers.
+  """DaFKD's optimisers, and the joint one's schedule.
 
   Attributes:
     joint: Client optimiser of eq. (9) (paper: lr 1e-3, weight decay 1e-3).
@@ -141,11 +144,15 @@ class Optimizers(NamedTuple):
       `DaFKDHparams.generator_learning_rate` and its betas).
     distill: Server student optimiser (paper: lr 0.01; fresh state every
       round).
+    learning_rate: The joint optimiser's learning rate at round 0 (> 0).
+    learning_rate_decay: Its multiplier per round, in (0, 1].
   """
 
   joint: tff.learning.optimizers.Optimizer
   generator: tff.learning.optimizers.Optimizer
   distill: tff.learning.optimizers.Optimizer
+  learning_rate: float
+  learning_rate_decay: float = 1.0
 
   @property
   def client(self) -> gan.GanOptimizers:
@@ -304,7 +311,7 @@ def build_aggregator(update_type: tff.Type, num_slots: int, *,
   whose accumulator holds one generator instead of M: a stacked DCGAN
   generator (0.85 M parameters on MNIST) made the stack 30 times the
   classifiers' and its memory grow with the square of the clients per round
-  (benchmarks/README.md "Cost at scale"). In private mode the f_k s_k and f_k
+  (studies/dafkd_pool/README.md "Cost at scale"). In private mode the f_k s_k and f_k
   terms go through `tff.aggregators.SecureSumFactory` ([0, 1], 32-bit
   quantisation).
 
@@ -388,52 +395,6 @@ def build_aggregator(update_type: tff.Type, num_slots: int, *,
   return tff.templates.AggregationProcess(init_fn, next_fn)
 
 
-def diagnostic_metrics(d: dafkd_tf.Diagnostics) -> collections.OrderedDict:
-  """Flat, named metrics of a round's `dafkd_tf.Diagnostics`.
-
-  The `pool_*` weight metrics read eq. (7) on the generated pool against
-  its pseudo labels (-1 for a real pool): `pool_holder_ratio` is the holder
-  ratio with the holders of y of G(z, y), `pool_ensemble_agreement_*`
-  the share of the pool whose weighted / uniform / holders-only ensemble
-  predicts y, and `pool_label_mass_*` the mean probability the weighted /
-  uniform ensemble (teachers at T = 1) puts on y. `label_mass_*` are the
-  same on the labeled images with their labels.
-  """
-  w, p, q = d.weights, d.pool, d.pool_weights
-  if q is None:
-    pool_weights = dict.fromkeys(
-        ('pool_holder_ratio', 'pool_informative_fraction',
-         'pool_ensemble_agreement_weighted', 'pool_ensemble_agreement_uniform',
-         'pool_ensemble_agreement_oracle', 'pool_label_mass_weighted',
-         'pool_label_mass_uniform'), tf.constant(-1.0))
-  else:
-    pool_weights = dict(
-        pool_holder_ratio=q.holder_ratio,
-        pool_informative_fraction=q.informative_fraction,
-        pool_ensemble_agreement_weighted=q.accuracy_weighted,
-        pool_ensemble_agreement_uniform=q.accuracy_uniform,
-        pool_ensemble_agreement_oracle=q.accuracy_oracle,
-        pool_label_mass_weighted=q.label_mass_weighted,
-        pool_label_mass_uniform=q.label_mass_uniform)
-  return collections.OrderedDict(
-      holder_mass=w.holder_mass,
-      uniform_holder_mass=w.uniform_holder_mass,
-      holder_ratio=w.holder_ratio,
-      informative_fraction=w.informative_fraction,
-      ensemble_accuracy_weighted=w.accuracy_weighted,
-      ensemble_accuracy_uniform=w.accuracy_uniform,
-      ensemble_accuracy_oracle=w.accuracy_oracle,
-      label_mass_weighted=w.label_mass_weighted,
-      label_mass_uniform=w.label_mass_uniform,
-      pool_max_prob=p.max_prob,
-      pool_entropy=p.entropy,
-      pool_class_entropy=p.class_entropy,
-      pool_top_class_share=p.top_class_share,
-      disc_score_real=d.score_real,
-      disc_score_pool=d.score_pool,
-      **pool_weights)
-
-
 class _ServerInputs(NamedTuple):
   """What the server reads besides the clients' uploads."""
 
@@ -456,29 +417,14 @@ def _server_inputs(hparams: hparams_lib.DaFKDHparams,
 
 
 def server_settings(spec: ModelSpec, hparams: hparams_lib.DaFKDHparams,
-                    config: distillation.DistillConfig,
+                    config: distill_hparams.DistillConfig,
                     pool_size: int) -> dafkd_tf.ServerSettings:
   """The finalizer's `dafkd_tf.ServerSettings` (pool of `pool_size`)."""
   return dafkd_tf.ServerSettings(
       spec.settings, config, pool_size,
       pool_from_broadcast=hparams.resolved_pool_generator == 'broadcast',
-      ensemble=hparams.weights_on, correlation=not hparams.no_correlation,
-      pool_candidates=hparams.pool_candidates,
-      twin_student=hparams.twin_student)
-
-
-def diagnostics_round(every: int, round_num) -> Optional[tf.Tensor]:
-  """Whether round `round_num` (from 0) runs the diagnostics.
-
-  Args:
-    every: `DaFKDHparams.diagnostics_every`.
-    round_num: The round, from 0 (int or int tensor).
-
-  Returns:
-    A bool scalar tensor (`dafkd_tf.server_round`'s `diagnose`), or None
-    when every round runs them.
-  """
-  return None if every == 1 else tf.equal((round_num + 1) % every, 0)
+      ensemble=hparams.ensemble,
+      correlation=hparams.weighting == 'discriminator')
 
 
 def build_finalizer(
@@ -486,36 +432,37 @@ def build_finalizer(
     hparams: hparams_lib.DaFKDHparams,
     aggregate_type: tff.Type,
     distill_optimizer: tff.learning.optimizers.Optimizer,
-    config: distillation.DistillConfig,
+    config: distill_hparams.DistillConfig,
     *,
     server_data: Optional[server_data_lib.ServerData] = None,
     seed: int = 0,
 ) -> tff.templates.MeasuredProcess:
   """`dafkd_tf.server_round` as a finalizer; its state is the round number.
 
-  Measurements: `num_teachers`, `alpha_entropy` (mean entropy of eq. 7's
-  weights; -1 in private mode), `alpha_sum_error`, `mean_disc_score`,
-  `agreement_before` / `agreement_after` (classifier argmax = target argmax
-  on the pool, before / after distillation), `label_fidelity` (the share of
-  the generated pool, every candidate of `hparams.pool_candidates`, that
-  the averaged classifier labels as G's pseudo label; -1 for a real pool),
-  the distillation's `steps`, `first_loss`, `last_loss`, `pool_size`,
-  `target_entropy` (the mean entropy of the distillation targets, ln C for
-  uniform ones) and `server_seconds` (the wall time of the server's whole
-  round). With a labeled validation set (`server_data.val_size` > 0):
-  `labeled_accuracy_before` / `_after` and `accepted`
-  (`DistillConfig.accept`), `twin_labeled_accuracy_after` with
-  `hparams.twin_student`, and in plain mode the mechanism diagnostics of
-  `diagnostic_metrics` (eq. 7's holder mass against
-  uniform, weighted / uniform / oracle ensemble accuracy on the labeled
-  images, pool quality, discriminator scores on real images and on the
-  pool), NaN in the rounds that `hparams.diagnostics_every` skips.
+  Measurements: `num_teachers`, the distillation's `steps`, `first_loss`,
+  `last_loss`, `pool_size` and `server_seconds` (the wall time of the
+  server's whole round); with a labeled validation set
+  (`server_data.val_size` > 0) `labeled_accuracy_before` / `_after` and
+  `accepted` (`DistillConfig.accept`). The mechanism metrics come from the
+  round's one diagnostics hook, `diagnostics.RoundDiagnostics`:
+  `alpha_entropy` (mean entropy of eq. 7's weights; -1 in private mode),
+  `alpha_sum_error`, `mean_disc_score`, `agreement_before` /
+  `agreement_after` (classifier argmax = target argmax on the pool, before
+  / after distillation), `label_fidelity` (the share of the generated pool
+  that the averaged classifier labels as G's pseudo label; -1 for a real
+  pool), `target_entropy` (the mean entropy of the distillation targets,
+  ln C for uniform ones); with the labeled set, `twin_labeled_accuracy_after`
+  with `hparams.twin_student`, and in plain mode
+  `diagnostics.diagnostic_metrics` (eq. 7's holder mass against uniform,
+  weighted / uniform / oracle ensemble accuracy on the labeled images, pool
+  quality, discriminator scores on real images and on the pool), NaN in
+  the rounds that `hparams.diagnostics_every` skips.
 
   Args:
     spec: `ModelSpec`.
-    hparams: `config.dafkd`: the pool (`pool_size`, `pool_candidates`,
-      `pool`, `pool_generator`), the teachers' `weights_on` and
-      `no_correlation`, `private` (the aggregate is
+    hparams: `config.dafkd`: the pool (`pool_size`,
+      `pool`, `pool_generator`), the teachers' `ensemble` and
+      `weighting`, `private` (the aggregate is
       `build_private_aggregator`'s), the models' `aggregation` and the
       diagnostics' `holder_share` and `diagnostics_every`.
     aggregate_type: Unplaced type of the aggregator's result.
@@ -544,15 +491,13 @@ def build_finalizer(
       discriminator_rows, private_sums = None, (sums['fs'], sums['f'])
     else:
       discriminator_rows, private_sums = stack.values['discriminator'], None
-    num_slots = int(stack.weights.shape[0])
-    valid = tf.range(num_slots) < stack.count
-    validation = None
+    valid = tf.range(int(stack.weights.shape[0])) < stack.count
+    labeled = validation = None
     if validation_fn is not None:
-      val_x, val_y = validation_fn()
-      counts = (stack.values['label_counts'] if not private else
-                tf.zeros([num_slots, spec.settings.num_classes]))
-      validation = dafkd_tf.Validation(val_x, val_y, counts,
-                                       hparams.holder_share)
+      labeled = validation_fn()
+      if diagnose:
+        validation = diagnostics.Validation(
+            *labeled, stack.values['label_counts'], hparams.holder_share)
     generator_sum, generator_total = aggregate['generator']
     uploads = dafkd_tf.Uploads(
         stack.values['classifier'],
@@ -563,35 +508,28 @@ def build_finalizer(
                 weights[1].non_trainable)),
         valid, discriminator_rows, private_sums,
         stack.weights if hparams.aggregation == 'examples' else None)
+    hook = diagnostics.RoundDiagnostics(
+        settings, distill_optimizer, validation,
+        core_diagnostics.due(hparams.diagnostics_every, round_num),
+        twin_student=hparams.twin_student)
     r = dafkd_tf.server_round(
         spec.build(), distill_optimizer, (weights[0], weights[1]), uploads,
         settings, dafkd_tf.pool_seed(seed, round_num),
         real_pool=None if real_pool_fn is None else real_pool_fn(),
-        validation=validation,
-        diagnose=diagnostics_round(hparams.diagnostics_every, round_num))
+        labeled=labeled, diagnostics=hook)
     metrics = collections.OrderedDict(
         num_teachers=tf.cast(stack.count, tf.float32),
-        alpha_entropy=r.alpha_entropy,
-        alpha_sum_error=r.alpha_sum_error,
-        mean_disc_score=r.mean_score,
-        agreement_before=r.agreement_before,
-        agreement_after=r.agreement_after,
-        label_fidelity=r.label_fidelity,
         steps=tf.cast(r.distill.steps_run, tf.float32),
         first_loss=r.distill.first_loss,
         last_loss=r.distill.last_loss,
         pool_size=tf.constant(float(pool_size)),
-        target_entropy=r.target_entropy,
         server_seconds=r.seconds)
-    if validation_fn is not None:
+    if labeled is not None:
       metrics.update(
           labeled_accuracy_before=r.distill.labeled_accuracy_before,
           labeled_accuracy_after=r.distill.labeled_accuracy_after,
           accepted=r.distill.accepted)
-      if r.twin_accuracy_after is not None:
-        metrics['twin_labeled_accuracy_after'] = r.twin_accuracy_after
-    if diagnose:
-      metrics.update(diagnostic_metrics(r.diagnostics))
+    metrics.update(r.metrics)
     return round_num + 1, (r.classifier, r.generator), metrics
 
   @tff.tensorflow.computation
@@ -670,7 +608,6 @@ def model_spec(classifier_fn: Callable[[], classifiers.Classifier],
       h.noise_dim, num_classes, h.adv_weight, h.gp_weight, h.generator_form,
       h.discriminator_mode, h.gan_steps, h.gan_window,
       generator_labels=h.generator_labels, aux_weight=h.aux_weight,
-      generator_steps=h.generator_steps,
       feature_space=h.generator == 'feature',
       detach_extractor=h.detach_extractor)
   return ModelSpec(classifier_fn, generator_fn, h.shared_extractor, seed + 2,
@@ -685,9 +622,7 @@ def build_dafkd_process(
     num_clients: int,
     clients_per_round: int,
     optimizers: Optimizers,
-    distill_config: distillation.DistillConfig,
-    learning_rate: float,
-    learning_rate_decay: float = 1.0,
+    distill_config: distill_hparams.DistillConfig,
     hparams: hparams_lib.DaFKDHparams = hparams_lib.DaFKDHparams(),
     server_data: Optional[server_data_lib.ServerData] = None,
     seed: int = 0,
@@ -702,16 +637,15 @@ def build_dafkd_process(
       the id finds the client's discriminator.
     num_clients: K; client ids are 0..K-1.
     clients_per_round: M, the most clients per round.
-    optimizers: `Optimizers` (joint, generator and distillation).
+    optimizers: `Optimizers` (joint, generator and distillation, and the
+      joint one's learning rate and its decay per round).
     distill_config: Distillation settings (reference: T = 20, 1,600 steps).
-    learning_rate: Joint learning rate at round 0 (> 0).
-    learning_rate_decay: Its multiplier per round, in (0, 1].
     hparams: `config.dafkd` (`hparams_lib.DaFKDHparams`): the generator,
       the GAN terms of eqs. (2), (3) and (9), the ablations, private mode,
       the pool and the diagnostics' `holder_share`.
     server_data: The server's data: the proxy pool (needed by
       `hparams.pool='real'`) and the labeled validation set, which turns on the
-      per-round mechanism diagnostics (`dafkd_tff.diagnostic_metrics`)
+      per-round mechanism diagnostics (`diagnostics.RoundDiagnostics`)
       and is what `distill_config.validation='labeled'` and
       `accept='no_worse'` use.
     seed: Seed of the discriminator initialisation and the pools.
@@ -723,7 +657,8 @@ def build_dafkd_process(
     ConfigError: Bad hyper-parameters (before any TFF computation is built).
     DataError: A classifier that cannot take the generated images.
   """
-  hparams.validate()
+  learning_rate = optimizers.learning_rate
+  learning_rate_decay = optimizers.learning_rate_decay
   _check_arguments(classifier_fn, num_clients, clients_per_round,
                    learning_rate, learning_rate_decay)
   if hparams.pool == 'real' and server_data is None:
@@ -732,7 +667,6 @@ def build_dafkd_process(
         'pool: set server_data.proxy and server_data.proxy_size')
   distill_config.check_labeled(0 if server_data is None
                                else server_data.val_size)
-  distill_config.validate()
   h = hparams
   spec = model_spec(classifier_fn, h, seed)
   server = _server_inputs(h, server_data)
@@ -742,7 +676,7 @@ def build_dafkd_process(
         local_training.structure_of(classifier_fn).model.input_shape[1:])
   private_settings = (PrivateSettings(
       server.pool_size, seed, distill_config.temperature,
-      not h.no_correlation) if h.private else None)
+      h.weighting == 'discriminator') if h.private else None)
   client_work = build_client_work(
       spec, element_spec, dataset_fn, optimizers.client,
       num_clients=num_clients, learning_rate=learning_rate,
@@ -776,55 +710,48 @@ def generator_weights(state) -> tff.learning.models.ModelWeights:
                                           list(w.non_trainable))
 
 
-def optimizers_from_config(config: ml_collections.ConfigDict,
-                           hparams: hparams_lib.DaFKDHparams) -> Optimizers:
-  """DaFKD's `Optimizers` from an experiment config and `config.dafkd`.
+def optimizers_from_settings(settings: common.Settings) -> Optimizers:
+  """DaFKD's `Optimizers` from the run's settings.
 
-  The joint optimiser is `config.client_optimizer` (AdamW when
-  `hparams.weight_decay`), the generator's Adam has `hparams`' learning rate
-  and betas, the student's Adam `config.distill.learning_rate`.
+  The joint optimiser is `settings.client_optimizer` (AdamW with its
+  `weight_decay`, which `dafkd.weight_decay`'s old key sets), the
+  generator's Adam has `settings.hparams`' learning rate and betas, the
+  student's Adam `distill.learning_rate`; the joint schedule is
+  `client_optimizer`'s.
   """
-  opt = config.client_optimizer
-  if hparams.weight_decay:
-    # Decoupled weight decay (AdamW); `check_config` asked for Adam.
-    joint_optimizer = tff.learning.optimizers.build_adamw(
-        learning_rate=opt.learning_rate, weight_decay=hparams.weight_decay)
-  else:
-    joint_optimizer = common.build_optimizer(opt)
+  hparams, opt = settings.hparams, settings.client_optimizer
   return Optimizers(
-      joint=joint_optimizer,
+      joint=common.build_optimizer(settings.client_optimizer),
       generator=tff.learning.optimizers.build_adam(
           learning_rate=hparams.generator_learning_rate,
           beta_1=hparams.generator_beta_1, beta_2=hparams.generator_beta_2),
       distill=tff.learning.optimizers.build_adam(
-          learning_rate=config.distill.learning_rate))
+          learning_rate=settings.distill.learning_rate),
+      learning_rate=opt.learning_rate, learning_rate_decay=opt.lr_decay)
 
 
-def build_from_config(
-    inputs: common.ProcessInputs, config: ml_collections.ConfigDict
+def build_from_settings(
+    inputs: common.ProcessInputs, settings: common.Settings
 ) -> tff.learning.templates.LearningProcess:
-  """The registry's builder: dafkd from an experiment config."""
+  """The registry's builder: dafkd from the run's validated settings."""
   if inputs.classifier_fn is None:
     raise errors.ConfigError(
         'dafkd needs a classifier_fn (its discriminator shares the '
         "classifier's feature extractor)")
-  f = hp.section_hparams(config, hparams_lib.DaFKDHparams)
-  opt = config.client_optimizer
   return build_dafkd_process(
       inputs.classifier_fn, inputs.element_spec, inputs.dataset_fn,
       num_clients=inputs.num_clients,
-      clients_per_round=config.clients_per_round,
-      optimizers=optimizers_from_config(config, f),
-      distill_config=common.distill_config(config),
-      learning_rate=opt.learning_rate, learning_rate_decay=opt.lr_decay,
-      hparams=f, server_data=inputs.server_data, seed=config.seed)
+      clients_per_round=settings.run.clients_per_round,
+      optimizers=optimizers_from_settings(settings),
+      distill_config=settings.distill, hparams=settings.hparams,
+      server_data=inputs.server_data, seed=settings.run.seed)
 
 
 METHOD = common.Method(
-    'dafkd', build_from_config,
+    'dafkd', build_from_settings,
     'DaFKD domain-aware data-free KD (Wang et al., 2023)',
     hparams=hparams_lib.DaFKDHparams, uses_distill=True,
-    secure_sum=lambda config: bool(config.dafkd.private),
+    secure_sum=lambda hparams: bool(hparams.private),
     smoke={'dafkd.pool_size': 32, 'dafkd.noise_dim': 8,
            'dafkd.generator_hidden': '16', 'dafkd.gan_steps': 0,
            'server_data.proxy': 'split', 'server_data.proxy_size': 100,

@@ -57,16 +57,14 @@ import tensorflow_federated as tff
 
 from tff_kd.core import distillation
 from tff_kd.core import loops
+from tff_kd.methods.dafkd import hparams as hparams_lib
 from tff_kd.models import classifiers
 from tff_kd.models import generators
 
-GENERATOR_FORMS = ('minimax', 'non_saturating')
-# Where the generator step's pseudo labels y of g(z, y) come from
-# (`GanSettings.generator_labels`).
-GENERATOR_LABELS = ('uniform', 'local')
-# How the discriminator's BatchNorm normalises what it scores during client
-# training (`client_gan_step`); the server always scores in inference mode.
-DISCRIMINATOR_MODES = ('inference', 'real_train', 'batch', 'batch_update')
+# The choice lists live with the settings, which import no TensorFlow.
+GENERATOR_FORMS = hparams_lib.GENERATOR_FORMS
+GENERATOR_LABELS = hparams_lib.GENERATOR_LABELS
+DISCRIMINATOR_MODES = hparams_lib.DISCRIMINATOR_MODES
 _TINY = float(np.finfo(np.float32).tiny)
 
 
@@ -483,8 +481,6 @@ class GanSettings(NamedTuple):
       generator step, `aux_weight * CE(classifier_k(g(z, y)), y)` with the
       client's classifier in inference mode (ACGAN, Odena et al., 2017);
       it makes g respect its label. 0: the paper's eq. (3) alone.
-    generator_steps: Generator updates per GAN step (1: Algorithm 1), each
-      on a fresh noise batch.
     feature_space: Appendix A (Fig. 7): the generator makes features of
       the classifier's extractor instead of images, so the discriminator
       reads them through its head alone (real images still go through the
@@ -509,7 +505,6 @@ class GanSettings(NamedTuple):
   fake_batch_size: int | None = None
   generator_labels: str = 'uniform'
   aux_weight: float = 0.0
-  generator_steps: int = 1
   feature_space: bool = False
   detach_extractor: bool = False
 
@@ -649,16 +644,9 @@ def client_gan_step(models: GanModels,
       raise ValueError(
           f'generator_labels {settings.generator_labels!r} is unknown; '
           f"choose one of {', '.join(GENERATOR_LABELS)}")
-    step_seeds = tf.random.experimental.stateless_split(
-        seeds[1], settings.generator_steps)
-    losses = []
-    for i in range(settings.generator_steps):
-      generator_state, loss = _generator_step(
-          models, optimizers.generator, generator_state, fake_batch, settings,
-          step_seeds[i] if settings.generator_steps > 1 else seeds[1],
-          real_batch['y'])
-      losses.append(loss)
-    gen_loss = tf.add_n(losses) / float(len(losses))
+    generator_state, gen_loss = _generator_step(
+        models, optimizers.generator, generator_state, fake_batch, settings,
+        seeds[1], real_batch['y'])
 
   for variable, value in zip(terms.statistics, terms.real_statistics):
     variable.assign(value)

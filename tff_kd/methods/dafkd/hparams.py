@@ -1,27 +1,40 @@
 """DaFKD's hyper-parameters: the `config.dafkd` section.
 
-Defaults, documentation and checks in one place (`tff_kd.hparams`).
+Wang et al., "DaFKD: Domain-aware Federated Knowledge Distillation", CVPR
+2023. Defaults, documentation and checks in one place (`tff_kd.hparams`),
+with the choice lists that `gan` also checks against: this module imports
+no TensorFlow module of the package. Which switch is the paper's, an ablation, the
+reference code's or a diagnostic, and which measured negatives left, is
+the table in `tff_kd/methods/dafkd/NOTES.md`.
 """
 
 import dataclasses
 import operator
-from typing import ClassVar, Mapping
-
-import ml_collections
+from typing import Any, ClassVar, Mapping
 
 from tff_kd import errors
 from tff_kd import hparams as hp
-from tff_kd.methods.dafkd import gan
-from tff_kd.methods.dafkd import dafkd_tf
 
 
 GENERATORS = ('mlp', 'dcgan', 'feature')
 FEATURE_ACTIVATIONS = ('relu', 'linear')
 ENSEMBLES = ('probs', 'logits')
+WEIGHTINGS = ('discriminator', 'uniform')
 POOL_GENERATORS = ('aggregated', 'broadcast')
 AGGREGATIONS = ('mean', 'examples')
 POOLS = ('generator', 'real')
 DISCRIMINATORS = ('plain', 'projection')
+# Eq. (3)'s form (`gan.generator_loss`).
+GENERATOR_FORMS = ('minimax', 'non_saturating')
+# Where the generator step's pseudo labels y of g(z, y) come from
+# (`gan.GanSettings.generator_labels`).
+GENERATOR_LABELS = ('uniform', 'local')
+# How the discriminator's BatchNorm normalises what it scores during client
+# training (`gan.client_gan_step`); the server always scores in inference
+# mode.
+DISCRIMINATOR_MODES = ('inference', 'real_train', 'batch', 'batch_update')
+# Where a round's GAN steps are (`dafkd_tf.client_round`).
+GAN_WINDOWS = ('first', 'last')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,12 +45,12 @@ class DaFKDHparams(hp.Hparams):
   weight decay 1e-3 -> name=adam plus weight_decay, i.e. AdamW); the
   distillation is `config.distill` (paper: lr 0.01; reference: T = 20).
 
+  The clients' weight decay (the paper's 1e-3) is
+  `client_optimizer.weight_decay`, with `client_optimizer.name=adam`
+  (AdamW); its old key `dafkd.weight_decay` moves there when DaFKD runs.
+
   Attributes:
     pool_size: Generated distillation images per round (reference: 1,280).
-    pool_candidates: m: draw m x pool_size images and distil on the
-      pool_size of them where the averaged classifier disagrees most with
-      eq. (8)'s target (largest KL, `distillation.hardest_samples`);
-      1 (the paper): no selection.
     noise_dim: The generator's noise size (paper: 100).
     generator_hidden: The MLP generator's FC+BN+LeakyReLU widths, a comma
       list.
@@ -64,7 +77,6 @@ class DaFKDHparams(hp.Hparams):
       classes it holds). See `gan.GanSettings`.
     aux_weight: Weight of the auxiliary term CE(classifier_k(g(z, y)), y)
       in the generator step (ACGAN-style; 0 = the paper's eq. 3 alone).
-    generator_steps: Generator updates per GAN step (1 = Algorithm 1).
     discriminator: 'plain' (the paper's f_k(x)) | 'projection' (a
       label-conditioned head f_k(x, y), Miyato & Koyama 2018: eq. 7 then
       scores each pool sample with its pseudo label y of G(z, y)).
@@ -81,14 +93,16 @@ class DaFKDHparams(hp.Hparams):
       it uploads).
     adv_weight: Weight of eq. 2 in eq. 9.
     gp_weight: Gradient-penalty weight (reference code 0.3, paper 0).
-    weight_decay: > 0 needs client_optimizer.name=adam (AdamW).
     shared_extractor: The discriminator is a head on the classifier's
       feature extractor (the paper); False is Table 3's ablation, a
       separate discriminator network. Old name: `no_sharing` (its
       negation), read until the next release.
-    no_correlation: Ablation: uniform teacher weights instead of eq. 7's.
-    weights_on: Teacher weights applied to 'probs' (eq. 8) | 'logits' (the
-      reference code).
+    weighting: The teachers' per-sample weights: 'discriminator' (eq. 7,
+      the normalised discriminator outputs) | 'uniform' (Table 3's ablation,
+      "no correlation"). Old name: `no_correlation` (True: 'uniform').
+    ensemble: What eq. 7's weights average: 'probs' (eq. 8) | 'logits' (the
+      reference code). Old name: `weights_on`.
+
     private: Appendix B: discriminators stay on the clients; needs a
       secure-sum (test) context.
     pool_generator: '' auto ('broadcast' if private, else 'aggregated') |
@@ -108,7 +122,7 @@ class DaFKDHparams(hp.Hparams):
       unchanged. Costs one more distillation per round; needs
       server_data.val_size > 0 and plain (non-private) mode.
     diagnostics_every: The mechanism diagnostics (with server_data.val_size
-      > 0: `dafkd_tff.diagnostic_metrics`, which score every teacher on the
+      > 0: `diagnostics.RoundDiagnostics`, which score every teacher on the
       labeled validation images) run in the rounds r (counted from 1) with
       r % diagnostics_every == 0 and read NaN in the others; 1: every
       round. Training is the same either way (the labeled accuracies of
@@ -117,10 +131,15 @@ class DaFKDHparams(hp.Hparams):
 
   SECTION: ClassVar[str] = 'dafkd'
   ALIASES: ClassVar[Mapping[str, hp.Alias]] = {
-      'no_sharing': hp.Alias('shared_extractor', operator.not_)}
+      'no_sharing': hp.Alias('shared_extractor', operator.not_),
+      'no_correlation': hp.Alias(
+          'weighting', lambda uniform: 'uniform' if uniform
+          else 'discriminator', bool),
+      'weights_on': hp.Alias('ensemble'),
+      'weight_decay': hp.Alias('client_optimizer.weight_decay',
+                               field_type=float)}
 
   pool_size: int = hp.field(1280, hp.positive_int)
-  pool_candidates: int = hp.field(1, hp.positive_int)
   noise_dim: int = hp.field(100, hp.positive_int)
   generator_hidden: str = hp.field('256,512', hp.widths)
   generator_learning_rate: float = hp.field(1e-3, hp.positive_number)
@@ -131,23 +150,21 @@ class DaFKDHparams(hp.Hparams):
                                      hp.one_of(*FEATURE_ACTIVATIONS))
   generator_width: int = hp.field(64, hp.positive_int)
   generator_labels: str = hp.field('uniform',
-                                   hp.one_of(*gan.GENERATOR_LABELS))
+                                   hp.one_of(*GENERATOR_LABELS))
   aux_weight: float = hp.field(0.0, hp.non_negative_number)
-  generator_steps: int = hp.field(1, hp.positive_int)
   discriminator: str = hp.field('plain', hp.one_of(*DISCRIMINATORS))
   generator_form: str = hp.field('non_saturating',
-                               hp.one_of(*gan.GENERATOR_FORMS))
+                               hp.one_of(*GENERATOR_FORMS))
   discriminator_mode: str = hp.field('inference',
-                                   hp.one_of(*gan.DISCRIMINATOR_MODES))
+                                   hp.one_of(*DISCRIMINATOR_MODES))
   gan_steps: int = hp.field(0, hp.non_negative_int)
-  gan_window: str = hp.field('last', hp.one_of(*dafkd_tf.GAN_WINDOWS))
+  gan_window: str = hp.field('last', hp.one_of(*GAN_WINDOWS))
   adv_weight: float = hp.field(1.0, hp.non_negative_number)
   gp_weight: float = hp.field(0.0, hp.non_negative_number)
-  weight_decay: float = hp.field(0.0, hp.non_negative_number)
   shared_extractor: bool = hp.field(True, hp.boolean)
   detach_extractor: bool = hp.field(False, hp.boolean)
-  no_correlation: bool = hp.field(False, hp.boolean)
-  weights_on: str = hp.field('probs', hp.one_of(*ENSEMBLES))
+  weighting: str = hp.field('discriminator', hp.one_of(*WEIGHTINGS))
+  ensemble: str = hp.field('probs', hp.one_of(*ENSEMBLES))
   private: bool = hp.field(False, hp.boolean)
   pool_generator: str = hp.field('', hp.one_of('', *POOL_GENERATORS))
   aggregation: str = hp.field('mean', hp.one_of(*AGGREGATIONS))
@@ -168,10 +185,10 @@ class DaFKDHparams(hp.Hparams):
                                    else 'aggregated')
 
   def _check_combinations(self) -> None:
-    if self.private and self.weights_on != 'probs':
+    if self.private and self.ensemble != 'probs':
       raise errors.ConfigError(
-          f'dafkd.weights_on={self.weights_on!r}: private mode (appendix B) '
-          "sums soft predictions: it needs weights_on='probs'")
+          f'dafkd.ensemble={self.ensemble!r}: private mode (appendix B) '
+          "sums soft predictions: it needs ensemble='probs'")
     if self.private and self.resolved_pool_generator != 'broadcast':
       raise errors.ConfigError(
           f'dafkd.pool_generator={self.pool_generator!r}: private mode '
@@ -185,12 +202,6 @@ class DaFKDHparams(hp.Hparams):
       raise errors.ConfigError(
           "dafkd.discriminator='projection' has no gradient penalty (it "
           'interpolates images of different labels): set dafkd.gp_weight=0')
-    if self.pool_candidates > 1 and (self.private or self.pool == 'real'):
-      raise errors.ConfigError(
-          f'dafkd.pool_candidates={self.pool_candidates}: the selection '
-          'needs every teacher on every candidate at the server and a '
-          "generated pool: set dafkd.private=False and dafkd.pool='generator'"
-          ', or dafkd.pool_candidates=1')
     if self.generator == 'feature':
       self._check_feature_generator()
     if self.twin_student and self.private:
@@ -220,18 +231,12 @@ class DaFKDHparams(hp.Hparams):
             "dafkd.generator='feature' (appendix A) makes features of the "
             f'classifier\'s extractor, but {why}')
 
-  def check_config(self, config: ml_collections.ConfigDict) -> None:
-    opt = config.client_optimizer.name
-    if self.weight_decay and opt != 'adam':
-      # Decoupled weight decay (AdamW): TFF's SGD has none.
-      raise errors.ConfigError(
-          'dafkd.weight_decay needs client_optimizer.name=adam (AdamW); '
-          f'got dafkd.weight_decay={self.weight_decay!r} with {opt!r}')
-    if self.twin_student and not config.server_data.val_size:
+  def check_settings(self, settings: Any) -> None:
+    if self.twin_student and not settings.server_data.val_size:
       raise errors.ConfigError(
           'dafkd.twin_student=True reports a labeled accuracy: it needs '
           'server_data.val_size > 0')
-    if self.pool == 'real' and not config.server_data.proxy:
+    if self.pool == 'real' and not settings.server_data.proxy:
       raise errors.ConfigError(
           "dafkd.pool='real' (the oracle pool) needs the server's proxy "
           'pool: set server_data.proxy and server_data.proxy_size')

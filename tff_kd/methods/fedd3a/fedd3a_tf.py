@@ -44,6 +44,10 @@ models and projections and the student's starting point (their average):
 5. eq. 8, KL between the student and y, minimised by the shared
    `distillation.distill` from the averaged model.
 
+With a labeled server set the round's mechanism (the eq. 7 ensemble's and
+the uniform ensemble's accuracy on it) is measured after the distillation
+by `ensemble_accuracies`, the round's `tff_kd.core.diagnostics` hook.
+
 Heterogeneous models (the paper's "Application to Heterogeneous Models",
 Sec. 3): every client keeps its own model h_k, of its own architecture,
 across rounds. `hetero_client_round` builds P exactly as above from the
@@ -64,27 +68,27 @@ in program order also inside a TFF computation's graph; everything runs
 eagerly as well (tests compare the TFF process with these functions).
 """
 
-from typing import (TYPE_CHECKING, Callable, NamedTuple, Optional, Sequence,
-                    Union)
+from typing import Callable, NamedTuple, Optional, Sequence, Union
 
 import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_kd import errors
 from tff_kd import models
+from tff_kd.core import diagnostics as core_diagnostics
+from tff_kd.core import distill_hparams
 from tff_kd.core import distillation
 from tff_kd.core import local_training
 from tff_kd.core import teachers as teachers_tf
+from tff_kd.methods.fedd3a import hparams as hparams_lib
 from tff_kd.methods.fedd3a import projection_tf as projection
 
-if TYPE_CHECKING:  # hparams imports this module for its choices.
-  from tff_kd.methods.fedd3a import hparams as hparams_lib
-
 ModelWeights = tff.learning.models.ModelWeights
-WEIGHTINGS = projection.STRATEGIES
-ENSEMBLES = ('probs', 'logits')
+# The config's choices (`hparams` imports no TensorFlow).
+WEIGHTINGS = hparams_lib.WEIGHTINGS
+ENSEMBLES = hparams_lib.ENSEMBLES
 # Whose backbone computes the server samples' features f of eq. 6.
-SCORE_BACKBONES = ('broadcast', 'aggregated')
+SCORE_BACKBONES = hparams_lib.SCORE_BACKBONES
 
 
 # ---------------------------------------------------------------------------
@@ -342,13 +346,13 @@ class ServerSettings(NamedTuple):
     hparams: `config.fedd3a`: its `weighting` ('soft', eq. 6, or Table 1's
       'onehot', 'avg', 'random'), `ensemble` ('probs', eq. 7, or 'logits':
       softmax of the weighted logits) and `score_backbone` (`server_round`).
-    distill: A `distillation.DistillConfig`; its temperature is also the
+    distill: A `distill_hparams.DistillConfig`; its temperature is also the
       teachers'.
     batch_size: Forward-pass batch size.
   """
 
   hparams: 'hparams_lib.FedD3AHparams'
-  distill: distillation.DistillConfig
+  distill: distill_hparams.DistillConfig
   batch_size: int = 256
 
 
@@ -521,16 +525,6 @@ def _weighted_distill(student: models.Classifier,
                                           seed=seed)
 
   scores, alpha = weights_on(pool)
-  ensemble_accuracy = uniform_accuracy = tf.constant(-1.0)
-  if labeled is not None:
-    _, val_alpha = weights_on(labeled[0])
-    val_logits = teacher_logits_fn(labeled[0])
-    uniform = masked_teacher_weights(scores=tf.ones_like(val_alpha),
-                                     valid=valid, weighting='avg')
-    ensemble_accuracy, uniform_accuracy = [
-        teachers_tf.accuracy(distillation.weighted_ensemble(
-            val_logits, w, ensemble=ensemble), labeled[1])
-        for w in (val_alpha, uniform)]
   logits = teacher_logits_fn(pool)
   target = tf.stop_gradient(distillation.weighted_ensemble(
       logits, alpha, temperature=config.temperature, ensemble=ensemble))
@@ -541,12 +535,67 @@ def _weighted_distill(student: models.Classifier,
                                 labeled=labeled)
   with tf.control_dependencies(tf.nest.flatten(result.weights)):
     t2 = tf.timestamp()
+  metrics = dict.fromkeys(('ensemble_accuracy', 'uniform_accuracy'),
+                          tf.constant(-1.0))
+  if labeled is not None:
+    metrics.update(core_diagnostics.run(
+        ensemble_accuracies, core_diagnostics.ServerRound(
+            teacher_logits_fn, alpha, pool, target, student.model, variables,
+            start_weights, result.weights, labeled,
+            WeightingTerms(feature_weights, weights_on, valid, ensemble))))
   return ServerRound(
       weights=result.weights, distill=result._replace(optimizer_state=()),
       scores=scores, teacher_weights=alpha, target=target,
       teacher_seconds=tf.cast(t1 - t0, tf.float32),
       distill_seconds=tf.cast(t2 - t1, tf.float32),
-      ensemble_accuracy=ensemble_accuracy, uniform_accuracy=uniform_accuracy)
+      **metrics)
+
+
+class WeightingTerms(NamedTuple):
+  """FedD3A's terms of a round (`core_diagnostics.ServerRound.terms`).
+
+  Attributes:
+    feature_weights: The backbone's weights for eq. 6's features.
+    weights_on: Samples [N, ...] -> (scores r_k [M, N], alpha [M, N]),
+      with `feature_weights` loaded into the student.
+    valid: [M] bool, rows holding a client.
+    ensemble: 'probs' (eq. 7) or 'logits'.
+  """
+
+  feature_weights: ModelWeights
+  weights_on: Callable[[tf.Tensor], tuple[tf.Tensor, tf.Tensor]]
+  valid: tf.Tensor
+  ensemble: str
+
+
+def ensemble_accuracies(server_round: core_diagnostics.ServerRound
+                        ) -> dict[str, tf.Tensor]:
+  """FedD3A's `core_diagnostics.Hook`: its mechanism on the labeled images.
+
+  The accuracy of the eq. 7 ensemble (this round's weighting, scored with
+  the backbone of `WeightingTerms.feature_weights`) and of the uniform one
+  (FedDF's average) on the labeled validation set.
+
+  Args:
+    server_round: The round (with `labeled`; `teachers` is the teachers'
+      logits function, `terms` the `WeightingTerms`).
+
+  Returns:
+    `ensemble_accuracy` and `uniform_accuracy`.
+  """
+  r, terms = server_round, server_round.terms
+  x, y = r.labeled
+  core_diagnostics.load(r.student_variables, terms.feature_weights)
+  _, val_alpha = terms.weights_on(x)
+  val_logits = r.teachers(x)
+  uniform = masked_teacher_weights(scores=tf.ones_like(val_alpha),
+                                   valid=terms.valid, weighting='avg')
+  ensemble_accuracy, uniform_accuracy = [
+      teachers_tf.accuracy(distillation.weighted_ensemble(
+          val_logits, w, ensemble=terms.ensemble), y)
+      for w in (val_alpha, uniform)]
+  return dict(ensemble_accuracy=ensemble_accuracy,
+              uniform_accuracy=uniform_accuracy)
 
 
 def per_client_mean(values: tf.Tensor, client_ids: tf.Tensor,

@@ -52,15 +52,14 @@ import collections
 import functools
 from typing import Callable, Optional, Sequence
 
-import ml_collections
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_kd import errors
-from tff_kd import hparams as hp
 from tff_kd import models
-from tff_kd.core import distillation
+from tff_kd.core import distill_hparams
+from tff_kd.core import distillation as distillation_lib
 from tff_kd.core import local_training
 from tff_kd.core import stacking as stacking_tf
 from tff_kd.core import teachers as teachers_tf
@@ -172,7 +171,7 @@ def build_finalizer(
     server_optimizer: tff.learning.optimizers.Optimizer,
     distill_optimizer: tff.learning.optimizers.Optimizer,
     server_data: server_data_lib.ServerData,
-    config: distillation.DistillConfig,
+    config: distill_hparams.DistillConfig,
     *,
     num_clients: int = 0,
 ) -> tff.templates.MeasuredProcess:
@@ -260,7 +259,7 @@ def _round_metrics(result: fedd3a_tf.ServerRound, stack: stacking_tf.Stack,
   metrics = collections.OrderedDict(
       num_teachers=tf.cast(stack.count, tf.float32),
       score_mean=tf.reduce_sum(tf.reduce_mean(result.scores, 1)) / count,
-      weight_entropy=distillation.mean_entropy(w, axis=0),
+      weight_entropy=distillation_lib.mean_entropy(w, axis=0),
       weight_max=tf.reduce_mean(tf.reduce_max(w, axis=0)),
       projection_trace=tf.reduce_sum(
           traces * tf.cast(valid, tf.float32)) / count,
@@ -436,7 +435,7 @@ def build_hetero_finalizer(
     stack_type: tff.Type,
     distill_optimizer: tff.learning.optimizers.Optimizer,
     server_data: server_data_lib.ServerData,
-    config: distillation.DistillConfig,
+    config: distill_hparams.DistillConfig,
     *,
     num_clients: int = 0,
 ) -> tff.templates.MeasuredProcess:
@@ -503,13 +502,9 @@ def build_fedd3a_process(
     *,
     server_data: server_data_lib.ServerData,
     clients_per_round: int,
-    client_optimizer: tff.learning.optimizers.Optimizer,
-    server_optimizer: tff.learning.optimizers.Optimizer,
-    distill_optimizer: tff.learning.optimizers.Optimizer,
-    distill_config: distillation.DistillConfig,
-    learning_rate: float,
+    training: learning.Training,
+    distillation: distillation_lib.Distillation,
     hparams: hparams_lib.FedD3AHparams = hparams_lib.FedD3AHparams(),
-    learning_rate_decay: float = 1.0,
     num_clients: int = 0,
     dataset_fn: Optional[tff_types.DatasetFn] = None,
     client_model_fns: Sequence[tff_types.ModelFn] = (),
@@ -522,18 +517,15 @@ def build_fedd3a_process(
     element_spec: Batch structure of the client datasets.
     server_data: The server's unlabeled pool (another domain).
     clients_per_round: M, the most clients per round (stack rows).
-    client_optimizer: Client `tff.learning.optimizers` optimizer.
-    server_optimizer: Applies the mean delta before distillation
-      (`build_sgdm(1.0)`: the plain average, Algorithm 1 line 7). Unused
-      with heterogeneous clients.
-    distill_optimizer: Student optimiser.
-    distill_config: Distillation settings.
-    learning_rate: Client learning rate at round 0 (> 0).
+    training: The client optimiser and learning-rate schedule, and the
+      server optimiser that applies the mean delta before distillation
+      (`build_sgdm(1.0)`: the plain average, Algorithm 1 line 7; unused
+      with heterogeneous clients).
+    distillation: The student optimiser and the distillation settings.
     hparams: `config.fedd3a` (`hparams_lib.FedD3AHparams`: alpha,
       weighting, ensemble, projection_batches, score_backbone; kd_weight
       and kd_temperature for heterogeneous clients, whose models
       `client_models` names and `client_model_fns` builds).
-    learning_rate_decay: Client lr multiplier per round, in (0, 1].
     num_clients: K of the federation, for the per-client weight report (0:
       no report); with heterogeneous clients, the rows of the local-model
       store (required, >= the number of architectures).
@@ -553,16 +545,15 @@ def build_fedd3a_process(
     ConfigError: a bad hyper-parameter (alpha <= 0, unknown weighting, ...).
     DataError: a server pool whose images do not match the model input.
   """
-  hparams.validate()
-  distill_config.check_labeled(server_data.val_size)
-  schedules.check_schedule(learning_rate, learning_rate_decay)
+  distillation.config.check_labeled(server_data.val_size)
+  schedules.check_schedule(training.learning_rate,
+                           training.learning_rate_decay)
   if (isinstance(clients_per_round, bool) or
       not isinstance(clients_per_round, int) or clients_per_round < 1):
     raise errors.ConfigError(
         f'clients_per_round must be >= 1, got {clients_per_round!r}')
   if not isinstance(num_clients, int) or num_clients < 0:
     raise errors.ConfigError(f'num_clients must be >= 0, got {num_clients!r}')
-  distill_config.validate()
   model_fn = model_fn_of(classifier_fn)
   client_model_fns = tuple(client_model_fns)
   if client_model_fns:
@@ -575,27 +566,29 @@ def build_fedd3a_process(
                              server_data.image_shape,
                              what='fedd3a global and client models')
     client_work = build_hetero_client_work(
-        classifier_fn, client_model_fns, element_spec, client_optimizer,
-        dataset_fn, hparams, num_clients=num_clients,
-        learning_rate=learning_rate, learning_rate_decay=learning_rate_decay)
+        classifier_fn, client_model_fns, element_spec,
+        training.client_optimizer, dataset_fn, hparams,
+        num_clients=num_clients, learning_rate=training.learning_rate,
+        learning_rate_decay=training.learning_rate_decay)
   else:
     _, _, input_shape = classifier_specs(classifier_fn)
     fedd3a_tf.check_pool(server_data.image_shape, input_shape)
     client_work = build_client_work(
-        classifier_fn, element_spec, client_optimizer, hparams,
-        learning_rate=learning_rate, learning_rate_decay=learning_rate_decay,
+        classifier_fn, element_spec, training.client_optimizer, hparams,
+        learning_rate=training.learning_rate,
+        learning_rate_decay=training.learning_rate_decay,
         dataset_fn=dataset_fn)
   aggregator, stack_type = stacking.build_client_stack(
       client_work, clients_per_round)
   if client_model_fns:
     finalizer = build_hetero_finalizer(
         classifier_fn, client_model_fns, hparams, stack_type,
-        distill_optimizer, server_data, distill_config,
+        distillation.optimizer, server_data, distillation.config,
         num_clients=num_clients)
   else:
     finalizer = build_finalizer(
-        classifier_fn, hparams, stack_type, server_optimizer,
-        distill_optimizer, server_data, distill_config,
+        classifier_fn, hparams, stack_type, training.server_optimizer,
+        distillation.optimizer, server_data, distillation.config,
         num_clients=num_clients if dataset_fn is not None else 0)
   weights_type = client_work.next.type_signature.parameter[1].member
   return composer.compose_learning_process(
@@ -614,10 +607,10 @@ def local_model_rows(state, architecture: int) -> list[np.ndarray]:
   return [np.asarray(v) for v in state.client_work[1][architecture]]
 
 
-def build_from_config(
-    inputs: common.ProcessInputs, config: ml_collections.ConfigDict
+def build_from_settings(
+    inputs: common.ProcessInputs, settings: common.Settings
 ) -> tff.learning.templates.LearningProcess:
-  """The registry's builder: fedd3a from an experiment config."""
+  """The registry's builder: fedd3a from the run's validated settings."""
   if inputs.server_data is None:
     raise errors.ConfigError(
         'fedd3a needs an unlabeled server pool: set server_data.proxy (a '
@@ -626,7 +619,7 @@ def build_from_config(
     raise errors.ConfigError(
         'fedd3a needs a classifier_fn (the backbone whose features define '
         'the client subspaces)')
-  f = hp.section_hparams(config, hparams_lib.FedD3AHparams)
+  f = settings.hparams
   # Heterogeneous clients (`fedd3a.client_models` non-empty): client k uses
   # entry k % A; the global model stays `model`'s architecture.
   # Entry i starts from `client_weights` entry i (pretrained weights are
@@ -635,29 +628,31 @@ def build_from_config(
   client_model_fns = tuple(
       models.model_fn_of(models.classifier_builder(
           name, input_shape=input_shape, num_classes=inputs.num_classes,
-          norm=norm, seed=config.seed, weights=weights,
+          norm=norm, seed=settings.run.seed, weights=weights,
           what=f'fedd3a.client_weights entry {i}',
-          data_dir=config.dataset.data_dir,
-          manual_dir=config.dataset.manual_dir or None))
+          data_dir=settings.dataset.data_dir,
+          manual_dir=settings.dataset.manual_dir or None))
       for i, ((name, norm), weights) in enumerate(zip(
           models.parse_model_list(f.client_models,
-                                  default_norm=config.model.norm,
+                                  default_norm=settings.model.norm,
                                   key='fedd3a.client_models'),
           models.parse_weights_list(f.client_weights, f.client_models,
                                     key='fedd3a.client_weights'))))
   return build_fedd3a_process(
       inputs.classifier_fn, inputs.element_spec,
       server_data=inputs.server_data,
-      clients_per_round=config.clients_per_round,
-      distill_optimizer=tff.learning.optimizers.build_adam(
-          learning_rate=config.distill.learning_rate),
-      distill_config=common.distill_config(config), hparams=f,
-      num_clients=inputs.num_clients, client_model_fns=client_model_fns,
-      **common.common_kwargs(inputs, config))
+      clients_per_round=settings.run.clients_per_round,
+      distillation=distillation_lib.Distillation(
+          optimizer=tff.learning.optimizers.build_adam(
+              learning_rate=settings.distill.learning_rate),
+          config=settings.distill),
+      training=common.training(settings), hparams=f,
+      num_clients=inputs.num_clients, dataset_fn=inputs.dataset_fn,
+      client_model_fns=client_model_fns)
 
 
 METHOD = common.Method(
-    'fedd3a', build_from_config,
+    'fedd3a', build_from_settings,
     'FedD3A domain-aware distillation (Su et al., 2023)',
     needs_server_data=True, hparams=hparams_lib.FedD3AHparams,
     uses_distill=True,

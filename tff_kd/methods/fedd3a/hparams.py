@@ -7,8 +7,16 @@ import dataclasses
 from typing import ClassVar
 
 from tff_kd import hparams as hp
-from tff_kd import models
-from tff_kd.methods.fedd3a import fedd3a_tf
+from tff_kd.models import names as model_names
+
+# The teacher weightings of eq. 6 and Table 1's ablations (`weighting`;
+# `projection_tf.teacher_weights`).
+WEIGHTINGS = ('soft', 'onehot', 'avg', 'random')
+# How the weighted teachers combine (`ensemble`).
+ENSEMBLES = ('probs', 'logits')
+# Whose backbone computes the server samples' features f of eq. 6
+# (`score_backbone`).
+SCORE_BACKBONES = ('broadcast', 'aggregated')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,16 +51,16 @@ class FedD3AHparams(hp.Hparams):
   SECTION: ClassVar[str] = 'fedd3a'
 
   alpha: float = hp.field(1.0, hp.positive_number)
-  weighting: str = hp.field('soft', hp.one_of(*fedd3a_tf.WEIGHTINGS))
-  ensemble: str = hp.field('probs', hp.one_of(*fedd3a_tf.ENSEMBLES))
+  weighting: str = hp.field('soft', hp.one_of(*WEIGHTINGS))
+  ensemble: str = hp.field('probs', hp.one_of(*ENSEMBLES))
   projection_batches: int = hp.field(0, hp.non_negative_int)
   score_backbone: str = hp.field('broadcast',
-                               hp.one_of(*fedd3a_tf.SCORE_BACKBONES))
+                               hp.one_of(*SCORE_BACKBONES))
   client_models: str = hp.field('', hp.model_list)
-  client_weights: str = hp.field('', models.check_weights_list)
+  client_weights: str = hp.field('', model_names.check_weights_list)
   kd_weight: float = hp.field(1.0, hp.non_negative_number)
   kd_temperature: float = hp.field(1.0, hp.positive_number)
 
   def _check_combinations(self) -> None:
-    models.parse_weights_list(self.client_weights, self.client_models,
-                              key=self.key('client_weights'))
+    model_names.parse_weights_list(self.client_weights, self.client_models,
+                                   key=self.key('client_weights'))

@@ -54,7 +54,10 @@ from typing import Callable, Optional, Union
 import numpy as np
 import tensorflow as tf
 
-STRATEGIES = ('soft', 'onehot', 'avg', 'random')
+from tff_kd.methods.fedd3a import hparams as hparams_lib
+
+# The teacher weightings (the config's `fedd3a.weighting` choices).
+STRATEGIES = hparams_lib.WEIGHTINGS
 
 _Seed = Union[int, tuple[int, int], tf.Tensor]
 

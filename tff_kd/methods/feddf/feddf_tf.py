@@ -29,6 +29,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_kd import errors
+from tff_kd.core import distill_hparams
 from tff_kd.core import distillation
 from tff_kd.core import local_training
 from tff_kd.core import teachers as teachers_tf
@@ -174,7 +175,7 @@ class FusionResult(NamedTuple):
 @tf.function
 def fuse(prototypes: Sequence[Prototype],
          optimizer: tff.learning.optimizers.Optimizer, pool: tf.Tensor,
-         config: distillation.DistillConfig, *,
+         config: distill_hparams.DistillConfig, *,
          val_x: tf.Tensor | None = None, val_y: tf.Tensor | None = None,
          drop_worst: bool = False, batch_size: int = 256) -> FusionResult:
   """FedDF's server fusion for one round (Algorithms 1 and 3, lines 6-10).

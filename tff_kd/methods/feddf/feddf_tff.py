@@ -48,20 +48,20 @@ that are masked out.
 import collections
 from typing import Optional, Sequence
 
-import ml_collections
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_kd import errors
-from tff_kd import hparams as hp
-from tff_kd.core import distillation
+from tff_kd.core import distill_hparams
+from tff_kd.core import distillation as distillation_lib
 from tff_kd.core import local_training
 from tff_kd.core import stacking as stacking_tf
 from tff_kd.core import teachers as teachers_tf
 from tff_kd.federated import client_works
 from tff_kd.federated import composer
 from tff_kd.federated import finalizers
+from tff_kd.federated import learning
 from tff_kd.federated import schedules
 from tff_kd.federated import server_data as server_data_lib
 from tff_kd.federated import stacking
@@ -169,7 +169,7 @@ def build_fusion_finalizer(
     server_optimizer: tff.learning.optimizers.Optimizer,
     distill_optimizer: tff.learning.optimizers.Optimizer,
     server_data: server_data_lib.ServerData,
-    config: distillation.DistillConfig,
+    config: distill_hparams.DistillConfig,
     *,
     drop_worst: bool,
 ) -> tff.templates.MeasuredProcess:
@@ -272,12 +272,8 @@ def build_feddf_process(
     *,
     server_data: server_data_lib.ServerData,
     clients_per_round: int,
-    client_optimizer: tff.learning.optimizers.Optimizer,
-    server_optimizer: tff.learning.optimizers.Optimizer,
-    distill_optimizer: tff.learning.optimizers.Optimizer,
-    distill_config: distillation.DistillConfig,
-    learning_rate: float,
-    learning_rate_decay: float = 1.0,
+    training: learning.Training,
+    distillation: distillation_lib.Distillation,
     hparams: hparams_lib.FedDFHparams = hparams_lib.FedDFHparams(),
     dataset_fn: Optional[tff_types.DatasetFn] = None,
 ) -> tff.learning.templates.LearningProcess:
@@ -290,14 +286,12 @@ def build_feddf_process(
     element_spec: Batch structure of the client datasets.
     server_data: The server's proxy pool (and labeled validation set).
     clients_per_round: M, the most clients per round (teacher slots).
-    client_optimizer: Client `tff.learning.optimizers` optimizer.
-    server_optimizer: Applied to each prototype's mean delta before
+    training: The client optimiser and learning-rate schedule, and the
+      server optimiser applied to each prototype's mean delta before
       distillation (`build_sgdm(1.0)`: the plain average, as in FedDF).
-    distill_optimizer: Student optimiser (FedDF: Adam, lr 1e-3).
-    distill_config: Distillation settings (steps, batch, T, clipping, early
-      stopping, cosine decay).
-    learning_rate: Client learning rate at round 0 (> 0).
-    learning_rate_decay: Client lr multiplier per round, in (0, 1].
+    distillation: The student optimiser (FedDF: Adam, lr 1e-3) and the
+      distillation settings (steps, batch, T, clipping, early stopping,
+      cosine decay).
     hparams: `config.feddf`: `drop_worst` drops teachers at or below
       random-guess accuracy on the server validation set (needs
       `server_data.val_size > 0`); `prototypes` is what `model_fns` were
@@ -316,13 +310,12 @@ def build_feddf_process(
   model_fns = tuple(model_fns)
   if not model_fns:
     raise errors.ConfigError('feddf needs at least one model prototype')
-  schedules.check_schedule(learning_rate, learning_rate_decay)
+  schedules.check_schedule(training.learning_rate,
+                           training.learning_rate_decay)
   if not isinstance(clients_per_round, int) or clients_per_round < 1:
     raise errors.ConfigError(
         f'clients_per_round must be >= 1, got {clients_per_round!r}')
-  hparams.validate()
-  distill_config.validate()
-  distill_config.check_labeled(server_data.val_size)
+  distillation.config.check_labeled(server_data.val_size)
   if hparams.drop_worst and not server_data.val_size:
     raise errors.ConfigError(
         'feddf.drop_worst needs a labeled server validation set '
@@ -330,14 +323,15 @@ def build_feddf_process(
   teachers_tf.check_models(model_fns, server_data.image_shape)
 
   client_work = build_prototype_client_work(
-      model_fns, element_spec, client_optimizer,
-      learning_rate=learning_rate, learning_rate_decay=learning_rate_decay,
-      dataset_fn=dataset_fn)
+      model_fns, element_spec, training.client_optimizer,
+      learning_rate=training.learning_rate,
+      learning_rate_decay=training.learning_rate_decay, dataset_fn=dataset_fn)
   aggregator, stack_type = stacking.build_client_stack(
       client_work, clients_per_round)
   finalizer = build_fusion_finalizer(
-      model_fns, stack_type, server_optimizer, distill_optimizer,
-      server_data, distill_config, drop_worst=hparams.drop_worst)
+      model_fns, stack_type, training.server_optimizer,
+      distillation.optimizer, server_data, distillation.config,
+      drop_worst=hparams.drop_worst)
   weights_type = prototypes_weights_type(model_fns)
   process = composer.compose_learning_process(
       build_initial_weights_fn(model_fns),
@@ -372,26 +366,27 @@ def with_prototype_weights(
       state.finalizer)
 
 
-def build_from_config(
-    inputs: common.ProcessInputs, config: ml_collections.ConfigDict
+def build_from_settings(
+    inputs: common.ProcessInputs, settings: common.Settings
 ) -> tff.learning.templates.LearningProcess:
-  """The registry's builder: feddf from an experiment config."""
+  """The registry's builder: feddf from the run's validated settings."""
   if inputs.server_data is None:
     raise errors.ConfigError(
         'feddf needs a proxy pool: set server_data.proxy (and proxy_size)')
   return build_feddf_process(
       inputs.prototype_fns or (inputs.model_fn,), inputs.element_spec,
       server_data=inputs.server_data,
-      clients_per_round=config.clients_per_round,
-      distill_optimizer=tff.learning.optimizers.build_adam(
-          learning_rate=config.distill.learning_rate),
-      distill_config=common.distill_config(config),
-      hparams=hp.section_hparams(config, hparams_lib.FedDFHparams),
-      **common.common_kwargs(inputs, config))
+      clients_per_round=settings.run.clients_per_round,
+      distillation=distillation_lib.Distillation(
+          optimizer=tff.learning.optimizers.build_adam(
+              learning_rate=settings.distill.learning_rate),
+          config=settings.distill),
+      training=common.training(settings), hparams=settings.hparams,
+      dataset_fn=inputs.dataset_fn)
 
 
 METHOD = common.Method(
-    'feddf', build_from_config,
+    'feddf', build_from_settings,
     'FedDF ensemble distillation (Lin et al., 2020)', needs_server_data=True,
     hparams=hparams_lib.FedDFHparams, uses_distill=True,
     global_model_per_architecture=True,

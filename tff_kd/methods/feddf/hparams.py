@@ -4,13 +4,11 @@ Defaults, documentation and checks in one place (`tff_kd.hparams`).
 """
 
 import dataclasses
-from typing import ClassVar, Mapping
-
-import ml_collections
+from typing import Any, ClassVar, Mapping
 
 from tff_kd import errors
 from tff_kd import hparams as hp
-from tff_kd import models
+from tff_kd.models import names as model_names
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,14 +39,14 @@ class FedDFHparams(hp.Hparams):
 
   drop_worst: bool = hp.field(False, hp.boolean)
   client_models: str = hp.field('', hp.model_list)
-  client_weights: str = hp.field('', models.check_weights_list)
+  client_weights: str = hp.field('', model_names.check_weights_list)
 
   def _check_combinations(self) -> None:
-    models.parse_weights_list(self.client_weights, self.client_models,
-                              key=self.key('client_weights'))
+    model_names.parse_weights_list(self.client_weights, self.client_models,
+                                   key=self.key('client_weights'))
 
-  def check_config(self, config: ml_collections.ConfigDict) -> None:
-    if self.drop_worst and config.server_data.val_size < 1:
+  def check_settings(self, settings: Any) -> None:
+    if self.drop_worst and settings.server_data.val_size < 1:
       raise errors.ConfigError(
           'feddf.drop_worst needs server_data.val_size >= 1 (a labeled '
           'validation set held out of the training set)')

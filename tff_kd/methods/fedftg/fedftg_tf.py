@@ -55,10 +55,13 @@ import tensorflow_federated as tff
 
 from tff_kd import errors
 from tff_kd.core import data_free
+from tff_kd.core import distill_hparams
 from tff_kd.core import distillation
+from tff_kd.methods.fedftg import hparams as hparams_lib
 from tff_kd.models import generators
 
-MASKS = ('agree', 'none')
+# The config's choices (`hparams` imports no TensorFlow).
+MASKS = hparams_lib.MASKS
 _TINY = float(np.finfo(np.float32).tiny)
 
 
@@ -253,7 +256,7 @@ class FineTuneSettings(NamedTuple):
       step per client).
   """
 
-  distill_config: distillation.DistillConfig
+  distill_config: distill_hparams.DistillConfig
   iterations: int
   noise_dim: int
   noise: str = 'gaussian'
@@ -331,7 +334,6 @@ def fine_tune(models: FineTuneModels,
       isinstance(generator_steps, bool) or generator_steps < 0):
     raise errors.ConfigError('fedftg generator_steps must be an integer >= 0 '
                              f'(0: one per teacher), got {generator_steps!r}')
-  distill_config.validate()
   if distill_config.val_fraction:
     raise errors.ConfigError(
         'fedftg distills each generated batch for a fixed number of steps; '

@@ -32,13 +32,12 @@ by `lr_decay` per round (reference 0.998).
 import collections
 from typing import Callable, NamedTuple, Optional
 
-import ml_collections
 import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_kd import errors
-from tff_kd import hparams as hp
-from tff_kd.core import distillation
+from tff_kd.core import distill_hparams
+from tff_kd.core import distillation as distillation_lib
 from tff_kd.core import local_training
 from tff_kd.core import stacking as stacking_tf
 from tff_kd.federated import composer
@@ -78,7 +77,7 @@ class FineTuning(NamedTuple):
   generator_fn: Callable[[], tf.keras.Model]
   generator_optimizer: tff.learning.optimizers.Optimizer
   student_optimizer: tff.learning.optimizers.Optimizer
-  distill_config: distillation.DistillConfig
+  distill_config: distill_hparams.DistillConfig
   iterations: int
   noise_dim: int
   noise: str
@@ -275,13 +274,10 @@ def build_fedftg_process(
     *,
     num_classes: int,
     clients_per_round: int,
-    client_optimizer: tff.learning.optimizers.Optimizer,
-    server_optimizer: tff.learning.optimizers.Optimizer,
+    training: learning.Training,
     generator_optimizer: tff.learning.optimizers.Optimizer,
-    student_optimizer: tff.learning.optimizers.Optimizer,
-    learning_rate: float,
+    distillation: distillation_lib.Distillation,
     dataset_fn: Optional[tff_types.DatasetFn],
-    learning_rate_decay: float = 1.0,
     hparams: hparams_lib.FedFTGHparams = hparams_lib.FedFTGHparams(),
     seed: int = 0,
 ) -> tff.learning.templates.LearningProcess:
@@ -292,19 +288,21 @@ def build_fedftg_process(
     element_spec: Batch structure of the client datasets.
     num_classes: C.
     clients_per_round: M, the most clients per round (teacher slots).
-    client_optimizer: Client optimizer.
-    server_optimizer: Applies the mean delta (SGD lr 1: FedAvg).
+    training: The client optimiser and learning-rate schedule, and the
+      server optimiser that applies the mean delta (SGD lr 1: FedAvg).
     generator_optimizer: Reference: Adam, lr 0.01 (the registry builds it
       from `hparams.generator_learning_rate`).
-    student_optimizer: Reference: SGD, lr 0.1 (from
-      `hparams.student_learning_rate`).
-    learning_rate: Client learning rate at round 0 (> 0).
+    distillation: The student's fine-tuning. Its optimiser: reference SGD,
+      lr 0.1 (from `hparams.student_learning_rate`). Of its config, the
+      `batch_size`, `temperature`, `student_training`, `kl_reduction`
+      (`distillation_lib.kd_loss`'s) and `lr_decay` are the student's
+      (`hparams_lib.DISTILL_KEYS`; the reference's values:
+      `hparams_lib.DISTILL_DEFAULTS`); its other keys are not read.
     dataset_fn: Key -> dataset function (the fast path), or None: clients
       then take plain `tf.data.Dataset`s, as TFF's own algorithms do.
-    learning_rate_decay: Client lr multiplier per round, in (0, 1].
     hparams: `config.fedftg` (`hparams_lib.FedFTGHparams`; defaults: the
       reference's settings where known). The student steps run through
-      `distillation.distill`; `kl_reduction` is `distillation.kd_loss`'s.
+      `distillation_lib.distill`.
     seed: Seed of the generator's initial weights and of its noise.
 
   Returns:
@@ -315,19 +313,18 @@ def build_fedftg_process(
   """
   def fail(message):
     raise errors.ConfigError(f'fedftg {message}')
-
-  hparams.validate()
   h = hparams
   if (not isinstance(clients_per_round, int) or
       isinstance(clients_per_round, bool) or clients_per_round < 1):
     fail(f'clients_per_round must be an integer >= 1, got '
          f'{clients_per_round!r}')
-  schedules.check_schedule(learning_rate, learning_rate_decay)
-  config = distillation.DistillConfig.plain(
-      steps=h.student_steps, batch_size=h.batch_size,
-      temperature=h.temperature, eval_every=h.student_steps, seed=seed,
-      student_training=h.student_training, kl_reduction=h.kl_reduction)
-  config.validate()
+  schedules.check_schedule(training.learning_rate,
+                           training.learning_rate_decay)
+  d = distillation.config
+  config = distill_hparams.DistillConfig.plain(
+      steps=h.student_steps, batch_size=d.batch_size,
+      temperature=d.temperature, eval_every=h.student_steps, seed=seed,
+      student_training=d.student_training, kl_reduction=d.kl_reduction)
   model = local_training.structure_of(classifier_fn).model
   image_shape = tuple(model.input_shape[1:])
   if model.output_shape[-1] != num_classes:
@@ -343,20 +340,20 @@ def build_fedftg_process(
     return classifier_fn().model
 
   client_work = label_counts.build_client_work(
-      classifier_fn, element_spec, client_optimizer, num_classes=num_classes,
-      learning_rate=learning_rate, learning_rate_decay=learning_rate_decay,
-      dataset_fn=dataset_fn)
+      classifier_fn, element_spec, training.client_optimizer,
+      num_classes=num_classes, learning_rate=training.learning_rate,
+      learning_rate_decay=training.learning_rate_decay, dataset_fn=dataset_fn)
   aggregator, stack_type = stacking.build_client_stack(
       client_work, clients_per_round)
   finalizer = build_fine_tune_finalizer(
-      model_fn, stack_type, server_optimizer,
+      model_fn, stack_type, training.server_optimizer,
       FineTuning(
           generator_fn=generator_fn, generator_optimizer=generator_optimizer,
-          student_optimizer=student_optimizer, distill_config=config,
+          student_optimizer=distillation.optimizer, distill_config=config,
           iterations=h.iterations, noise_dim=h.noise_dim, noise=h.noise,
           transfer_weight=h.transfer_weight,
           diversity_weight=h.diversity_weight, mask=h.mask,
-          ensemble=h.ensemble, lr_decay=h.lr_decay, seed=seed,
+          ensemble=h.ensemble, lr_decay=d.lr_decay, seed=seed,
           generator_steps=h.generator_steps))
   initial = learning.build_initial_weights_fn(model_fn)
   return composer.compose_learning_process(
@@ -371,27 +368,32 @@ def generator_weights(state) -> tff.learning.models.ModelWeights:
   return state.finalizer['generator']
 
 
-def build_from_config(
-    inputs: common.ProcessInputs, config: ml_collections.ConfigDict
+def build_from_settings(
+    inputs: common.ProcessInputs, settings: common.Settings
 ) -> tff.learning.templates.LearningProcess:
-  """The registry's builder: fedftg from an experiment config."""
+  """The registry's builder: fedftg from the run's validated settings."""
   if inputs.classifier_fn is None:
     raise errors.ConfigError('fedftg needs a classifier_fn')
-  f = hp.section_hparams(config, hparams_lib.FedFTGHparams)
+  f = settings.hparams
   return build_fedftg_process(
       inputs.classifier_fn, inputs.element_spec,
       num_classes=inputs.num_classes,
-      clients_per_round=config.clients_per_round,
+      clients_per_round=settings.run.clients_per_round,
       generator_optimizer=tff.learning.optimizers.build_adam(
           learning_rate=f.generator_learning_rate),
-      student_optimizer=tff.learning.optimizers.build_sgdm(
-          learning_rate=f.student_learning_rate),
-      hparams=f, seed=config.seed, **common.common_kwargs(inputs, config))
+      distillation=distillation_lib.Distillation(
+          optimizer=tff.learning.optimizers.build_sgdm(
+              learning_rate=f.student_learning_rate),
+          config=settings.distill),
+      hparams=f, seed=settings.run.seed, training=common.training(settings),
+      dataset_fn=inputs.dataset_fn)
 
 
 METHOD = common.Method(
-    'fedftg', build_from_config,
+    'fedftg', build_from_settings,
     'FedFTG data-free server fine-tuning (Zhang et al., 2022)',
-    hparams=hparams_lib.FedFTGHparams,
-    smoke={'fedftg.iterations': 2, 'fedftg.batch_size': 16,
+    hparams=hparams_lib.FedFTGHparams, uses_distill=True,
+    distill_keys=hparams_lib.DISTILL_KEYS,
+    distill_defaults=hparams_lib.DISTILL_DEFAULTS,
+    smoke={'fedftg.iterations': 2, 'distill.batch_size': 16,
            'fedftg.noise_dim': 8})

@@ -1,35 +1,47 @@
 """FedFTG's hyper-parameters: the `config.fedftg` section.
 
-Defaults, documentation and checks in one place (`tff_kd.hparams`).
+Defaults, documentation and checks in one place (`tff_kd.hparams`). Its
+student distils with the shared `distill` section's batch size,
+temperature, BatchNorm mode, KL reduction and learning-rate decay
+(`DISTILL_KEYS`), whose defaults for FedFTG are its reference's
+(`DISTILL_DEFAULTS`); its old `fedftg.<key>` names are read until the next
+release.
 """
 
 import dataclasses
-from typing import ClassVar
+import types
+from typing import Any, ClassVar, Mapping
 
 from tff_kd import hparams as hp
-from tff_kd.core import distillation
-from tff_kd.methods.fedftg import fedftg_tf
-from tff_kd.models import generators
+from tff_kd.models import names as model_names
+
+# Which generated samples the transfer term pushes (`mask`;
+# `fedftg_tf.hard_sample_generator_loss`): 'agree' (those the student still
+# agrees on) | 'none' (all).
+MASKS = ('agree', 'none')
 
 
 @dataclasses.dataclass(frozen=True)
 class FedFTGHparams(hp.Hparams):
   """FedFTG (Zhang et al., CVPR 2022), `config.fedftg`.
 
-  Defaults: the reference's values where known.
+  Defaults: the reference's values where known. From `config.distill`
+  (`DISTILL_KEYS`, FedFTG's defaults in `DISTILL_DEFAULTS`): `batch_size`
+  (generated samples per generator step and student batch), `temperature`
+  (the distillation's, also the transfer term's), `student_training`
+  (False: the student's BatchNorm statistics are frozen; True: they move
+  towards the generated data's), `kl_reduction` (the student KD loss over
+  batch x classes: 'mean', the reference's, makes SGD's step C times
+  smaller than 'batchmean') and `lr_decay` (the per-round factor of both
+  learning rates).
 
   Attributes:
     iterations: Generator step(s) + student steps, per round.
     student_steps: Student steps per iteration (through
       `distillation.distill`).
-    batch_size: Generated samples per generator step and student batch.
     generator_learning_rate: The generator's Adam learning rate.
     student_learning_rate: The student's SGD learning rate (0 leaves the
       student unchanged: the switched-off twin of the mechanism test).
-    lr_decay: Per-round factor of both learning rates, in (0, 1].
-    temperature: Distillation temperature (also the transfer term's).
-    student_training: False: the student's BatchNorm statistics are
-      frozen; True: they move towards the generated data's.
     noise: 'gaussian' | 'uniform'.
     noise_dim: The generator's noise size.
     transfer_weight: beta_tran (the hard-sample term).
@@ -38,25 +50,35 @@ class FedFTGHparams(hp.Hparams):
     ensemble: Class-level ensemble of 'logits' | 'probs'.
     generator_steps: Generator steps per iteration (0: one per teacher,
       the reference's).
-    kl_reduction: The student KD loss over batch x classes: 'mean' (the
-      reference's: SGD's step is C times smaller) | 'batchmean'.
   """
 
   SECTION: ClassVar[str] = 'fedftg'
+  ALIASES: ClassVar[Mapping[str, hp.Alias]] = {
+      'batch_size': hp.Alias('distill.batch_size', field_type=int),
+      'lr_decay': hp.Alias('distill.lr_decay', field_type=float),
+      'temperature': hp.Alias('distill.temperature', field_type=float),
+      'student_training': hp.Alias('distill.student_training',
+                                   field_type=bool),
+      'kl_reduction': hp.Alias('distill.kl_reduction', field_type=str),
+  }
 
   iterations: int = hp.field(10, hp.positive_int)
   student_steps: int = hp.field(5, hp.positive_int)
-  batch_size: int = hp.field(64, hp.positive_int)
   generator_learning_rate: float = hp.field(0.01, hp.positive_number)
   student_learning_rate: float = hp.field(0.1, hp.non_negative_number)
-  lr_decay: float = hp.field(0.998, hp.unit_interval)
-  temperature: float = hp.field(1.0, hp.positive_number)
-  student_training: bool = hp.field(False, hp.boolean)
-  noise: str = hp.field('gaussian', hp.one_of(*generators.NOISE_KINDS))
+  noise: str = hp.field('gaussian', hp.one_of(*model_names.NOISE_KINDS))
   noise_dim: int = hp.field(100, hp.positive_int)
   transfer_weight: float = hp.field(1.0, hp.non_negative_number)
   diversity_weight: float = hp.field(1.0, hp.non_negative_number)
-  mask: str = hp.field('agree', hp.one_of(*fedftg_tf.MASKS))
+  mask: str = hp.field('agree', hp.one_of(*MASKS))
   ensemble: str = hp.field('logits', hp.one_of('logits', 'probs'))
   generator_steps: int = hp.field(0, hp.non_negative_int)
-  kl_reduction: str = hp.field('mean', hp.one_of(*distillation.KL_REDUCTIONS))
+
+
+# FedFTG's recipe of the shared `distill` keys it reads: the reference's
+# batch of 64 generated samples, T = 1, frozen BatchNorm statistics, the
+# KL's mean over batch x classes and a 0.998 decay of both learning rates.
+DISTILL_DEFAULTS: Mapping[str, Any] = types.MappingProxyType({
+    'batch_size': 64, 'temperature': 1.0, 'student_training': False,
+    'kl_reduction': 'mean', 'lr_decay': 0.998})
+DISTILL_KEYS = tuple(DISTILL_DEFAULTS)

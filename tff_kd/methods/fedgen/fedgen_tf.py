@@ -55,7 +55,7 @@ Nothing here depends on a TFF placement; `generator_step` builds no
 variables and can run in a `tf.function` inside a TFF computation.
 """
 
-from typing import TYPE_CHECKING, Callable, NamedTuple
+from typing import Callable, NamedTuple
 
 import tensorflow as tf
 import tensorflow_federated as tff
@@ -63,14 +63,13 @@ import tensorflow_federated as tff
 from tff_kd.core import data_free
 from tff_kd.core import distillation
 from tff_kd.core import loops
+from tff_kd.methods.fedgen import hparams as hparams_lib
 from tff_kd.models import classifiers
 from tff_kd.models import generators
 
-if TYPE_CHECKING:  # hparams imports this module for its choices.
-  from tff_kd.methods.fedgen import hparams as hparams_lib
-
 HeadsFn = Callable[[tf.Tensor], tf.Tensor]
-TEACHER_ENSEMBLES = ('per_head', 'logits')
+# The config's choices (`hparams` imports no TensorFlow).
+TEACHER_ENSEMBLES = hparams_lib.TEACHER_ENSEMBLES
 
 
 @tf.autograph.experimental.do_not_convert
@@ -180,7 +179,7 @@ def generator_step(generator: tf.keras.Model,
       (reference 128), `noise_dim`, `noise` ('gaussian', the paper, or
       'uniform', the reference code), the loss weights `teacher_weight`
       and `diversity_weight` (the reference's ensemble_alpha and
-      ensemble_eta, 1 each) and `teacher_ensemble` (`teacher_loss`'s form).
+      ensemble_eta, 1 each) and `ensemble` (`teacher_loss`'s form).
     label_probs: [C] weights of the labels to draw; default uniform over
       `data_free.qualified_labels(label_counts)` (the reference).
     diversity_metric: `diversity_loss` metric.
@@ -201,7 +200,7 @@ def generator_step(generator: tf.keras.Model,
     features = generator([eps, labels], training=True)
     logits = tf.cast(heads_fn(features), tf.float32)
     t_loss = teacher_loss(logits, labels, label_counts,
-                          ensemble=hparams.teacher_ensemble)
+                          ensemble=hparams.ensemble)
     diversity = data_free.diversity_loss(eps, features, metric=diversity_metric)
     loss = (hparams.teacher_weight * t_loss +
             hparams.diversity_weight * diversity)

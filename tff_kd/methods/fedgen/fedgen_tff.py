@@ -39,19 +39,17 @@ clients (`tff_kd.federated.label_counts`).
 """
 
 import collections
-import functools
 from typing import Callable, NamedTuple, Optional
 
-import ml_collections
 import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_kd import errors
-from tff_kd import hparams as hp
 from tff_kd.core import local_training
 from tff_kd.core import stacking as stacking_tf
 from tff_kd.federated import composer
 from tff_kd.federated import finalizers
+from tff_kd.federated import learning
 from tff_kd.federated import label_counts
 from tff_kd.federated import schedules
 from tff_kd.federated import stacking
@@ -122,7 +120,7 @@ def build_client_work(
 
   `label_counts.build_client_work` with FedGen's objective: clients receive
   (classifier weights, generator weights) and train the regularised loss
-  of `_train_regularized`. Without `dataset_fn`, clients take
+  of `_regularized_training`. Without `dataset_fn`, clients take
   `OrderedDict(client_id, data)`: each draws its own generator noise,
   seeded by its id and the round (`tff_types.client_data_type`).
 
@@ -147,45 +145,52 @@ def build_client_work(
       learning_rate=learning_rate, learning_rate_decay=learning_rate_decay,
       dataset_fn=dataset_fn, seed=seed,
       objective=label_counts.LocalObjective(
-          regularizer.generator_fn,
-          functools.partial(_train_regularized, reg=regularizer)))
+          regularizer.generator_fn, _regularized_training(regularizer)))
 
 
-@tf.function(autograph=False)
-def _train_regularized(classifier, generator, optimizer, classifier_weights,
-                       generator_weights, dataset, lr, counts, round_num,
-                       key_hash, reg: LocalRegularizer):
-  """FedGen's local round: G's weights set, then regularised local SGD."""
-  tf.nest.map_structure(lambda v, t: v.assign(t),
-                        local_training.model_weights(generator),
-                        generator_weights)
-  h = reg.hparams
-  active = tf.cast(round_num >= h.start_round, tf.float32)
-  alpha = active * fedgen_tf.decayed_coefficient(
-      h.local_alpha, round_num, decay=h.coefficient_decay,
-      floor=reg.floor) * (h.local_gen_batch_size / reg.batch_size)
-  beta = 0.0 if h.local_beta == 0 else active * fedgen_tf.decayed_coefficient(
-      h.local_beta, round_num, decay=h.coefficient_decay, floor=reg.floor)
-  if h.reference_steps:
-    # Unknown (-2) or infinite (-1) cardinality: no scaling.
-    steps = tf.cast(dataset.cardinality(), tf.float32)
-    scale = tf.where(steps > h.reference_steps,
-                     h.reference_steps / tf.maximum(steps, 1.0), 1.0)
-    alpha *= scale
-    if h.local_beta != 0:  # A Python 0 keeps the latent term out of the graph.
-      beta *= scale
-  available = tf.cast(counts > 0, tf.float32)
+def _regularized_training(
+    reg: LocalRegularizer) -> Callable[..., local_training.LocalResult]:
+  """FedGen's local round with `reg`: `label_counts.LocalObjective.train`."""
 
-  def regularizer(batch, logits, step):
-    terms = fedgen_tf.regularized_local_loss(
-        classifier, generator, batch, logits=logits, label_probs=available,
-        seed=tf.stack([key_hash, tf.cast(step, tf.int64)]),
-        coefficients=fedgen_tf.Coefficients(alpha, beta), hparams=h)
-    return terms.teacher + terms.latent
+  @tf.function(autograph=False)
+  def train(classifier, generator, optimizer, classifier_weights,
+            generator_weights, dataset, lr, counts, round_num, key_hash):
+    """G's weights set, then regularised local SGD."""
+    tf.nest.map_structure(lambda v, t: v.assign(t),
+                          local_training.model_weights(generator),
+                          generator_weights)
+    h = reg.hparams
+    active = tf.cast(round_num >= h.start_round, tf.float32)
+    alpha = active * fedgen_tf.decayed_coefficient(
+        h.local_alpha, round_num, decay=h.coefficient_decay,
+        floor=reg.floor) * (h.local_gen_batch_size / reg.batch_size)
+    beta = 0.0 if h.local_beta == 0 else (
+        active * fedgen_tf.decayed_coefficient(
+            h.local_beta, round_num, decay=h.coefficient_decay,
+            floor=reg.floor))
+    if h.reference_steps:
+      # Unknown (-2) or infinite (-1) cardinality: no scaling.
+      steps = tf.cast(dataset.cardinality(), tf.float32)
+      scale = tf.where(steps > h.reference_steps,
+                       h.reference_steps / tf.maximum(steps, 1.0), 1.0)
+      alpha *= scale
+      # A Python 0 keeps the latent term out of the graph.
+      if h.local_beta != 0:
+        beta *= scale
+    available = tf.cast(counts > 0, tf.float32)
 
-  return local_training.train_locally(
-      classifier.model, optimizer, classifier_weights, dataset, lr,
-      regularizer=regularizer)
+    def regularizer(batch, logits, step):
+      terms = fedgen_tf.regularized_local_loss(
+          classifier, generator, batch, logits=logits, label_probs=available,
+          seed=tf.stack([key_hash, tf.cast(step, tf.int64)]),
+          coefficients=fedgen_tf.Coefficients(alpha, beta), hparams=h)
+      return terms.teacher + terms.latent
+
+    return local_training.train_locally(
+        classifier.model, optimizer, classifier_weights, dataset, lr,
+        regularizer=regularizer)
+
+  return train
 
 
 def head_variables(classifier: classifiers.Classifier) -> tuple[int, int]:
@@ -215,7 +220,7 @@ class GeneratorTraining(NamedTuple):
       `generator_batch_size` generated features per step (reference 32),
       `noise_dim`, `noise`, `teacher_weight` and `diversity_weight` (the
       reference's ensemble_alpha and ensemble_eta, 1 each) and
-      `teacher_ensemble` ('per_head', the reference, or 'logits', the
+      `ensemble` ('per_head', the reference, or 'logits', the
       paper).
     seed: Seed of the generated labels and noise (with the round number).
   """
@@ -335,13 +340,10 @@ def build_fedgen_process(
     *,
     num_classes: int,
     clients_per_round: int,
-    client_optimizer: tff.learning.optimizers.Optimizer,
-    server_optimizer: tff.learning.optimizers.Optimizer,
+    training: learning.Training,
     generator_optimizer: tff.learning.optimizers.Optimizer,
-    learning_rate: float,
     dataset_fn: Optional[tff_types.DatasetFn],
     local_batch_size: int,
-    learning_rate_decay: float = 1.0,
     hparams: hparams_lib.FedGenHparams = hparams_lib.FedGenHparams(),
     seed: int = 0,
 ) -> tff.learning.templates.LearningProcess:
@@ -353,16 +355,15 @@ def build_fedgen_process(
     element_spec: Batch structure of the client datasets.
     num_classes: C.
     clients_per_round: M, the most clients per round (stack slots).
-    client_optimizer: Client optimizer (reference: SGD).
-    server_optimizer: Applies the mean classifier delta (SGD lr 1: FedAvg).
+    training: The client optimiser (reference: SGD) and learning-rate
+      schedule, and the server optimiser that applies the mean classifier
+      delta (SGD lr 1: FedAvg).
     generator_optimizer: Reference: Adam, lr 3e-4 (MNIST; the registry
       builds it from `hparams.generator_learning_rate`).
-    learning_rate: Client learning rate at round 0 (> 0).
     dataset_fn: Key -> dataset function (the fast path), or None: clients
       then take `OrderedDict(client_id=int32, data=<dataset>)`, the id
       seeding their own generator noise (`tff_types.client_input`).
     local_batch_size: B, the clients' batch size (scales alpha by B'/B).
-    learning_rate_decay: Client lr multiplier per round, in (0, 1].
     hparams: `config.fedgen` (`hparams_lib.FedGenHparams`; defaults: the
       reference's MNIST settings). `reference_steps` scales the
       regulariser's coefficients (`LocalRegularizer`).
@@ -374,8 +375,8 @@ def build_fedgen_process(
   Raises:
     ConfigError: A bad setting, or a classifier whose head is not linear.
   """
-  hparams.validate()
-  _check(learning_rate=learning_rate, learning_rate_decay=learning_rate_decay,
+  _check(learning_rate=training.learning_rate,
+         learning_rate_decay=training.learning_rate_decay,
          clients_per_round=clients_per_round,
          local_batch_size=local_batch_size)
   h = hparams
@@ -398,13 +399,14 @@ def build_fedgen_process(
 
   regularizer = LocalRegularizer(generator_fn, h, local_batch_size)
   client_work = build_client_work(
-      classifier_fn, element_spec, client_optimizer, num_classes=num_classes,
-      learning_rate=learning_rate, learning_rate_decay=learning_rate_decay,
+      classifier_fn, element_spec, training.client_optimizer,
+      num_classes=num_classes, learning_rate=training.learning_rate,
+      learning_rate_decay=training.learning_rate_decay,
       dataset_fn=dataset_fn, regularizer=regularizer, seed=seed)
   aggregator, stack_type = stacking.build_client_stack(
       client_work, clients_per_round)
   finalizer = build_generator_finalizer(
-      classifier_fn, stack_type, server_optimizer,
+      classifier_fn, stack_type, training.server_optimizer,
       GeneratorTraining(generator_fn, generator_optimizer, h, seed))
   initial = initial_weights_fn(classifier_fn, generator_fn)
   process = composer.compose_learning_process(
@@ -432,26 +434,27 @@ def _check(**v) -> None:
       fail(f'{name} must be an integer >= 1, got {v[name]!r}')
 
 
-def build_from_config(
-    inputs: common.ProcessInputs, config: ml_collections.ConfigDict
+def build_from_settings(
+    inputs: common.ProcessInputs, settings: common.Settings
 ) -> tff.learning.templates.LearningProcess:
-  """The registry's builder: fedgen from an experiment config."""
+  """The registry's builder: fedgen from the run's validated settings."""
   if inputs.classifier_fn is None:
     raise errors.ConfigError(
         'fedgen needs a classifier_fn (its generator feeds the head)')
-  f = hp.section_hparams(config, hparams_lib.FedGenHparams)
+  f = settings.hparams
   return build_fedgen_process(
       inputs.classifier_fn, inputs.element_spec,
       num_classes=inputs.num_classes,
-      clients_per_round=config.clients_per_round,
+      clients_per_round=settings.run.clients_per_round,
       generator_optimizer=tff.learning.optimizers.build_adam(
           learning_rate=f.generator_learning_rate),
-      local_batch_size=config.local.batch_size, hparams=f, seed=config.seed,
-      **common.common_kwargs(inputs, config))
+      local_batch_size=settings.local.batch_size, hparams=f,
+      seed=settings.run.seed, training=common.training(settings),
+      dataset_fn=inputs.dataset_fn)
 
 
 METHOD = common.Method(
-    'fedgen', build_from_config,
+    'fedgen', build_from_settings,
     'FedGen data-free feature-generator KD (Zhu et al., 2021)',
     hparams=hparams_lib.FedGenHparams,
     smoke={'fedgen.generator_steps': 3, 'fedgen.hidden': 16})

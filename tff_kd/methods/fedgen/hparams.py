@@ -4,11 +4,14 @@ Defaults, documentation and checks in one place (`tff_kd.hparams`).
 """
 
 import dataclasses
-from typing import ClassVar
+from typing import ClassVar, Mapping
 
 from tff_kd import hparams as hp
-from tff_kd.methods.fedgen import fedgen_tf
-from tff_kd.models import generators
+from tff_kd.models import names as model_names
+
+# The teachers' ensembles in the generator's loss (`ensemble`;
+# `fedgen_tf.teacher_loss`).
+TEACHER_ENSEMBLES = ('per_head', 'logits')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,9 +27,12 @@ class FedGenHparams(hp.Hparams):
     noise: 'gaussian' (the paper) | 'uniform' (the reference code).
     noise_dim: d_n, the generator's noise size.
     hidden: d_h, the generator's hidden width.
-    output_activation: The generator's last hp.activation: '' = linear (the
-      reference) | a Keras hp.activation name, e.g. 'relu'.
-    teacher_ensemble: 'per_head' (the reference) | 'logits' (the paper).
+    output_activation: The generator's last activation: '' = linear (the
+      reference) | a Keras activation name, e.g. 'relu'.
+    ensemble: The teachers' ensemble in the generator's loss: 'per_head'
+      (the reference: each head's loss, weighted) | 'logits' (the paper:
+      the weighted logits inside one loss). Old name: `teacher_ensemble`,
+      read until the next release.
     teacher_weight: Weight of the generator's teacher loss.
     diversity_weight: Weight of its diversity loss.
     local_alpha: c0 of the clients' generated-feature CE, x
@@ -42,16 +48,17 @@ class FedGenHparams(hp.Hparams):
   """
 
   SECTION: ClassVar[str] = 'fedgen'
+  ALIASES: ClassVar[Mapping[str, hp.Alias]] = {
+      'teacher_ensemble': hp.Alias('ensemble')}
 
   generator_steps: int = hp.field(50, hp.positive_int)
   generator_batch_size: int = hp.field(32, hp.positive_int)
   generator_learning_rate: float = hp.field(3e-4, hp.positive_number)
-  noise: str = hp.field('gaussian', hp.one_of(*generators.NOISE_KINDS))
+  noise: str = hp.field('gaussian', hp.one_of(*model_names.NOISE_KINDS))
   noise_dim: int = hp.field(32, hp.positive_int)
   hidden: int = hp.field(256, hp.positive_int)
   output_activation: str = hp.field('', hp.activation)
-  teacher_ensemble: str = hp.field('per_head',
-                                 hp.one_of(*fedgen_tf.TEACHER_ENSEMBLES))
+  ensemble: str = hp.field('per_head', hp.one_of(*TEACHER_ENSEMBLES))
   teacher_weight: float = hp.field(1.0, hp.non_negative_number)
   diversity_weight: float = hp.field(1.0, hp.non_negative_number)
   local_alpha: float = hp.field(10.0, hp.non_negative_number)

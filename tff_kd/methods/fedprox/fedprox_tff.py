@@ -9,10 +9,9 @@ FedAvg: it reuses FedAvg's schedule check and the shared Keras process of
 import collections
 from typing import Optional
 
-import ml_collections
 import tensorflow_federated as tff
 
-from tff_kd import hparams as hp
+from tff_kd.federated import execution
 from tff_kd.federated import learning
 from tff_kd.federated import schedules
 from tff_kd.federated import tff_types
@@ -25,13 +24,9 @@ def build_fedprox_process(
     element_spec: collections.OrderedDict,
     *,
     hparams: hparams_lib.FedProxHparams = hparams_lib.FedProxHparams(),
-    client_optimizer: tff.learning.optimizers.Optimizer,
-    server_optimizer: tff.learning.optimizers.Optimizer,
-    learning_rate: float,
-    learning_rate_decay: float = 1.0,
+    training: learning.Training,
     dataset_fn: Optional[tff_types.DatasetFn] = None,
-    clients_per_call: int = 1,
-    fuse_clients: bool = False,
+    client_execution: execution.ClientExecution = execution.ONE_BY_ONE,
 ) -> tff.learning.templates.LearningProcess:
   """Builds FedProx: FedAvg whose clients add mu/2 ||w - w_global||^2.
 
@@ -39,17 +34,13 @@ def build_fedprox_process(
     model_fn: No-arg callable building the Keras classifier (logits).
     element_spec: Batch structure of the client datasets.
     hparams: `config.fedprox` (mu, the proximal strength).
-    client_optimizer: Client `tff.learning.optimizers` optimizer.
-    server_optimizer: Server optimizer.
-    learning_rate: Client learning rate at round 0 (> 0).
-    learning_rate_decay: Client lr multiplier per round, in (0, 1].
+    training: The client and server optimisers and the client
+      learning-rate schedule (`learning.Training`).
     dataset_fn: Optional key -> dataset function; clients then receive keys
       (see `tff_kd.federated.tff_types.client_data_type`).
-    clients_per_call: Clients per TFF client, with `dataset_fn`
-      (`tff_kd.federated.client_works.build_client_work`); `next` then takes
-      [clients_per_call] vectors of keys (`tff_types.group_keys`).
-    fuse_clients: Train each call's clients as one batched computation
-      (`runtime.fuse_clients`, `tff_kd.core.fused`).
+    client_execution: How each TFF client call runs its clients, with
+      `dataset_fn` (`tff_kd.federated.execution`): with G > 1 clients per
+      call, `next` takes [G] vectors of keys (`tff_types.group_keys`).
 
   Returns:
     A `tff.learning.templates.LearningProcess`.
@@ -57,27 +48,24 @@ def build_fedprox_process(
   Raises:
     ConfigError: a bad hyper-parameter.
   """
-  hparams.validate()
-  schedules.check_schedule(learning_rate, learning_rate_decay)
+  schedules.check_schedule(training.learning_rate,
+                           training.learning_rate_decay)
   return learning.build_keras_learning_process(
-      model_fn, element_spec, client_optimizer=client_optimizer,
-      server_optimizer=server_optimizer, learning_rate=learning_rate,
-      learning_rate_decay=learning_rate_decay,
+      model_fn, element_spec, training=training,
       proximal_strength=hparams.mu, dataset_fn=dataset_fn,
-      clients_per_call=clients_per_call, fuse_clients=fuse_clients)
+      client_execution=client_execution)
 
 
-def build_from_config(
-    inputs: common.ProcessInputs, config: ml_collections.ConfigDict
+def build_from_settings(
+    inputs: common.ProcessInputs, settings: common.Settings
 ) -> tff.learning.templates.LearningProcess:
-  """The registry's builder: fedprox from an experiment config."""
+  """The registry's builder: fedprox from the run's validated settings."""
   return build_fedprox_process(
       inputs.model_fn, inputs.element_spec,
-      hparams=hp.section_hparams(config, hparams_lib.FedProxHparams),
-      **common.grouping_kwargs(inputs, config),
-      **common.common_kwargs(inputs, config))
+      hparams=settings.hparams, training=common.training(settings),
+      dataset_fn=inputs.dataset_fn, client_execution=inputs.client_execution)
 
 
 METHOD = common.Method(
-    'fedprox', build_from_config, 'FedProx (Li et al., 2020)',
+    'fedprox', build_from_settings, 'FedProx (Li et al., 2020)',
     server_step=False, groups_clients=True, hparams=hparams_lib.FedProxHparams, smoke={})

@@ -1,0 +1,115 @@
+"""What every study script records: its command, the machine, its result files.
+
+A study's result names the command that produced it (`command`) and the
+machine it ran on (`machine`, one line that its Markdown report can quote),
+and goes to `<prefix>.json` plus, where it has one, a Markdown report
+`<prefix>.md` (`write_result`).
+"""
+
+import importlib.metadata
+import json
+import os
+import platform
+import sys
+from typing import Any, Callable, Optional, Sequence, Union
+
+from absl import flags
+
+
+def command(module_name: str) -> str:
+  """The command line that runs this process's study script.
+
+  Args:
+    module_name: the script's module under `studies`, e.g. 'speed.threads'.
+
+  Returns:
+    `python -m studies.<module_name>` followed by this process's flags.
+  """
+  return ' '.join([f'python -m studies.{module_name}'] + sys.argv[1:])
+
+
+def _version(module_name: str, distribution: str) -> str:
+  """A package's version, without importing it where it is not loaded yet."""
+  module = sys.modules.get(module_name)
+  if getattr(module, '__version__', None):
+    return module.__version__
+  try:
+    return importlib.metadata.version(distribution)
+  except importlib.metadata.PackageNotFoundError:
+    return 'not installed'
+
+
+def machine() -> str:
+  """The machine and software a study ran on, as one line.
+
+  TensorFlow and TFF are not imported for it: scripts that only start
+  other processes do not pay for their import.
+
+  Returns:
+    E.g. 'x86_64, 2 cores, Python 3.11.7, TF 2.14.1, TFF 0.87.0'.
+  """
+  return (f'{platform.processor() or platform.machine()}, '
+          f'{os.cpu_count()} cores, Python {platform.python_version()}, '
+          f"TF {_version('tensorflow', 'tensorflow')}, "
+          f"TFF {_version('tensorflow_federated', 'tensorflow-federated')}")
+
+
+def write_result(
+    prefix: str, result: Any,
+    markdown: Union[str, Callable[[Any], str], None] = None,
+    indent: int = 2) -> Optional[str]:
+  """Writes `<prefix>.json` and, given a report, `<prefix>.md`.
+
+  The JSON is written first, so a report that fails to render still leaves
+  the numbers on disk. The folder of `prefix` is created if needed.
+
+  Args:
+    prefix: the output path without its extension.
+    result: the JSON-serialisable result.
+    markdown: the Markdown report, a function of `result` that returns it,
+      or None for no report.
+    indent: the JSON's indentation.
+
+  Returns:
+    The Markdown text written, or None without a report.
+  """
+  os.makedirs(os.path.dirname(prefix) or '.', exist_ok=True)
+  with open(prefix + '.json', 'w') as f:
+    json.dump(result, f, indent=indent)
+  if markdown is None:
+    return None
+  text = markdown(result) if callable(markdown) else markdown
+  with open(prefix + '.md', 'w') as f:
+    f.write(text)
+  return text
+
+
+def define_overrides_flag() -> flags.FlagHolder:
+  """The `--overrides` flag: `key=value` config changes, applied last.
+
+  As `train`'s `key=value` arguments; the smoke tests use it to run a study
+  on scikit-learn's bundled digits in a few seconds.
+
+  Returns:
+    The flag's holder.
+  """
+  return flags.DEFINE_list(
+      'overrides', [], 'key=value config overrides, applied last (e.g. '
+      'dataset.name=digits,rounds=2).')
+
+
+def apply_overrides(config: Any, items: Sequence[str]) -> Any:
+  """Applies `key=value` overrides to an experiment config, in order.
+
+  Args:
+    config: an experiment `ConfigDict` (see `configs/base.py`).
+    items: `key=value` strings; each value is parsed as `train` parses it.
+
+  Returns:
+    `config`, changed in place.
+  """
+  from tff_kd.program import experiment  # pylint: disable=g-import-not-at-top
+  for item in items:
+    key, _, value = item.partition('=')
+    experiment.with_overrides(config, {key: experiment.parse_value(value)})
+  return config
