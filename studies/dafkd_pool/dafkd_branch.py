@@ -37,7 +37,6 @@ import tensorflow_federated as tff
 
 from studies import common as bench
 from tff_kd.federated import tff_types
-from tff_kd.methods import common
 from tff_kd.program import experiment
 from tff_kd.runtime import context
 
@@ -68,7 +67,7 @@ def _keys(exp: experiment.Experiment, round_num: int):
       seed=rs.seed, round_num=round_num)
   return tff_types.group_keys(
       exp.client_data.keys(clients, seed=rs.seed, round_num=round_num),
-      common.clients_per_call(exp.inputs, exp.settings))
+      exp.inputs.client_execution.clients_per_call)
 
 
 def _server(output) -> dict:

@@ -57,6 +57,7 @@ import tensorflow as tf
 from tff_kd import data as data_lib
 from tff_kd import models
 from tff_kd.models import pretrained
+from tff_kd.program import experiment
 
 _ALL = flags.DEFINE_list('all_domains', ['mnist', 'usps', 'mnist_m', 'digits'],
                          'The domains; each in turn is the server pool.')
@@ -74,10 +75,10 @@ TABLE1_VARIANTS = ('fedd3a_avg', 'fedd3a_random', 'fedd3a_onehot', 'fedd3a')
 
 def _distill_steps(pool_size: int) -> int:
   """Steps for `--pool_epochs` passes over the pool's training part."""
-  base = digits.make_config('fedd3a', 0)
-  train = pool_size * (1.0 - base.distill.val_fraction)
-  return max(1, math.ceil(_POOL_EPOCHS.value * train /
-                          base.distill.batch_size))
+  # The resolved settings: the config leaves the method's defaults unset.
+  distill = experiment.from_config(digits.make_config('fedd3a', 0)).distill
+  train = pool_size * (1.0 - distill.val_fraction)
+  return max(1, math.ceil(_POOL_EPOCHS.value * train / distill.batch_size))
 
 
 def _server_config(variant: str, seed: int, server: str):
@@ -251,7 +252,7 @@ def main(argv):
       momentum=base.client_optimizer.momentum,
       batch_size=base.local.batch_size, mu=base.fedprox.mu,
       distill_steps=base.distill.steps,
-      distill_batch=base.distill.batch_size,
+      distill_batch=experiment.from_config(base).distill.batch_size,
       pool_epochs=_POOL_EPOCHS.value, alpha=base.fedd3a.alpha)
   result = _previous(setting) or dict(
       commands=[], setting=setting,

@@ -22,6 +22,10 @@ setting (10 clients of 20 steps), and both rounds' sequential totals are
 compared: their ratio is what the runtime cannot remove by grouping
 clients (`runtime.clients_per_call`).
 
+`--round_sizes=K_LARGE,K_SMALL` (default 100,10) changes the two rounds'
+client counts, each client doing the round's examples' share of steps
+(the smoke test runs it with a few clients).
+
 Usage:
   .venv/bin/python -m studies.speed.client_cost --manual_dir=../shared/data/mnist
 """
@@ -51,6 +55,9 @@ _MANUAL_DIR = flags.DEFINE_string('manual_dir', '../shared/data/mnist',
 _REPEATS = flags.DEFINE_integer('repeats', 3, 'Passes over the clients.')
 _OUT = flags.DEFINE_string('out', 'studies/speed/results/client_cost',
                            'Result prefix (.json, .md).')
+_ROUND_SIZES = flags.DEFINE_list(
+    'round_sizes', ['100', '10'], 'Clients of the two rounds compared: '
+    'the large K (every part timed) and the small K (full client only).')
 _OVERRIDES = common.define_overrides_flag()
 
 _NUM_CLIENTS = 1000
@@ -127,23 +134,30 @@ def main(argv):
   del argv
   tf.config.threading.set_intra_op_parallelism_threads(1)
   tf.config.threading.set_inter_op_parallelism_threads(1)
+  large, small = (int(k) for k in _ROUND_SIZES.value)
   rows = []
-  config, exp, keys = _prepare(100)
+  config, exp, keys = _prepare(large)
   for name, fn in _parts(exp, config).items():
-    rows.append(dict(part=name, clients=100, ms_per_client=_time(fn, keys)))
+    rows.append(dict(part=name, clients=large,
+                     ms_per_client=_time(fn, keys)))
     print(rows[-1], flush=True)
-  config10, exp10, keys10 = _prepare(10)
-  full10 = _time(_parts(exp10, config10)['full client'], keys10)
-  rows.append(dict(part='full client', clients=10, ms_per_client=full10))
+  config_small, exp_small, keys_small = _prepare(small)
+  full_small = _time(_parts(exp_small, config_small)['full client'],
+                     keys_small)
+  rows.append(dict(part='full client', clients=small,
+                   ms_per_client=full_small))
   rounds = {k: r['ms_per_client'] * k for r in rows for k in (r['clients'],)
             if r['part'] == 'full client'}
   meta = dict(command=common.command('speed.client_cost'), machine=common.machine(),
               setting=(f'IID MNIST, {_NUM_CLIENTS} clients (~60 images '
                        f'each); {_EXAMPLES_PER_ROUND} examples per round '
-                       f'in batches of {_BATCH}: K = 100 clients of 2 '
-                       'steps or K = 10 of 20 steps; the small CNN, one '
+                       f'in batches of {_BATCH}: K = {large} clients of '
+                       f'{_EXAMPLES_PER_ROUND // (large * _BATCH)} steps '
+                       f'or K = {small} of '
+                       f'{_EXAMPLES_PER_ROUND // (small * _BATCH)} '
+                       'steps; the small CNN, one '
                        'thread'),
-              round_ms=rounds, round_ratio=rounds[100] / rounds[10])
+              round_ms=rounds, round_ratio=rounds[large] / rounds[small])
 
   def markdown(result: dict) -> str:
     m = result['meta']
@@ -153,8 +167,9 @@ def main(argv):
              'ms per client |', '|---|---|---|']
     lines += [f"| {r['part']} | {r['clients']} | {r['ms_per_client']:.2f} |"
               for r in result['rows']]
-    lines += ['', 'A round\'s clients one after another: K = 100 '
-              f"{m['round_ms'][100]:.0f} ms, K = 10 {m['round_ms'][10]:.0f} "
+    lines += ['', 'A round\'s clients one after another: K = '
+              f"{large} {m['round_ms'][large]:.0f} ms, K = {small} "
+              f"{m['round_ms'][small]:.0f} "
               f"ms ({m['round_ratio']:.2f}x)."]
     return '\n'.join(lines) + '\n'
 

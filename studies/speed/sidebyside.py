@@ -125,7 +125,9 @@ _SKIP = flags.DEFINE_list(
 
 _DATASET = 'Mnist-alpha0.1-ratio0.5'
 _DATA_SUBDIR = os.path.join('data', 'Mnist', 'u20c10-alpha0.1-ratio0.5')
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The repository root (studies/speed/ is two levels below it).
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
 
 # ---------------------------------------------------------------------------
 # Scripts run with the reference python (written to a temporary folder).

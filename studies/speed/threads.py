@@ -13,6 +13,10 @@ round) once per setting and repeat, alternating the settings, each in its
 own process, and reports per-round seconds (`process.next`, and train +
 eval), the first round and the final accuracy.
 
+`--settings` runs some of the settings only, as `concurrent:intra` pairs
+(e.g. `--settings=-1:0`; default: all four); without TFF's and
+TensorFlow's defaults (`-1:0`) the report has no ratio to them.
+
 Usage:
   .venv/bin/python -m studies.speed.threads --manual_dir=../shared/data/mnist \
       --rounds=15 --repeats=2 --methods=fedavg,fedgen \
@@ -47,6 +51,20 @@ _SETTINGS = (
     (0, 0, 'one client per core, every core per op'),
     (0, 1, 'one client per core, 1 thread per op (the default)'),
 )
+_SETTINGS_FLAG = flags.DEFINE_list(
+    'settings', [f'{c}:{i}' for c, i, _ in _SETTINGS],
+    'Settings run, as runtime.concurrent_clients:runtime.intra_op_threads '
+    'pairs out of the four of the table (default: all four).')
+
+
+def _chosen_settings() -> tuple:
+  """The settings of `--settings`, in the table's order."""
+  known = {f'{c}:{i}': (c, i, label) for c, i, label in _SETTINGS}
+  unknown = set(_SETTINGS_FLAG.value) - set(known)
+  if unknown:
+    raise app.UsageError(f'--settings: unknown {sorted(unknown)}; known: '
+                         f'{sorted(known)}')
+  return tuple(s for key, s in known.items() if key in _SETTINGS_FLAG.value)
 
 
 def _run(method: str, concurrent: int, intra: int) -> dict:
@@ -70,13 +88,15 @@ def _run(method: str, concurrent: int, intra: int) -> dict:
       accuracy=run['curve'][-1][2])
 
 
-def _markdown(results: dict, methods: list[str], rounds: int) -> str:
+def _markdown(results: dict, methods: list[str], rounds: int,
+              settings: tuple = _SETTINGS) -> str:
   """The results as a Markdown report.
 
   Args:
     results: what `main` records.
     methods: the methods run, in the report's order.
     rounds: the rounds of every run.
+    settings: the settings run, in the table's order.
 
   Returns:
     The report.
@@ -94,7 +114,7 @@ def _markdown(results: dict, methods: list[str], rounds: int) -> str:
            '|---|---|---|---|---|---|---|---|---|']
   for method in methods:
     rows = {}
-    for concurrent, intra, label in _SETTINGS:
+    for concurrent, intra, label in settings:
       runs = [r for r in results['runs'] if r['method'] == method and
               (r['concurrent_clients'], r['intra_op_threads']) ==
               (concurrent, intra)]
@@ -103,27 +123,30 @@ def _markdown(results: dict, methods: list[str], rounds: int) -> str:
           for k in ('next_median', 'train_eval_mean', 'first_round_next')},
                                    sorted({round(r['accuracy'], 4)
                                            for r in runs}))
-    base = rows[_SETTINGS[0][:2]][1]['train_eval_mean']
+    # The defaults' mean, where they ran.
+    base = rows.get(_SETTINGS[0][:2], (None, {}))[1].get('train_eval_mean')
     for (concurrent, intra), (label, m, acc) in rows.items():
+      ratio = '-' if base is None else f"{m['train_eval_mean'] / base:.2f}"
       lines.append(
           f'| {method} | {concurrent} | {intra} | {label} | '
           f"{m['next_median']:.3f} s | {m['train_eval_mean']:.3f} s | "
           f"{m['first_round_next']:.3f} s | "
-          f"{m['train_eval_mean'] / base:.2f} | "
+          f'{ratio} | '
           f"{' / '.join(f'{a:.4f}' for a in acc)} |")
   return '\n'.join(lines) + '\n'
 
 
 def main(argv):
   del argv
+  settings = _chosen_settings()
   results = dict(
       command=common.command('speed.threads'), machine=common.machine(),
       settings=[dict(concurrent_clients=c, intra_op_threads=i, label=l)
-                for c, i, l in _SETTINGS],
+                for c, i, l in settings],
       runs=[])
   for method in _METHODS.value:
     for repeat in range(_REPEATS.value):
-      for concurrent, intra, _ in _SETTINGS:
+      for concurrent, intra, _ in settings:
         row = dict(method=method, repeat=repeat,
                    concurrent_clients=concurrent, intra_op_threads=intra,
                    **_run(method, concurrent, intra))
@@ -131,7 +154,8 @@ def main(argv):
         results['runs'].append(row)
   common.write_result(
       _OUT.value, results,
-      lambda r: _markdown(r, _METHODS.value, _ROUNDS.value), indent=1)
+      lambda r: _markdown(r, _METHODS.value, _ROUNDS.value, settings),
+      indent=1)
 
 
 if __name__ == '__main__':

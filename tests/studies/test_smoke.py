@@ -4,8 +4,9 @@ Each script runs as `python -m studies.<study>.<script>` (its flags, its
 context, its output files), on scikit-learn's bundled 8x8 digits through
 the script's `--overrides` (no download, no tfds build), for 1-2 rounds of
 a few clients, and its output must hold the fields its README's table is
-made from. `sidebyside.py` needs the FedGen PyTorch reference; its test
-re-summarises the committed record instead (`--resummarise`).
+made from. The speed study's other scripts are in test_smoke_speed.py
+(`sidebyside.py` runs our side only: the FedGen PyTorch reference is not
+installed here), the DaFKD and FedD3A studies' in test_smoke_research.py.
 """
 
 import json
