@@ -12,11 +12,12 @@ reference is not installed), then re-summarises that record
 """
 
 import json
-import subprocess
-import time
+import os
 
 import pytest
 
+from tests.conftest import wait_for_no_tagged_workers
+from tests.conftest import WORKER_TAG_ENV
 from tests.studies.test_smoke import DIGITS
 from tests.studies.test_smoke import _run
 
@@ -24,24 +25,16 @@ from tests.studies.test_smoke import _run
 FEDGEN_DIGITS = f'{DIGITS},partition.kind=fedgen,partition.per_class=20'
 
 
-def _workers() -> set[str]:
-  proc = subprocess.run(['pgrep', '-f', 'worker_binary'],
-                        capture_output=True, text=True, check=False)
-  return set(proc.stdout.split())
-
-
 @pytest.fixture(autouse=True)
 def _no_leftover_workers(tmp_path, monkeypatch):
-  """Scripts' temporary folders under tmp_path; no worker_binary left."""
+  """Scripts' temporary folders under tmp_path; no worker_binary of the
+  test's own scripts left (they are tagged: the other pytest worker's
+  tests run workers of their own at the same time)."""
   monkeypatch.setenv('TMPDIR', str(tmp_path))
-  before = _workers()
+  tag = f'smoke-speed-{os.getpid()}-{tmp_path.name}'
+  monkeypatch.setenv(WORKER_TAG_ENV, tag)
   yield
-  left = _workers() - before
-  deadline = time.monotonic() + 10  # A worker may take a moment to exit.
-  while left and time.monotonic() < deadline:
-    time.sleep(0.2)
-    left = _workers() - before
-  assert not left, f'worker_binary processes left running: {left}'
+  wait_for_no_tagged_workers(tag)
 
 
 def _json(path) -> dict:
