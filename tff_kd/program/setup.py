@@ -442,10 +442,11 @@ def prepare(settings: Union[settings_lib.Settings,
     builders = _classifier_builders(settings, dataset)
     parts, test_slices = _partition(settings, dataset)
 
-    data_dir = os.path.join(root_dir, 'client_data', _fingerprint(settings))
+    fingerprint = _fingerprint(settings)
+    data_dir = os.path.join(root_dir, 'client_data', fingerprint)
     server = _server_data(
         settings, dataset, proxy, val_x, val_y,
-        os.path.join(root_dir, 'server_data', _fingerprint(settings)))
+        os.path.join(root_dir, 'server_data', fingerprint))
     if os.path.exists(os.path.join(data_dir, 'manifest.json')):
       clients = client_data_lib.FileClientData(data_dir)
     else:
