@@ -207,8 +207,7 @@ def run_variant(variant: str, seed: int, root: str,
       wall_seconds=time.perf_counter() - t0)
   if method in ('feddf', 'fedd3a'):
     entry['distill_steps'] = [x['distill/steps'] for x in h]
-    for key in ('ensemble_val_accuracy', 'val_accuracy_before',
-                'val_accuracy_after', 'ensemble_accuracy',
+    for key in ('ensemble_labeled_accuracy', 'ensemble_accuracy',
                 'uniform_accuracy', 'labeled_accuracy_before',
                 'labeled_accuracy_after'):
       if f'distill/{key}' in h[-1]:
@@ -239,8 +238,8 @@ def summarize(runs: dict) -> dict:
                       for i in range(min(len(r['accuracy']) for r in rs))])
     for key in ('ensemble_accuracy', 'uniform_accuracy',
                 'labeled_accuracy_before', 'labeled_accuracy_after',
-                'ensemble_val_accuracy', 'val_accuracy_before',
-                'val_accuracy_after'):
+                'ensemble_labeled_accuracy', 'ensemble_val_accuracy',
+                'val_accuracy_before', 'val_accuracy_after'):
       if key in rs[0]:
         row[key] = mean(mean(r[key]) for r in rs)
     if 'client_weight' in rs[0]:
@@ -336,8 +335,11 @@ def _markdown(result: dict) -> str:
                 '| variant | ensemble (its weights) | uniform ensemble | '
                 'student before | student after |', '|---|---|---|---|---|']
       for n, r in diag:
-        ens = r.get('ensemble_accuracy', r.get('ensemble_val_accuracy'))
-        uni = r.get('uniform_accuracy', r.get('ensemble_val_accuracy'))
+        # FedDF's own ensemble is the uniform one (older runs: *_val_*).
+        feddf = r.get('ensemble_labeled_accuracy',
+                      r.get('ensemble_val_accuracy'))
+        ens = r.get('ensemble_accuracy', feddf)
+        uni = r.get('uniform_accuracy', feddf)
         before = r.get('labeled_accuracy_before', r.get('val_accuracy_before'))
         after = r.get('labeled_accuracy_after', r.get('val_accuracy_after'))
         lines.append(f'| {n} | {ens:.4f} | {uni:.4f} | {before:.4f} | '

@@ -178,8 +178,11 @@ def _markdown(result: dict) -> str:
                                 if v != 'ceiling'})
     for v, r in summary.items():
       if 'labeled_accuracy_after' in r or 'val_accuracy_after' in r:
-        ens = r.get('ensemble_accuracy', r.get('ensemble_val_accuracy'))
-        uni = r.get('uniform_accuracy', r.get('ensemble_val_accuracy'))
+        # FedDF's own ensemble is the uniform one (older runs: *_val_*).
+        feddf = r.get('ensemble_labeled_accuracy',
+                      r.get('ensemble_val_accuracy'))
+        ens = r.get('ensemble_accuracy', feddf)
+        uni = r.get('uniform_accuracy', feddf)
         before = r.get('labeled_accuracy_before', r.get('val_accuracy_before'))
         after = r.get('labeled_accuracy_after', r.get('val_accuracy_after'))
         weights = ', '.join(f'{c} {w:.3f}'

@@ -185,10 +185,11 @@ def main(argv):
               [x['distill/teacher_seconds'] for x in h]),
           mean_distill_steps=_mean([x['distill/steps'] for x in h]),
           mean_teachers_kept=_mean([x['distill/teachers_kept'] for x in h]),
-          ensemble_val_accuracy=[x['distill/ensemble_val_accuracy']
+          ensemble_val_accuracy=[x['distill/ensemble_labeled_accuracy']
                                  for x in h],
-          student_val_before=[x['distill/val_accuracy_before'] for x in h],
-          student_val_after=[x['distill/val_accuracy_after'] for x in h])
+          student_val_before=[x['distill/labeled_accuracy_before']
+                              for x in h],
+          student_val_after=[x['distill/labeled_accuracy_after'] for x in h])
     result['methods'][method] = entry
     print(f'{method}: final {entry["final_accuracy"]:.4f}, '
           f'{entry["seconds_per_round"]:.1f} s/round', flush=True)

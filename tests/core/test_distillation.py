@@ -437,6 +437,28 @@ def test_labeled_early_stopping_restores_the_best_student():
                              rtol=1e-6)
 
 
+@pytest.mark.parametrize('given', [True, False])
+def test_auto_validation_is_labeled_where_given_else_the_pool(given):
+  # FedDF's recipe: early stopping on the labeled images when the server
+  # step has them, on the held-out pool otherwise.
+  runs = {}
+  for validation in ('auto', 'labeled' if given else 'pool'):
+    student, x, wrong, labeled, _ = _labeled_problem(1)
+    config = distill_hparams.DistillConfig.plain(
+        steps=60, batch_size=16, validation=validation, eval_every=5,
+        patience=3, val_fraction=0.25)
+    result = distillation.distill(
+        student, tff.learning.optimizers.build_sgdm(1.0), x, wrong, config,
+        labeled=labeled if given else None)
+    runs[validation] = (int(result.steps_run), int(result.best_step),
+                        student.trainable_weights[0].numpy())
+  (auto_steps, auto_best, auto_w), (steps, best, w) = runs.values()
+  assert (auto_steps, auto_best) == (steps, best)
+  np.testing.assert_array_equal(auto_w, w)
+  if given:  # The labeled loss only rises: the initial student is kept.
+    assert auto_best == 0
+
+
 def test_labeled_modes_need_the_labeled_set():
   student, x, wrong, _, _ = _labeled_problem(2)
   for config in (distill_hparams.DistillConfig.plain(validation='labeled'),

@@ -46,8 +46,10 @@ def test_distill_defaults_have_one_home():
   section = settings.default_config().distill.to_dict()
   record = distill_hparams.DistillConfig()
   recipes = {k for m in registry.METHODS.values() for k in m.distill_defaults}
+  # FedFTG's, FedDF's and DaFKD's recipes.
   assert recipes == {'batch_size', 'temperature', 'student_training',
-                     'kl_reduction', 'lr_decay'}  # FedFTG's.
+                     'kl_reduction', 'lr_decay', 'learning_rate',
+                     'validation', 'eval_every'}
   assert {k for k, v in section.items() if v is None} == recipes
   assert {k: getattr(record, k) for k in section if k not in recipes} == {
       k: v for k, v in section.items() if k not in recipes}
@@ -59,7 +61,11 @@ def test_distill_defaults_have_one_home():
     ('fedftg', {}, dict(batch_size=64, temperature=1.0, kl_reduction='mean',
                         lr_decay=0.998)),
     ('feddf', {}, dict(batch_size=128, temperature=1.0,
-                       kl_reduction='batchmean', lr_decay=1.0)),
+                       kl_reduction='batchmean', lr_decay=1.0,
+                       learning_rate=1e-3, validation='auto',
+                       student_training=True)),
+    ('dafkd', {}, dict(learning_rate=0.01, temperature=20.0,
+                       student_training=False, validation='pool')),
     # Set: the value, whichever method runs.
     ('fedftg', {'distill.batch_size': 128}, dict(batch_size=128)),
     ('feddf', {'distill.batch_size': 64}, dict(batch_size=64)),
@@ -76,6 +82,21 @@ def test_a_method_runs_with_its_own_distill_defaults(method, overrides,
   # The run folder records the values in force.
   recorded = tree.to_config().distill
   assert {k: recorded[k] for k in expected} == expected
+
+
+@pytest.mark.parametrize('method', ['feddf', 'fedftg', 'dafkd', 'fedd3a'])
+def test_the_drift_regime_leaves_every_method_its_own_recipe(method):
+  # configs/dafkd_paper_cpu.py describes the regime: no distill key of any
+  # method's recipe is set there (it once gave FedFTG DaFKD's T = 20, and
+  # its student's SGD diverged).
+  from configs import dafkd_paper_cpu  # pylint: disable=g-import-not-at-top
+  config = dafkd_paper_cpu.get_config()
+  recipes = {k for m in registry.METHODS.values() for k in m.distill_defaults}
+  assert {k: config.distill[k] for k in recipes} == dict.fromkeys(recipes)
+  config.method = method
+  tree = settings.from_config(config)
+  own = registry.get_method(method).distill_defaults
+  assert {k: getattr(tree.distill, k) for k in own} == dict(own)
 
 
 def test_a_moved_key_becomes_the_shared_one_for_its_method_only():

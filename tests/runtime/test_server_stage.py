@@ -31,6 +31,11 @@ def _leaves(structure) -> list[np.ndarray]:
 
 # The driver's student agrees with the runtime's to 1e-5 unless said here.
 ATOL = {'fedftg': 1e-4}
+# DaFKD's recipe (lr 0.01 at T = 20, a T^2 = 400 gradient scale) carries
+# the two paths' round-off into the 1e-4s; the comparison is of the paths,
+# so DaFKD distils here at the section's lr 1e-3 and T = 1.
+OVERRIDES = {'dafkd': {'distill.learning_rate': 1e-3,
+                       'distill.temperature': 1.0}}
 
 
 @pytest.mark.parametrize('method', [
@@ -39,6 +44,7 @@ ATOL = {'fedftg': 1e-4}
     for m in registry.METHODS])
 def test_driver_server_step_gives_the_runtime_student(tmp_path, method):
   config = helpers.smoke_config(method, rounds=1)
+  experiment.with_overrides(config, OVERRIDES.get(method, {}))
   if not registry.get_method(method).server_step:
     config.runtime.server_device = 'driver'
     with pytest.raises(errors.ConfigError,

@@ -99,3 +99,22 @@ def test_scale(tmp_path):
   result = _json(out / 'scale.json')
   assert result['records'] and 'command' in result['meta']
   assert (out / 'scale.md').read_text().startswith('# Cost at scale')
+
+
+def test_table1_and_its_decomposition(tmp_path):
+  """Two methods at one alpha, one round: the table with the paper's
+  column and the link table, the curves, then the side-by-side report."""
+  out = tmp_path / 'table1'
+  _run('table1.table1', '--config=configs/digits.py', '--alphas=0.5',
+       '--methods=fedavg,feddf', '--seeds=0', '--rounds=1',
+       f'--overrides={DIGITS},server_data.proxy=split,'
+       'server_data.proxy_size=60,server_data.val_size=40,distill.steps=2',
+       f'--out={out}', f'--root_dir={tmp_path / "runs"}', '--manual_dir=',
+       timeout=300)
+  table = (out / 'table1.md').read_text()
+  assert '| FedAvg | ' in table and '| FedDF | ' in table
+  assert '| 0.5 | FedDF | ' in table  # Its link table.
+  assert (out / 'table1.png').stat().st_size > 0
+  _run('table1.table1', f'--out={out}',
+       f'--decompose=recipe={out / "alpha0.5"}')
+  assert '| recipe (feddf) | ' in (out / 'decompose.md').read_text()

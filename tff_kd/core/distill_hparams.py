@@ -14,7 +14,7 @@ import numpy as np
 from tff_kd import errors
 from tff_kd import hparams as hp
 
-VALIDATIONS = ('pool', 'labeled')
+VALIDATIONS = ('pool', 'labeled', 'auto')
 KL_REDUCTIONS = ('batchmean', 'mean')
 ACCEPTS = ('always', 'no_worse')
 
@@ -62,9 +62,11 @@ class DistillConfig(hp.Hparams):
       statistics, the ones it is evaluated with.
     validation: What early stopping watches: 'pool' (the KD loss on the
       held-out `val_fraction` of the pool; no early stopping when
-      `val_fraction` is 0) or 'labeled' (the cross-entropy on the server's
+      `val_fraction` is 0), 'labeled' (the cross-entropy on the server's
       labeled validation set, `distill(..., labeled=...)`; every
-      `eval_every` steps, `patience` times without improvement).
+      `eval_every` steps, `patience` times without improvement) or 'auto'
+      ('labeled' where the server step is given labeled images, else
+      'pool': FedDF's recipe, which early-stops on validation data).
     accept: 'always', or 'no_worse': keep the distilled student only if its
       accuracy on the labeled validation set is at least the initial
       student's; otherwise return the initial student (a guard that no paper

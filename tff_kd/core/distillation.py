@@ -465,7 +465,8 @@ def distill(student: tf.keras.Model,
 
   Early stopping: with `validation='pool'` and `val_fraction > 0`, the mean
   KD loss on the held-out part of the pool (`validation_split`); with
-  `validation='labeled'`, the mean cross-entropy on `labeled`. It is
+  `validation='labeled'`, the mean cross-entropy on `labeled`
+  (`validation='auto'`: on `labeled` when given, else on the pool). It is
   measured before training, every `eval_every` steps and after the last
   step; training stops after `patience` validations without a strict
   improvement, and the best student seen (trainable and non-trainable
@@ -608,7 +609,8 @@ def _distill(student, optimizer, x, targets, config, learning_rate,
                                         optimizer_state, learning_rate)
 
   temperature = config.temperature
-  on_labeled = config.validation == 'labeled'
+  on_labeled = config.validation == 'labeled' or (
+      config.validation == 'auto' and labeled is not None)
   use_val = on_labeled or config.val_fraction > 0
   window = config.eval_every
   train_idx, val_idx = validation_split(

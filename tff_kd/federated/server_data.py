@@ -21,7 +21,8 @@ _MANIFEST = 'server_manifest.json'
 
 
 class ServerData:
-  """The proxy pool and the optional labeled validation set of the server."""
+  """The server's unlabeled proxy pool and labeled validation set (each
+  optional, not both absent)."""
 
   def __init__(self, directory: str):
     """Opens server data written by `ServerData.create`.
@@ -42,7 +43,7 @@ class ServerData:
     self.proxy_name: str = manifest.get('proxy_name', '')
 
   @classmethod
-  def create(cls, directory: str, pool_x: np.ndarray,
+  def create(cls, directory: str, pool_x: Optional[np.ndarray],
              val_x: Optional[np.ndarray] = None,
              val_y: Optional[np.ndarray] = None, *,
              proxy_name: str = '') -> 'ServerData':
@@ -51,7 +52,8 @@ class ServerData:
     Args:
       directory: Output folder (created).
       pool_x: Unlabeled proxy images [N, H, W, C], N >= 1 (labels are never
-        written: the server must not see them).
+        written: the server must not see them), or None: no pool, only the
+        labeled validation set (the data-free methods' link tables).
       val_x: Optional labeled validation images [V, H, W, C].
       val_y: Their integer labels [V].
       proxy_name: Where the pool came from, for reports.
@@ -60,39 +62,54 @@ class ServerData:
       The opened `ServerData`.
 
     Raises:
-      DataError: an empty pool or mismatched validation arrays.
+      DataError: an empty pool, neither a pool nor a validation set, or
+        mismatched validation arrays.
     """
-    pool_x = np.asarray(pool_x, np.float32)
-    if pool_x.ndim < 2 or len(pool_x) == 0:
-      raise errors.DataError(
-          f'the proxy pool must be a non-empty [N, ...] array, got shape '
-          f'{pool_x.shape}')
+    if pool_x is not None:
+      pool_x = np.asarray(pool_x, np.float32)
+      if pool_x.ndim < 2 or len(pool_x) == 0:
+        raise errors.DataError(
+            f'the proxy pool must be a non-empty [N, ...] array, got shape '
+            f'{pool_x.shape}')
     val_size = 0
     if val_x is not None or val_y is not None:
       if val_x is None or val_y is None or len(val_x) != len(val_y):
         raise errors.DataError('the server validation set needs images and '
                                'labels of the same length')
       val_x = np.asarray(val_x, np.float32)
-      if val_x.shape[1:] != pool_x.shape[1:]:
+      if pool_x is not None and val_x.shape[1:] != pool_x.shape[1:]:
         raise errors.DataError(
             f'server validation images {val_x.shape[1:]} and proxy images '
             f'{pool_x.shape[1:]} differ in shape')
       val_size = len(val_y)
+    if pool_x is None and not val_size:
+      raise errors.DataError('server data needs a proxy pool or a labeled '
+                             'validation set')
     os.makedirs(directory, exist_ok=True)
-    arrays = [('pool.x', pool_x)]
+    arrays = [] if pool_x is None else [('pool.x', pool_x)]
     if val_size:
       arrays += [('val.x', val_x), ('val.y', np.asarray(val_y, np.int32))]
     for name, arr in arrays:
       tf.io.write_file(os.path.join(directory, name),
                        tf.io.serialize_tensor(tf.convert_to_tensor(arr)))
+    shape = (pool_x if pool_x is not None else val_x).shape[1:]
     with open(os.path.join(directory, _MANIFEST), 'w') as f:
-      json.dump(dict(pool_size=int(len(pool_x)), val_size=val_size,
-                     image_shape=list(pool_x.shape[1:]),
+      json.dump(dict(pool_size=0 if pool_x is None else int(len(pool_x)),
+                     val_size=val_size, image_shape=list(shape),
                      proxy_name=proxy_name), f)
     return cls(directory)
 
   def read_pool(self) -> tf.Tensor:
-    """The proxy pool [N, H, W, C] (graph- or eager-mode)."""
+    """The proxy pool [N, H, W, C] (graph- or eager-mode).
+
+    Raises:
+      ConfigError: the server data holds no pool (`server_data.proxy`
+        unset).
+    """
+    if not self.pool_size:
+      raise errors.ConfigError(
+          'this method needs an unlabeled server pool: set '
+          'server_data.proxy and server_data.proxy_size')
     x = tf.io.parse_tensor(
         tf.io.read_file(os.path.join(self.directory, 'pool.x')), tf.float32)
     x.set_shape([self.pool_size, *self.image_shape])

@@ -12,6 +12,12 @@ method's learning process with the dataset computation that reads them
 (`tff_kd.federated.client_data`, `.server_data`). The data and the method
 contribute the evaluations of the global model (`tff_kd.program.evaluation`).
 
+Both sources of clients, a central dataset partitioned here
+(`_central_data`) and a `ClientData` (`_federated_data`), share one
+interface: a function of `(settings, root_dir, client_data, test_data)`
+returning a `PreparedData`, which `prepare` turns into the process and the
+evaluations along one path.
+
 Federated data: with `prepare(settings, root_dir, client_data=...,
 test_data=...)`, or a `dataset.name` of TFF's simulation datasets
 ('tff:emnist'), the clients are a `tff.simulation.datasets.ClientData`'s own
@@ -34,7 +40,7 @@ import copy
 import hashlib
 import json
 import os
-from typing import Any, Mapping, NamedTuple, Optional, Union
+from typing import Any, Callable, Mapping, NamedTuple, Optional, Union
 
 import ml_collections
 import numpy as np
@@ -92,6 +98,37 @@ class Experiment(NamedTuple):
   evaluations: Mapping[str, evaluation.Evaluation]
   server_data: Optional[server_data_lib.ServerData] = None
   inputs: Optional[common.ProcessInputs] = None
+
+
+class PreparedData(NamedTuple):
+  """What a source of clients hands `prepare` (`_central_data`,
+  `_federated_data`).
+
+  Attributes:
+    settings: The run's settings (with federated data, recording the
+      `ClientData`'s identity and client count).
+    dataset: The loaded `tff_kd.data.Dataset`, less the server's slices.
+    clients: The clients' data: a `client_data_lib.FileClientData` or a
+      `tff_client_data.TFFClientData` (the same interface).
+    server: The server's proxy pool / validation set, if configured.
+    test_slices: The FedGen recipe's per-user test slices, or None.
+    builders: One seeded classifier builder per global model
+      (`_classifier_builders`), built where the source's order of side
+      effects puts them (central data: before anything is written).
+  """
+
+  settings: settings_lib.Settings
+  dataset: data_lib.Dataset
+  clients: Union[client_data_lib.FileClientData,
+                 tff_client_data.TFFClientData]
+  server: Optional[server_data_lib.ServerData]
+  test_slices: Optional[list[np.ndarray]]
+  builders: list
+
+
+# A source of clients: (settings, root_dir, client_data, test_data) ->
+# PreparedData.
+_DataSource = Callable[[settings_lib.Settings, str, Any, Any], PreparedData]
 
 
 # The evaluations' order: the order of the metrics in a round's record.
@@ -176,13 +213,13 @@ def _server_data(settings: settings_lib.Settings,
                  directory: str) -> Optional[server_data_lib.ServerData]:
   """Builds (once) and opens the server's data, or None if not configured."""
   sd = settings.server_data
-  if not sd.proxy:
+  if not sd.proxy and not sd.val_size:
     return None
   try:
     return server_data_lib.ServerData(directory)
   except errors.DataError:
     pass
-  if sd.proxy != 'split':
+  if sd.proxy and sd.proxy != 'split':
     other = data_lib.load_dataset(
         sd.proxy,
         data_dir=os.path.expanduser(settings.dataset.data_dir) or None,
@@ -342,10 +379,23 @@ def _federated_clients(
   return settings, client_data, test_data
 
 
-def _prepare_federated(settings: settings_lib.Settings, root_dir: str,
-                       client_data: Any, test_data: Any):
-  """`prepare`'s data with a `ClientData`: (settings, dataset, clients,
-  server data); see the module docstring."""
+def _federated_data(settings: settings_lib.Settings, root_dir: str,
+                    client_data: Any, test_data: Any) -> PreparedData:
+  """`prepare`'s data from a `ClientData` (see the module docstring).
+
+  Args:
+    settings: The run's validated settings.
+    root_dir: Output folder of the run (the server's data go under it).
+    client_data: The caller's `TFFClientData`, or None for a 'tff:' dataset.
+    test_data: With `client_data`, the central test set.
+
+  Returns:
+    A `PreparedData` whose settings record the `ClientData`'s identity and
+    client count; no test slices.
+
+  Raises:
+    UserError: for a bad `ClientData`, test set or sampling request.
+  """
   settings, clients, test_data = _federated_clients(settings, client_data,
                                                     test_data)
   clients, proxy, val_x, val_y = _hold_out_clients(settings, clients)
@@ -361,7 +411,47 @@ def _prepare_federated(settings: settings_lib.Settings, root_dir: str,
   server = _server_data(
       settings, dataset, proxy, val_x, val_y,
       os.path.join(root_dir, 'server_data', _fingerprint(settings)))
-  return settings, dataset, clients, server
+  builders = _classifier_builders(settings, dataset)
+  return PreparedData(settings, dataset, clients, server, None, builders)
+
+
+def _central_data(settings: settings_lib.Settings, root_dir: str,
+                  client_data: Any, test_data: Any) -> PreparedData:
+  """`prepare`'s data from a central dataset: loaded, the server's slices
+  held out, partitioned, and written once under `root_dir`.
+
+  Args:
+    settings: The run's validated settings.
+    root_dir: Output folder of the run (the clients' and the server's data
+      go under it).
+    client_data: Unused (None): the shared interface's argument.
+    test_data: Unused (None): the shared interface's argument.
+
+  Returns:
+    A `PreparedData` with the on-disk clients.
+
+  Raises:
+    UserError: for a bad data file, pretrained weights or partition request.
+  """
+  del client_data, test_data  # The clients are the partition's.
+  dataset = _load(settings)
+  dataset, proxy, val_x, val_y = _hold_out(settings, dataset)
+  # Pretrained weights are read and checked before anything is written.
+  builders = _classifier_builders(settings, dataset)
+  parts, test_slices = _partition(settings, dataset)
+
+  fingerprint = _fingerprint(settings)
+  data_dir = os.path.join(root_dir, 'client_data', fingerprint)
+  server = _server_data(
+      settings, dataset, proxy, val_x, val_y,
+      os.path.join(root_dir, 'server_data', fingerprint))
+  if os.path.exists(os.path.join(data_dir, 'manifest.json')):
+    clients = client_data_lib.FileClientData(data_dir)
+  else:
+    clients = client_data_lib.FileClientData.create(
+        data_dir, dataset.x_train, dataset.y_train, parts)
+  return PreparedData(settings, dataset, clients, server, test_slices,
+                      builders)
 
 
 def _classifier_builders(settings: settings_lib.Settings,
@@ -430,28 +520,11 @@ def prepare(settings: Union[settings_lib.Settings,
   """
   federated = client_data is not None or test_data is not None
   settings = settings_of(settings, with_client_data=federated)
-  if federated or settings.dataset.is_federated:
-    settings, dataset, clients, server = _prepare_federated(
-        settings, root_dir, client_data, test_data)
-    test_slices = None
-    builders = _classifier_builders(settings, dataset)
-  else:
-    dataset = _load(settings)
-    dataset, proxy, val_x, val_y = _hold_out(settings, dataset)
-    # Pretrained weights are read and checked before anything is written.
-    builders = _classifier_builders(settings, dataset)
-    parts, test_slices = _partition(settings, dataset)
-
-    fingerprint = _fingerprint(settings)
-    data_dir = os.path.join(root_dir, 'client_data', fingerprint)
-    server = _server_data(
-        settings, dataset, proxy, val_x, val_y,
-        os.path.join(root_dir, 'server_data', fingerprint))
-    if os.path.exists(os.path.join(data_dir, 'manifest.json')):
-      clients = client_data_lib.FileClientData(data_dir)
-    else:
-      clients = client_data_lib.FileClientData.create(
-          data_dir, dataset.x_train, dataset.y_train, parts)
+  source: _DataSource = (_federated_data
+                         if federated or settings.dataset.is_federated
+                         else _central_data)
+  settings, dataset, clients, server, test_slices, builders = source(
+      settings, root_dir, client_data, test_data)
   model_fns = tuple(models.model_fn_of(b) for b in builders)
   model_fn = model_fns[0]
   classifier_fn = builders[0]

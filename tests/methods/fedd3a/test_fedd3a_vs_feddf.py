@@ -37,7 +37,11 @@ def _global_model(tmp_path, name: str, **overrides) -> list[np.ndarray]:
 
 @pytest.mark.slow
 def test_fedd3a_with_avg_weights_and_logits_is_feddf(tmp_path):
-  feddf = _global_model(tmp_path, 'feddf', method='feddf')
+  # FedDF in FedD3A's distillation settings (not FedDF's own recipe, whose
+  # early stopping and training-mode student FedD3A does not share).
+  feddf = _global_model(tmp_path, 'feddf', method='feddf', **{
+      'distill.validation': 'pool', 'distill.eval_every': 50,
+      'distill.student_training': False})
   avg = {'method': 'fedd3a', 'fedd3a.weighting': 'avg'}
   same = _global_model(tmp_path, 'logits', **avg,
                        **{'fedd3a.ensemble': 'logits'})

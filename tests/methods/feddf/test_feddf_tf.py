@@ -103,7 +103,10 @@ def test_fuse_distills_the_avg_logits_of_valid_teachers():
   assert float(result.distill[0].last_loss) < float(
       result.distill[0].first_loss)
   assert float(result.distill_seconds) > 0
-  assert float(result.ensemble_val_accuracy) == -1.0  # No validation set.
+  # No validation set: the labeled links are not measured.
+  assert float(result.links[0]['ensemble_labeled_accuracy']) == -1.0
+  assert float(result.links[0]['labeled_accuracy_after']) == -1.0
+  assert float(result.links[0]['target_entropy']) > 0
 
 
 def test_pool_shape_mismatch_is_a_data_error():

@@ -5,7 +5,10 @@ clients is built once per module; its round is checked against
 `tff_kd.methods.fedftg.fedftg_tff.round_fine_tune` (i.e. `fedftg_tf.fine_tune`,
 which distils through `distillation.distill`) run eagerly on the eagerly
 computed client models, with only the 2 real teachers: the empty slot must
-not matter.
+not matter. A twin process with a labeled server validation set reports
+the round's link table (`tff_kd.core.links`), recomputed here in numpy from
+the same models, and its rounds are bit-identical to the process without
+it.
 """
 
 import numpy as np
@@ -13,11 +16,14 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tests.methods import link_checks
 from tests.methods import toy_kd
 from tff_kd import errors
 from tff_kd.core import distill_hparams
 from tff_kd.core import distillation
+from tff_kd.core import links
 from tff_kd.federated import learning
+from tff_kd.federated import server_data as server_data_lib
 from tff_kd.methods import registry
 from tff_kd.methods.fedftg import fedftg_tf
 from tff_kd.methods.fedftg import fedftg_tff
@@ -33,12 +39,12 @@ DISTILL_KW = dict(fedftg_hparams.DISTILL_DEFAULTS, batch_size=8,
                   temperature=2.0)
 
 
-def _build(data, **overrides):
+def _build(data, server_data=None, **overrides):
   distill = {k: v for k, v in overrides.items() if k in DISTILL_KW}
   own = {k: v for k, v in overrides.items() if k not in DISTILL_KW}
   return fedftg.build_fedftg_process(
       toy_kd.classifier_fn, data.element_spec,
-      num_classes=toy_kd.NUM_CLASSES, clients_per_round=3,
+      clients_per_round=3,
       training=learning.Training(
           client_optimizer=tff.learning.optimizers.build_sgdm(toy_kd.LR),
           server_optimizer=tff.learning.optimizers.build_sgdm(1.0),
@@ -49,7 +55,8 @@ def _build(data, **overrides):
           config=distill_hparams.DistillConfig(
               **dict(DISTILL_KW, **distill))),
       dataset_fn=data.dataset_fn(toy_kd.LOCAL), seed=7,
-      hparams=fedftg_hparams.FedFTGHparams(**dict(KW, **own)))
+      hparams=fedftg_hparams.FedFTGHparams(**dict(KW, **own)),
+      server_data=server_data)
 
 
 def _generator_fn():
@@ -160,7 +167,7 @@ def test_bad_settings_fail_before_compute(tmp_path, overrides, match):
   with pytest.raises(errors.ConfigError, match=match):
     if 'dataset_fn' in overrides:
       fedftg.build_fedftg_process(
-          toy_kd.classifier_fn, data.element_spec, num_classes=3,
+          toy_kd.classifier_fn, data.element_spec,
           clients_per_round=2,
           training=learning.Training(
               client_optimizer=tff.learning.optimizers.build_sgdm(0.1),
@@ -292,3 +299,114 @@ def test_one_fine_tune_iteration_matches_an_independent_computation():
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
   assert max(np.abs(a - b).max()
              for a, b in zip(toy_kd.values(student), start)) > 1e-3
+
+
+VAL_X, VAL_Y = link_checks.TOY_VAL_X, link_checks.TOY_VAL_Y
+
+
+@pytest.fixture(scope='module')
+def toy_labeled(tmp_path_factory, toy):
+  """Two rounds without and with a labeled server validation set.
+
+  Returns:
+    (keys of round 1, the plain process's two rounds, the labeled twin's).
+  """
+  data, process, state0, keys0, out0 = toy
+  keys1 = data.keys([0, 1], seed=0, round_num=1)
+  plain = (out0, process.next(out0.state, keys1))
+  server_data = server_data_lib.ServerData.create(
+      str(tmp_path_factory.mktemp('server')), toy_kd.X, VAL_X, VAL_Y)
+  labeled = _build(data, server_data=server_data)
+  l0 = labeled.next(state0, keys0)
+  return (keys0, keys1), plain, (l0, labeled.next(l0.state, keys1))
+
+
+def test_the_link_hook_leaves_the_round_unchanged(toy_labeled):
+  """Same state (student, generator and its Adam state) and algorithm
+  metrics, bit for bit, over two rounds, with the link table measured
+  (labeled set) and without it (where every link reads -1)."""
+  _, plain, measured = toy_labeled
+  link_checks.assert_round_unchanged(plain, measured)
+  for a_out, b_out in zip(plain, measured):
+    for a, b in zip(toy_kd.flat(fedftg.generator_weights(a_out.state)),
+                    toy_kd.flat(fedftg.generator_weights(b_out.state))):
+      np.testing.assert_array_equal(a, b)
+
+
+def test_two_rounds_report_the_link_table(toy_labeled):
+  for out in toy_labeled[2]:
+    # Generated batches: no fixed pool, so no target entropy.
+    link_checks.assert_links_in_range(out.metrics['finalizer'])
+
+
+@pytest.mark.parametrize('round_num', [0, 1])
+def test_link_table_matches_numpy(toy, toy_labeled, round_num):
+  """The links, from the same models on the same labeled images.
+
+  Teachers: broadcast classifier + each client's delta (the empty third
+  slot is left out); FedFTG's class-level ensemble weights teacher k's
+  logits by its share n_{k,y} / n_y of the image's true label y
+  (ensemble='logits'); before: the FedAvg average (example weights 3 and
+  4); after: the fine-tuned student the round returns; no target.
+  """
+  data, _, state0, _, _ = toy
+  keys, _, measured = toy_labeled
+  w0 = (state0, measured[0].state)[round_num].global_model_weights
+  deltas = toy_kd.client_deltas(data, w0, keys[round_num])
+  teachers = np.stack([
+      link_checks.np_toy_logits(
+          [w + d for w, d in zip(w0.trainable, delta)], VAL_X)
+      for delta in deltas])  # [K, V, C]
+  start = [w + (3.0 * d0 + 4.0 * d1) / 7.0
+           for w, d0, d1 in zip(w0.trainable, *deltas)]
+  tuned = measured[round_num].state.global_model_weights.trainable
+  want = link_checks.expected_links(
+      teachers, VAL_Y,
+      link_checks.np_class_share_ensemble(teachers, toy_kd.COUNTS, VAL_Y),
+      link_checks.np_toy_logits(start, VAL_X),
+      link_checks.np_toy_logits(tuned, VAL_X))
+  link_checks.assert_links_match(measured[round_num].metrics['finalizer'],
+                                 want)
+  assert 0 < want['teacher_labeled_accuracy'] < 1
+  # The class weighting matters here: FedFTG's ensemble is not the average.
+  assert (want['ensemble_labeled_accuracy'] !=
+          want['ensemble_labeled_accuracy_logits'])
+
+
+def test_link_table_probs_ensemble_and_an_empty_slot_match_numpy():
+  """`link_table` eagerly: ensemble='probs', a masked third teacher (its
+  logits and counts must not count), before/after two given students."""
+  rng = np.random.default_rng(5)
+
+  def random_weights():
+    return [w + rng.normal(size=w.shape).astype(np.float32)
+            for w in toy_kd.values(toy_kd.classifier_fn().model)]
+
+  teacher_weights = [random_weights() for _ in range(3)]
+  teachers = []
+  for w in teacher_weights:
+    teacher = toy_kd.classifier_fn().model
+    toy_kd.assign(teacher, ModelWeights(w, []))
+    teachers.append(teacher)
+  before, after = random_weights(), random_weights()
+  student = toy_kd.classifier_fn().model
+  counts = np.concatenate([toy_kd.COUNTS, np.zeros([1, 3], np.float32)])
+  valid = tf.constant([True, True, False])
+  table = fedftg_tff.link_table(
+      fedftg_tf.FineTuneModels(student, teachers, None),
+      ModelWeights(before, []), ModelWeights(after, []), valid, counts,
+      (tf.constant(VAL_X), tf.constant(VAL_Y)), ensemble='probs',
+      batch_size=5)
+  assert list(table) == list(links.NAMES)
+  logits = np.stack([link_checks.np_toy_logits(w, VAL_X)
+                     for w in teacher_weights[:2]])
+  own = link_checks.np_class_share_ensemble(
+      link_checks.np_softmax(logits), toy_kd.COUNTS, VAL_Y)
+  link_checks.assert_links_match(table, link_checks.expected_links(
+      logits, VAL_Y, own, link_checks.np_toy_logits(before, VAL_X),
+      link_checks.np_toy_logits(after, VAL_X)))
+
+
+def test_labeled_images_of_another_shape_are_refused(tmp_path):
+  link_checks.assert_labeled_images_of_another_shape_are_refused(
+      _build, tmp_path)

@@ -20,9 +20,11 @@ def test_fedftg_fine_tuning_moves_the_student_to_the_teacher(run):
   # threading between +0.215/-0.008/+0.129 and +0.031/0/+0.078 (4 and 10 of
   # 128 samples). With 10: +0.184/+0.059/+0.074 in the suite,
   # +0.117/+0.020/+0.113 alone.
-  steps = {'fedftg.student_steps': 10}
+  # At the reference's student rate (the default is 0.01, chosen for the
+  # drift regime): the mechanism, not the recipe.
+  steps = {'fedftg.student_steps': 10, 'fedftg.student_learning_rate': 0.1}
   method = run(method='fedftg', **steps)
-  twin = run(method='fedftg', **steps, **{'fedftg.student_learning_rate': 0.0})
+  twin = run(method='fedftg', **{**steps, 'fedftg.student_learning_rate': 0.0})
   rise = (_metric(method, 'distill/agreement_after') -
           _metric(method, 'distill/agreement_before'))
   np.testing.assert_array_equal(_metric(twin, 'distill/agreement_after'),

@@ -5,7 +5,10 @@ rounds are checked against the same pure-TF code run eagerly on the clients'
 eagerly computed updates: the FedAvg of the classifiers, the generator's
 50-step round (`tff_kd.methods.fedgen.fedgen_tff.generator_round`, i.e.
 `fedgen_tf.train_generator`) on the received heads and label counts, and,
-in round 1, the clients' regularised local training.
+in round 1, the clients' regularised local training. A twin process with a
+labeled server validation set reports the round's link table
+(`tff_kd.core.links`), recomputed here in numpy from the same models, and
+its rounds are bit-identical to the process without it.
 """
 
 import numpy as np
@@ -13,10 +16,12 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tests.methods import link_checks
 from tests.methods import toy_kd
 from tff_kd import errors
 from tff_kd import models
 from tff_kd.federated import learning
+from tff_kd.federated import server_data as server_data_lib
 from tff_kd.methods import registry
 from tff_kd.methods.fedgen import fedgen_tff
 from tff_kd.methods.fedgen import fedgen_tff as fedgen
@@ -36,12 +41,13 @@ def _fedavg_training(learning_rate: float) -> learning.Training:
       learning_rate=learning_rate)
 
 
-def _build(data, **overrides):
+def _build(data, server_data=None, **overrides):
   kwargs = dict(seed=7, hparams=fedgen_hparams.FedGenHparams(**dict(KW,
-                                                             **overrides)))
+                                                             **overrides)),
+                server_data=server_data)
   return fedgen.build_fedgen_process(
       toy_kd.classifier_fn, data.element_spec,
-      num_classes=toy_kd.NUM_CLASSES, clients_per_round=2,
+      clients_per_round=2,
       training=_fedavg_training(toy_kd.LR),
       generator_optimizer=tff.learning.optimizers.build_adam(1e-2),
       dataset_fn=data.dataset_fn(toy_kd.LOCAL),
@@ -74,6 +80,21 @@ def toy(tmp_path_factory):
   keys1 = data.keys([0, 1], seed=0, round_num=1)
   out1 = process.next(out0.state, keys1)
   return data, process, state0, out0, out1, (keys0, keys1)
+
+
+VAL_X, VAL_Y = link_checks.TOY_VAL_X, link_checks.TOY_VAL_Y
+
+
+@pytest.fixture(scope='module')
+def toy_labeled(tmp_path_factory, toy):
+  """The toy's two rounds again, with a labeled server validation set."""
+  data, _, state0, _, _, (keys0, keys1) = toy
+  server_data = server_data_lib.ServerData.create(
+      str(tmp_path_factory.mktemp('server')), toy_kd.X, VAL_X, VAL_Y)
+  process = _build(data, server_data=server_data)
+  out0 = process.next(state0, keys0)
+  out1 = process.next(out0.state, keys1)
+  return out0, out1
 
 
 def _eager_generator_round(gen_weights, heads, counts, round_num):
@@ -227,7 +248,7 @@ def test_bad_settings_fail_before_compute(tmp_path, overrides, match):
   with pytest.raises(errors.ConfigError, match=match):
     if 'dataset_fn' in overrides:
       fedgen.build_fedgen_process(
-          toy_kd.classifier_fn, data.element_spec, num_classes=3,
+          toy_kd.classifier_fn, data.element_spec,
           clients_per_round=2,
           training=_fedavg_training(0.1),
           generator_optimizer=tff.learning.optimizers.build_adam(1e-3),
@@ -249,7 +270,7 @@ def test_nonlinear_head_is_refused(tmp_path):
   data = toy_kd.make_data(str(tmp_path))
   with pytest.raises(errors.ConfigError, match='head is one Dense layer'):
     fedgen.build_fedgen_process(
-        two_layer_head, data.element_spec, num_classes=3,
+        two_layer_head, data.element_spec,
         clients_per_round=2,
         training=_fedavg_training(0.1),
         generator_optimizer=tff.learning.optimizers.build_adam(1e-3),
@@ -295,3 +316,57 @@ def test_long_rounds_scale_the_regulariser_to_its_reference_steps(tmp_path):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
   assert max(np.abs(a - b).max()
              for a, b in zip(scaled, update(2.0, 1.0, 0))) > 1e-4
+
+
+def test_the_link_hook_leaves_the_round_unchanged(toy, toy_labeled):
+  """Same state and algorithm metrics, bit for bit, with the link table
+  measured (labeled set) and without it (where every link reads -1)."""
+  _, _, _, out0, out1, _ = toy
+  link_checks.assert_round_unchanged((out0, out1), toy_labeled)
+
+
+def test_two_rounds_report_the_link_table(toy_labeled):
+  for out in toy_labeled:
+    m = out.metrics['finalizer']
+    link_checks.assert_links_in_range(m)  # FedGen distils on no target.
+    # The server distils nothing into the classifier.
+    assert m['labeled_accuracy_after'] == m['labeled_accuracy_before']
+
+
+@pytest.mark.parametrize('round_num', [0, 1])
+def test_link_table_matches_numpy(toy, toy_labeled, round_num):
+  """The links, from the same client models on the same labeled images.
+
+  Teachers: broadcast classifier + each client's delta (round 0: plain
+  SGD, round 1: the regularised step); FedGen's ensemble weights each
+  teacher's logits by its share of the image's true label (the clients'
+  label counts); before (and after: the server distils nothing): the
+  averaged classifier the round returns; no target.
+  """
+  data, _, state0, out0, out1, keys = toy
+  start = (state0, out0.state)[round_num].global_model_weights
+  clf, gen = start
+  if round_num == 0:
+    deltas = toy_kd.client_deltas(data, clf, keys[0])
+  else:
+    deltas = [_eager_regularised_step(data, clf, gen, k) for k in keys[1]]
+  teachers = np.stack([
+      link_checks.np_toy_logits(
+          [w + d for w, d in zip(clf.trainable, delta)], VAL_X)
+      for delta in deltas])  # [K, V, C]
+  averaged = (out0, out1)[round_num].state.global_model_weights[0]
+  want = link_checks.expected_links(
+      teachers, VAL_Y,
+      link_checks.np_class_share_ensemble(teachers, toy_kd.COUNTS, VAL_Y),
+      link_checks.np_toy_logits(averaged.trainable, VAL_X))
+  link_checks.assert_links_match(toy_labeled[round_num].metrics['finalizer'],
+                                 want)
+  assert 0 < want['teacher_labeled_accuracy'] < 1
+  # The label weighting matters here: FedGen's ensemble is not the average.
+  assert (want['ensemble_labeled_accuracy'] !=
+          want['ensemble_labeled_accuracy_logits'])
+
+
+def test_labeled_images_of_another_shape_are_refused(tmp_path):
+  link_checks.assert_labeled_images_of_another_shape_are_refused(
+      _build, tmp_path)

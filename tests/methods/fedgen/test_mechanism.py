@@ -1,11 +1,14 @@
 """The mechanism against its switched-off twin (tests/methods/mechanisms.py).
 
 FedGen vs `local_alpha = local_beta = 0`: the clients' heads agree more
-with the generator (its teacher accuracy).
+with the generator (its teacher accuracy). The program hands FedGen the
+run's labeled server set: its link table is reported every round.
 """
 
 import numpy as np
 import pytest
+
+from tff_kd.core import links
 
 from tests.methods.mechanisms import _metric
 from tests.methods.mechanisms import run
@@ -23,3 +26,13 @@ def test_fedgen_clients_agree_with_the_generator(run):
   gain = (_metric(method, 'distill/teacher_accuracy')[1:] -
           _metric(twin, 'distill/teacher_accuracy')[1:])
   assert np.all(gain > 0.05), gain
+  # The link table on the run's 200 labeled images (`server_data.val_size`).
+  for name in links.NAMES:
+    values = _metric(method, f'distill/{name}')
+    if name == 'target_entropy':
+      np.testing.assert_array_equal(values, -1.0)
+    else:
+      assert np.all((values >= 0) & (values <= 1)), (name, values)
+  np.testing.assert_array_equal(
+      _metric(method, 'distill/labeled_accuracy_after'),
+      _metric(method, 'distill/labeled_accuracy_before'))

@@ -661,7 +661,8 @@ def build_dafkd_process(
   learning_rate_decay = optimizers.learning_rate_decay
   _check_arguments(classifier_fn, num_clients, clients_per_round,
                    learning_rate, learning_rate_decay)
-  if hparams.pool == 'real' and server_data is None:
+  if hparams.pool == 'real' and (server_data is None or
+                                 not server_data.pool_size):
     raise errors.ConfigError(
         "dafkd: pool='real' (the oracle pool) needs the server's proxy "
         'pool: set server_data.proxy and server_data.proxy_size')
@@ -751,6 +752,7 @@ METHOD = common.Method(
     'dafkd', build_from_settings,
     'DaFKD domain-aware data-free KD (Wang et al., 2023)',
     hparams=hparams_lib.DaFKDHparams, uses_distill=True,
+    distill_defaults=hparams_lib.DISTILL_DEFAULTS,
     secure_sum=lambda hparams: bool(hparams.private),
     smoke={'dafkd.pool_size': 32, 'dafkd.noise_dim': 8,
            'dafkd.generator_hidden': '16', 'dafkd.gan_steps': 0,

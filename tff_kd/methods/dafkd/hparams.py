@@ -10,6 +10,7 @@ the table in `tff_kd/methods/dafkd/NOTES.md`.
 
 import dataclasses
 import operator
+import types
 from typing import Any, ClassVar, Mapping
 
 from tff_kd import errors
@@ -240,3 +241,10 @@ class DaFKDHparams(hp.Hparams):
       raise errors.ConfigError(
           "dafkd.pool='real' (the oracle pool) needs the server's proxy "
           'pool: set server_data.proxy and server_data.proxy_size')
+
+
+# DaFKD's recipe of the shared `distill` keys, as in the paper (Sec. 5:
+# distillation lr 0.01) and its reference code (T = 20; the student keeps
+# the averaged model's BatchNorm statistics: its pool is generated).
+DISTILL_DEFAULTS: Mapping[str, Any] = types.MappingProxyType({
+    'learning_rate': 0.01, 'temperature': 20.0, 'student_training': False})

@@ -611,7 +611,7 @@ def build_from_settings(
     inputs: common.ProcessInputs, settings: common.Settings
 ) -> tff.learning.templates.LearningProcess:
   """The registry's builder: fedd3a from the run's validated settings."""
-  if inputs.server_data is None:
+  if inputs.server_data is None or not inputs.server_data.pool_size:
     raise errors.ConfigError(
         'fedd3a needs an unlabeled server pool: set server_data.proxy (a '
         'held-out domain) and server_data.proxy_size')

@@ -29,8 +29,10 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_kd import errors
+from tff_kd.core import diagnostics as core_diagnostics
 from tff_kd.core import distill_hparams
 from tff_kd.core import distillation
+from tff_kd.core import links
 from tff_kd.core import local_training
 from tff_kd.core import teachers as teachers_tf
 
@@ -152,10 +154,9 @@ class FusionResult(NamedTuple):
     distill: Per prototype, the `DistillResult`.
     num_teachers: Client models received (all prototypes), int32.
     teachers_kept: Teachers in the ensemble after drop-worst, int32.
-    teacher_val_accuracy: Mean validation accuracy of the received teachers.
-    ensemble_val_accuracy: Validation accuracy of the AVGLOGITS ensemble.
-    student_val_accuracy_before: Per prototype, of the starting student.
-    student_val_accuracy_after: Per prototype, of the distilled student.
+    links: Per prototype, the round's link table on the labeled images
+      (`tff_kd.core.links.NAMES`; the teacher and ensemble links are the
+      same for every prototype, the student's are its own).
     teacher_seconds: Wall time of the teachers' forward passes.
     distill_seconds: Wall time of all students' distillation loops.
   """
@@ -164,12 +165,19 @@ class FusionResult(NamedTuple):
   distill: tuple
   num_teachers: tf.Tensor
   teachers_kept: tf.Tensor
-  teacher_val_accuracy: tf.Tensor
-  ensemble_val_accuracy: tf.Tensor
-  student_val_accuracy_before: tuple
-  student_val_accuracy_after: tuple
+  links: tuple
   teacher_seconds: tf.Tensor
   distill_seconds: tf.Tensor
+
+
+def _all_teachers(prototypes: Sequence[Prototype], x: tf.Tensor,
+                  batch_size: int) -> tf.Tensor:
+  """[K, N, C] logits of every prototype's stacked teachers on `x`."""
+  return tf.concat([
+      teachers_tf.stacked_logits(p.teacher, p.global_weights, p.deltas,
+                                 p.valid, x, batch_size)
+      for p in prototypes
+  ], 0)
 
 
 @tf.function
@@ -185,6 +193,8 @@ def fuse(prototypes: Sequence[Prototype],
   starts from `start_weights` and is distilled with the shared
   `distillation.distill`. A `tf.function`, so assignments to the Keras
   variables run in program order also inside a TFF computation's graph.
+  After each student's result is fixed, the link hook
+  (`tff_kd.core.links.LinkHook`) measures the round on the labeled images.
 
   Args:
     prototypes: One `Prototype` per architecture.
@@ -192,7 +202,8 @@ def fuse(prototypes: Sequence[Prototype],
       round and per student.
     pool: Unlabeled proxy pool [N, ...].
     config: A `DistillConfig` (validated by the caller).
-    val_x: Optional labeled server validation images [V, ...].
+    val_x: Optional labeled server validation images [V, ...] (drop-worst,
+      the distillation's early stopping and the link table).
     val_y: Their labels [V].
     drop_worst: Drop teachers at or below random-guess accuracy on the
       validation set.
@@ -206,48 +217,30 @@ def fuse(prototypes: Sequence[Prototype],
   with tf.control_dependencies([t_start]):
     pool = tf.identity(pool)
   num_pool = tf.shape(pool)[0]
-  inputs = tf.concat([pool, val_x], 0) if has_val else pool
-  logits = tf.concat([
-      teachers_tf.stacked_logits(p.teacher, p.global_weights, p.deltas,
-                              p.valid, inputs, batch_size)
-      for p in prototypes
-  ], 0)
+  # Drop-worst judges the teachers on the labeled images: one pass scores
+  # both.
+  inputs = tf.concat([pool, val_x], 0) if drop_worst else pool
+  logits = _all_teachers(prototypes, inputs, batch_size)
   valid = tf.concat([p.valid for p in prototypes], 0)
   pool_logits = logits[:, :num_pool]
-  val_logits = logits[:, num_pool:] if has_val else None
+  val_logits = logits[:, num_pool:] if drop_worst else None
   selection = select_teachers(valid, val_logits, val_y,
                               drop_worst=drop_worst)
   target = tf.stop_gradient(avg_logits_target(
       pool_logits, selection.kept, temperature=config.temperature))
   with tf.control_dependencies([target]):
     t_teachers = tf.timestamp()
-
-  if has_val:
-    # argmax of the AVGLOGITS probabilities = argmax of the mean logits.
-    ensemble_acc = teachers_tf.accuracy(
-        avg_logits_target(val_logits, selection.kept), val_y)
-  else:
-    ensemble_acc = tf.constant(-1.0)
   num_teachers = tf.reduce_sum(tf.cast(valid, tf.int32))
-  teacher_acc = tf.reduce_sum(selection.val_accuracy) / tf.maximum(
-      tf.cast(num_teachers, tf.float32), 1.0)
 
-  def student_accuracy(student):
-    if not has_val:
-      return tf.constant(-1.0)
-    return teachers_tf.accuracy(
-        distillation.teacher_logits([student], val_x, batch_size)[0], val_y)
-
-  weights, results, before, after = [], [], [], []
+  weights, results, rounds = [], [], []
   t_distill = tf.constant(0.0, tf.float64)
   for p in prototypes:
-    assigned = tf.nest.map_structure(
-        lambda v, w: v.assign(w), local_training.model_weights(p.student),
-        p.start_weights)
-    before.append(student_accuracy(p.student))
+    variables = local_training.model_weights(p.student)
+    assigned = tf.nest.map_structure(lambda v, w: v.assign(w), variables,
+                                     p.start_weights)
     # A timestamp is not ordered by data flow: tie it after the set-up and
     # before the loop, whose every step reads the pool.
-    with tf.control_dependencies(tf.nest.flatten(assigned) + [before[-1]]):
+    with tf.control_dependencies(tf.nest.flatten(assigned)):
       t0 = tf.timestamp()
     with tf.control_dependencies([t0]):
       timed_pool = tf.identity(pool)
@@ -256,17 +249,30 @@ def fuse(prototypes: Sequence[Prototype],
         labeled=(val_x, val_y) if has_val else None)
     with tf.control_dependencies(tf.nest.flatten(result.weights)):
       t_distill += tf.timestamp() - t0
-    after.append(student_accuracy(p.student))
     weights.append(result.weights)
     results.append(result._replace(optimizer_state=()))
+    rounds.append((p, variables, result.weights))
+
+  teachers = links.Teachers(
+      logits_fn=lambda x: _all_teachers(prototypes, x, batch_size),
+      valid=valid,
+      ensemble_fn=lambda z, _, __: avg_logits_target(z, selection.kept))
+  # The results are fixed above (`distill` returns copies); the hook may
+  # overwrite the students and teachers.
+  with tf.control_dependencies(tf.nest.flatten(weights)):
+    table = tuple(
+        core_diagnostics.run(links.LinkHook(batch_size),
+                             core_diagnostics.ServerRound(
+                                 teachers=teachers, weights=None, pool=pool,
+                                 target=target, student=p.student,
+                                 student_variables=variables,
+                                 before=p.start_weights, after=after,
+                                 labeled=(val_x, val_y) if has_val else None))
+        for p, variables, after in rounds)
   return FusionResult(
       weights=tuple(weights), distill=tuple(results),
       num_teachers=num_teachers,
       teachers_kept=tf.reduce_sum(tf.cast(selection.kept, tf.int32)),
-      teacher_val_accuracy=teacher_acc,
-      ensemble_val_accuracy=ensemble_acc,
-      student_val_accuracy_before=tuple(before),
-      student_val_accuracy_after=tuple(after),
+      links=table,
       teacher_seconds=tf.cast(t_teachers - t_start, tf.float32),
       distill_seconds=tf.cast(t_distill, tf.float32))
-

@@ -163,6 +163,10 @@ def _prototype_suffix(p: int, num_prototypes: int) -> str:
   return '' if num_prototypes == 1 else f'_p{p}'
 
 
+# The link-table entries that are each prototype's own.
+_STUDENT_LINKS = ('labeled_accuracy_before', 'labeled_accuracy_after')
+
+
 def build_fusion_finalizer(
     model_fns: Sequence[ModelFn],
     stack_type: tff.Type,
@@ -176,13 +180,13 @@ def build_fusion_finalizer(
   """Averages within each prototype, then distills all teachers into each.
 
   State: one server-optimiser state per prototype. Measurements (per round):
-  `num_teachers`, `teachers_kept` (after drop-worst), `teacher_val_accuracy`
-  (mean over received teachers), `ensemble_val_accuracy` (AVGLOGITS), the
-  wall `teacher_seconds` and `distill_seconds`, `samples_per_second` of the
-  distillation loops, and per prototype (suffix `_p<i>` when P > 1)
-  `num_clients`, `steps`, `first_loss`, `last_loss`,
-  `val_accuracy_before` / `val_accuracy_after` of its student (-1 without a
-  validation set).
+  `num_teachers`, `teachers_kept` (after drop-worst), the wall
+  `teacher_seconds` and `distill_seconds`, `samples_per_second` of the
+  distillation loops, the round's link table (`tff_kd.core.links.NAMES`:
+  `ensemble_labeled_accuracy` is AVGLOGITS over the kept teachers; -1
+  without a validation set), and per prototype (suffix `_p<i>` when P > 1)
+  `num_clients`, `steps`, `first_loss`, `last_loss` and its student's
+  `labeled_accuracy_before` / `labeled_accuracy_after`.
 
   Args:
     model_fns: One model builder per prototype.
@@ -244,12 +248,14 @@ def build_fusion_finalizer(
     metrics = collections.OrderedDict(
         num_teachers=tf.cast(result.num_teachers, tf.float32),
         teachers_kept=tf.cast(result.teachers_kept, tf.float32),
-        teacher_val_accuracy=result.teacher_val_accuracy,
-        ensemble_val_accuracy=result.ensemble_val_accuracy,
         teacher_seconds=result.teacher_seconds,
         distill_seconds=result.distill_seconds,
         samples_per_second=tf.add_n(steps) * samples_per_step / tf.maximum(
             result.distill_seconds, 1e-6))
+    # The teachers' and the ensemble's links are the same for every
+    # prototype: reported once; each student's are its own.
+    metrics.update((name, value) for name, value in result.links[0].items()
+                   if name not in _STUDENT_LINKS)
     for p in range(num_prototypes):
       sfx = _prototype_suffix(p, num_prototypes)
       r = result.distill[p]
@@ -257,10 +263,8 @@ def build_fusion_finalizer(
       metrics[f'steps{sfx}'] = steps[p]
       metrics[f'first_loss{sfx}'] = r.first_loss
       metrics[f'last_loss{sfx}'] = r.last_loss
-      metrics[f'val_accuracy_before{sfx}'] = (
-          result.student_val_accuracy_before[p])
-      metrics[f'val_accuracy_after{sfx}'] = (
-          result.student_val_accuracy_after[p])
+      for name in _STUDENT_LINKS:
+        metrics[f'{name}{sfx}'] = result.links[p][name]
     return tuple(new_states), tuple(result.weights), metrics
 
   return finalizers.build_server_finalizer(init_tf, fuse_tf)
@@ -370,7 +374,7 @@ def build_from_settings(
     inputs: common.ProcessInputs, settings: common.Settings
 ) -> tff.learning.templates.LearningProcess:
   """The registry's builder: feddf from the run's validated settings."""
-  if inputs.server_data is None:
+  if inputs.server_data is None or not inputs.server_data.pool_size:
     raise errors.ConfigError(
         'feddf needs a proxy pool: set server_data.proxy (and proxy_size)')
   return build_feddf_process(
@@ -389,6 +393,7 @@ METHOD = common.Method(
     'feddf', build_from_settings,
     'FedDF ensemble distillation (Lin et al., 2020)', needs_server_data=True,
     hparams=hparams_lib.FedDFHparams, uses_distill=True,
+    distill_defaults=hparams_lib.DISTILL_DEFAULTS,
     global_model_per_architecture=True,
     smoke={'server_data.proxy': 'split', 'server_data.proxy_size': 100,
            'distill.steps': 5, 'distill.batch_size': 32,

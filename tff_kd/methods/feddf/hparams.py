@@ -4,6 +4,7 @@ Defaults, documentation and checks in one place (`tff_kd.hparams`).
 """
 
 import dataclasses
+import types
 from typing import Any, ClassVar, Mapping
 
 from tff_kd import errors
@@ -50,3 +51,15 @@ class FedDFHparams(hp.Hparams):
       raise errors.ConfigError(
           'feddf.drop_worst needs server_data.val_size >= 1 (a labeled '
           'validation set held out of the training set)')
+
+
+# FedDF's recipe of the shared `distill` keys (Lin et al., NeurIPS 2020,
+# Sec. 4 and its code): AVGLOGITS at T = 1 and Adam 1e-3 are the section's
+# defaults; FedDF early-stops on validation data (here the server's labeled
+# images where it has them, `validation='auto'`, checked every 20 of the
+# CPU-sized 200 steps) and trains the student in training mode, so that
+# BatchNorm re-estimates its statistics on the real pool. Chosen on the
+# server's labeled images in DaFKD's drift regime (configs/dafkd_paper_cpu.py,
+# Dir(0.05), seeds 0-2): studies/table1/README.md.
+DISTILL_DEFAULTS: Mapping[str, Any] = types.MappingProxyType({
+    'validation': 'auto', 'eval_every': 20, 'student_training': True})

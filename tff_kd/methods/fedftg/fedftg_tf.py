@@ -238,6 +238,27 @@ def _ensemble_logits(teachers: Sequence[tf.keras.Model], x: tf.Tensor,
   return logits * tf.reshape(tf.cast(teacher_mask, tf.float32), [-1, 1, 1])
 
 
+def teacher_logits(teachers: Sequence[tf.keras.Model], x: tf.Tensor,
+                   teacher_mask: tf.Tensor | None = None,
+                   batch_size: int = 256) -> tf.Tensor:
+  """[K, N, C] inference-mode logits on `x` in batches, masked rows 0.
+
+  The teachers `_ensemble_logits` reads on a generated batch, on a set of
+  any size (the server's labeled images, `fedftg_tff.link_table`).
+
+  Args:
+    teachers: K built Keras classifiers.
+    x: Inputs [N, ...].
+    teacher_mask: Optional [K] bool/0-1, teachers taking part; the rows of
+      the others are 0.
+    batch_size: Examples per forward pass.
+  """
+  logits = distillation.teacher_logits(list(teachers), x, batch_size)
+  if teacher_mask is None:
+    return logits
+  return logits * tf.reshape(tf.cast(teacher_mask, tf.float32), [-1, 1, 1])
+
+
 class FineTuneSettings(NamedTuple):
   """The settings of `fine_tune`, fixed for a process.
 

@@ -16,7 +16,10 @@ round:
    is applied with the server optimiser (FedAvg); then `fedftg_tf.fine_tune`
    runs `iterations` generator/student iterations on that averaged model,
    with each received client model as a teacher weighted per class by
-   n_{k,c} / sum_j n_{j,c}.
+   n_{k,c} / sum_j n_{j,c}. With a labeled server validation set
+   (`server_data.val_size > 0`), the round's link table
+   (`tff_kd.core.links.LinkHook`) is then measured on it, after the
+   round's result is fixed (`link_table`).
 
 State: `tff.learning.templates.LearningAlgorithmState` whose
 `global_model_weights` is the classifier's `ModelWeights`. The conditional
@@ -36,15 +39,19 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_kd import errors
+from tff_kd.core import diagnostics as core_diagnostics
 from tff_kd.core import distill_hparams
 from tff_kd.core import distillation as distillation_lib
+from tff_kd.core import links
 from tff_kd.core import local_training
 from tff_kd.core import stacking as stacking_tf
+from tff_kd.core import teachers as teachers_tf
 from tff_kd.federated import composer
 from tff_kd.federated import finalizers
 from tff_kd.federated import label_counts
 from tff_kd.federated import learning
 from tff_kd.federated import schedules
+from tff_kd.federated import server_data as server_data_lib
 from tff_kd.federated import stacking
 from tff_kd.federated import tff_types
 from tff_kd.methods import common
@@ -103,6 +110,7 @@ def build_fine_tune_finalizer(
     stack_type: tff.Type,
     server_optimizer: tff.learning.optimizers.Optimizer,
     tuning: FineTuning,
+    server_data: Optional[server_data_lib.ServerData] = None,
 ) -> tff.templates.MeasuredProcess:
   """FedAvg of the client models, then FedFTG's server fine-tuning.
 
@@ -114,18 +122,40 @@ def build_fine_tune_finalizer(
   `distill_loss`, `distill_first_loss`, `distill_last_loss`,
   `student_learning_rate`, and `agreement_before` / `agreement_after` (the
   student's argmax agreement with the class-level teacher on a fixed
-  generated batch, before and after the fine-tuning).
+  generated batch, before and after the fine-tuning); then the round's
+  link table (`tff_kd.core.links.NAMES`, `link_table`) on the server's
+  labeled validation images: `teacher_labeled_accuracy` (the received
+  client models), `ensemble_labeled_accuracy` (FedFTG's class-level
+  ensemble of them, `fedftg_tf.class_weighted_teacher`, weighted by each
+  image's true label), `ensemble_labeled_accuracy_logits` / `_probs` (the
+  uniform averages), `labeled_accuracy_before` (the FedAvg average, the
+  student's start) and `labeled_accuracy_after` (the fine-tuned student).
+  `target_entropy` is always -1 (the student distils on generated
+  batches, no fixed pool). Without a labeled set (`server_data` None or
+  `val_size == 0`) every link reads -1, so the measurement type does not
+  depend on the data.
 
   Args:
     model_fn: Builds the Keras classifier (logits).
     stack_type: Unplaced type of the aggregator's `Stack`.
     server_optimizer: Applies the mean delta (SGD lr 1: FedAvg).
     tuning: Fine-tuning settings.
+    server_data: The server's data; only its labeled validation set is
+      read (inside the computation, each round), for the link table. None:
+      no labeled set.
 
   Returns:
     A `tff.templates.MeasuredProcess` with the finalizer signature.
+
+  Raises:
+    DataError: labeled images whose shape is not the classifier's input.
   """
-  clf_weights = local_training.model_weights(local_training.structure_of(model_fn))
+  model = local_training.structure_of(model_fn)
+  labeled = server_data is not None and server_data.val_size > 0
+  if labeled:
+    teachers_tf.check_pool_shape(server_data.image_shape,
+                                 model.input_shape[1:], 'server validation')
+  clf_weights = local_training.model_weights(model)
   gen_weights = local_training.model_weights(
       local_training.structure_of(tuning.generator_fn))
   weights_type = tff_types.spec_to_type(clf_weights)
@@ -151,13 +181,16 @@ def build_fine_tune_finalizer(
     server_state, start = stacking_tf.server_update(
         server_optimizer, state['server'], g, deltas,
         stacking_tf.example_weights(stack.weights, filled))
-    result, student, generator = _server_round(
+    result, student, generator, table = _server_round(
         fedftg_tf.FineTuneModels(
             model_fn(), [model_fn() for _ in range(num_slots)],
             tuning.generator_fn()),
         start, g, _Uploads(deltas, filled, stack.values['label_counts']),
         state['generator'], state['generator_optimizer'], state['round'],
-        tuning)
+        tuning,
+        labeled=server_data.read_validation() if labeled else None)
+    if not labeled:
+      table = links.link_metrics(None, filled, None)
     new_state = collections.OrderedDict(
         server=server_state, generator=generator,
         generator_optimizer=result.generator_state,
@@ -176,6 +209,7 @@ def build_fine_tune_finalizer(
         distill_last_loss=result.distill_last_loss,
         student_learning_rate=tuning.student_optimizer.get_hparams(
             result.student_state)['learning_rate'])
+    metrics.update(table)
     return new_state, student, metrics
 
   return finalizers.build_server_finalizer(init_tf, finalize_tf)
@@ -234,14 +268,18 @@ def _server_round(models: fedftg_tf.FineTuneModels,
                   generator_weights: tff.learning.models.ModelWeights,
                   generator_state,
                   round_num: tf.Tensor,
-                  tuning: FineTuning):
+                  tuning: FineTuning,
+                  labeled: Optional[tuple[tf.Tensor, tf.Tensor]] = None):
   """Sets every model's weights, fine-tunes; returns (result, student
-  weights, generator weights).
+  weights, generator weights, link table).
 
   `models` are built and overwritten: the student starts from `start` (the
   FedAvg average), teacher k is `global_weights` plus delta k, and the
   generator gets `generator_weights` (`generator_state` is its optimiser's
-  state).
+  state). With `labeled` (images, labels), the link table (`link_table`)
+  is measured after the student's and the generator's weights are
+  snapshotted (the hook overwrites the student), so the round's result is
+  the same with it and without it; without, the table is empty.
   """
   student, teachers, generator = models
   deltas, filled = uploads.deltas, uploads.filled
@@ -261,18 +299,87 @@ def _server_round(models: fedftg_tf.FineTuneModels,
   result = round_fine_tune(student, teachers, uploads.label_counts,
                            generator, generator_state, round_num, tuning,
                            teacher_mask=filled)
-  return (result,
-          tf.nest.map_structure(tf.identity,
-                                local_training.model_weights(student)),
-          tf.nest.map_structure(tf.identity,
-                                local_training.model_weights(generator)))
+  student_weights = tf.nest.map_structure(
+      tf.identity, local_training.model_weights(student))
+  new_generator = tf.nest.map_structure(
+      tf.identity, local_training.model_weights(generator))
+  table = collections.OrderedDict()
+  if labeled is not None:
+    fixed = [t for t in tf.nest.flatten((result, student_weights,
+                                         new_generator)) if tf.is_tensor(t)]
+    with tf.control_dependencies(fixed):
+      table = link_table(models, start, student_weights, filled,
+                         uploads.label_counts, labeled,
+                         ensemble=tuning.ensemble)
+  return result, student_weights, new_generator, table
+
+
+def link_table(models: fedftg_tf.FineTuneModels,
+               start: tff.learning.models.ModelWeights,
+               tuned: tff.learning.models.ModelWeights,
+               valid: tf.Tensor,
+               label_counts: tf.Tensor,
+               labeled: tuple[tf.Tensor, tf.Tensor],
+               *,
+               ensemble: str,
+               batch_size: int = 256) -> collections.OrderedDict:
+  """FedFTG's round through the link hook (`tff_kd.core.links.LinkHook`).
+
+  The teachers are the round's received client models as the fine-tuning
+  read them (`models.teachers`, already holding their weights; rows not
+  in `valid` read 0, as in `fedftg_tf._ensemble_logits`). FedFTG's own
+  ensemble is its class-level one (`fedftg_tf.class_weighted_teacher`):
+  each teacher weighted by its share n_{k,c} / sum_j n_{j,c} of class c,
+  where c is the label a generated sample was generated for; on the
+  labeled images c is the image's true label. That is the target FedFTG
+  distils toward, evaluated on real images (an ensemble that reads the
+  label, so an upper bound of what the clients' knowledge can say, not a
+  predictor). The student is scored at `start` (the FedAvg average) and
+  at `tuned` (the fine-tuned student the round returns). FedFTG distils
+  on generated batches, not on a fixed pool: no pool, no target
+  (`target_entropy` is -1).
+
+  Overwrites the student's variables (the round's result must already be
+  snapshotted); reads the teachers. Call inside the round's `tf.function`
+  (`_server_round`) or eagerly.
+
+  Args:
+    models: The round's `fedftg_tf.FineTuneModels` (the generator is not
+      read).
+    start: The student's start, the FedAvg average.
+    tuned: The student's weights after fine-tuning.
+    valid: [K] bool, the rows holding a client of this round.
+    label_counts: [K, C] the clients' label counts n_{k,c} (0 in empty
+      rows).
+    labeled: (images [V, ...], int labels [V]).
+    ensemble: FedFTG's ensemble setting, 'logits' or 'probs'.
+    batch_size: Examples per forward pass.
+
+  Returns:
+    The link table, an OrderedDict over `links.NAMES`.
+  """
+  student, teachers, _ = models
+
+  def own_ensemble(logits, unused_valid, labels):
+    # Empty rows hold zero counts and zero logits, as in the fine-tuning.
+    return fedftg_tf.class_weighted_teacher(logits, labels, label_counts,
+                                            ensemble=ensemble)
+
+  return core_diagnostics.run(
+      links.LinkHook(batch_size), core_diagnostics.ServerRound(
+          teachers=links.Teachers(
+              logits_fn=lambda x: fedftg_tf.teacher_logits(
+                  teachers, x, valid, batch_size),
+              valid=valid, ensemble_fn=own_ensemble),
+          weights=None, pool=None, target=None, student=student,
+          student_variables=local_training.model_weights(student),
+          before=start, after=tuned, labeled=labeled))
 
 
 def build_fedftg_process(
     classifier_fn: label_counts.ClassifierFn,
     element_spec: collections.OrderedDict,
     *,
-    num_classes: int,
     clients_per_round: int,
     training: learning.Training,
     generator_optimizer: tff.learning.optimizers.Optimizer,
@@ -280,13 +387,13 @@ def build_fedftg_process(
     dataset_fn: Optional[tff_types.DatasetFn],
     hparams: hparams_lib.FedFTGHparams = hparams_lib.FedFTGHparams(),
     seed: int = 0,
+    server_data: Optional[server_data_lib.ServerData] = None,
 ) -> tff.learning.templates.LearningProcess:
   """Builds FedFTG (defaults: the reference's settings where known).
 
   Args:
     classifier_fn: Builds the `tff_kd.models.Classifier`.
     element_spec: Batch structure of the client datasets.
-    num_classes: C.
     clients_per_round: M, the most clients per round (teacher slots).
     training: The client optimiser and learning-rate schedule, and the
       server optimiser that applies the mean delta (SGD lr 1: FedAvg).
@@ -304,12 +411,16 @@ def build_fedftg_process(
       reference's settings where known). The student steps run through
       `distillation_lib.distill`.
     seed: Seed of the generator's initial weights and of its noise.
+    server_data: The server's data, or None. FedFTG needs no server data;
+      a labeled validation set (`val_size > 0`) is read for the round's
+      link table (`build_fine_tune_finalizer`), nothing else.
 
   Returns:
     A `tff.learning.templates.LearningProcess`.
 
   Raises:
     ConfigError: A bad setting.
+    DataError: Labeled images whose shape is not the classifier's input.
   """
   def fail(message):
     raise errors.ConfigError(f'fedftg {message}')
@@ -327,9 +438,7 @@ def build_fedftg_process(
       student_training=d.student_training, kl_reduction=d.kl_reduction)
   model = local_training.structure_of(classifier_fn).model
   image_shape = tuple(model.input_shape[1:])
-  if model.output_shape[-1] != num_classes:
-    fail(f'classifier has {model.output_shape[-1]} outputs but num_classes '
-         f'is {num_classes}')
+  num_classes = int(model.output_shape[-1])
 
   def generator_fn():
     return generators.build_image_generator(
@@ -354,7 +463,8 @@ def build_fedftg_process(
           transfer_weight=h.transfer_weight,
           diversity_weight=h.diversity_weight, mask=h.mask,
           ensemble=h.ensemble, lr_decay=d.lr_decay, seed=seed,
-          generator_steps=h.generator_steps))
+          generator_steps=h.generator_steps),
+      server_data=server_data)
   initial = learning.build_initial_weights_fn(model_fn)
   return composer.compose_learning_process(
       initial,
@@ -377,7 +487,6 @@ def build_from_settings(
   f = settings.hparams
   return build_fedftg_process(
       inputs.classifier_fn, inputs.element_spec,
-      num_classes=inputs.num_classes,
       clients_per_round=settings.run.clients_per_round,
       generator_optimizer=tff.learning.optimizers.build_adam(
           learning_rate=f.generator_learning_rate),
@@ -386,7 +495,7 @@ def build_from_settings(
               learning_rate=f.student_learning_rate),
           config=settings.distill),
       hparams=f, seed=settings.run.seed, training=common.training(settings),
-      dataset_fn=inputs.dataset_fn)
+      dataset_fn=inputs.dataset_fn, server_data=inputs.server_data)
 
 
 METHOD = common.Method(

@@ -31,7 +31,9 @@ Formulas implemented:
       d_eps(a, b) = mean_d (a_d - b_d)^2,
   the mean running over all B^2 ordered pairs, diagonal (zeros) included.
   Minimising it spreads the features of distinct noise vectors apart.
-* Teacher accuracy (a diagnostic): argmax of sum_k w_{k,y} h_k(z) vs y.
+* Teacher accuracy (a diagnostic): argmax of sum_k w_{k,y} h_k(z) vs y
+  (`label_weighted_ensemble`; the server's link table scores the same
+  ensemble of the full client models on its labeled images).
 * Local objective (ICML paper eq. 5 plus the reference code's extra term):
       J_k = CE(f_k(x), y)
             + alpha * 1/B' sum_j CE(h_k(G(eps_j, y_hat_j)), y_hat_j)
@@ -134,6 +136,27 @@ def teacher_loss(teacher_logits: tf.Tensor,
       labels=labels, logits=mixed))
 
 
+@tf.autograph.experimental.do_not_convert
+def label_weighted_ensemble(teacher_logits: tf.Tensor, labels: tf.Tensor,
+                            label_counts: tf.Tensor) -> tf.Tensor:
+  """FedGen's teacher ensemble: sum_k w_{k,y_i} h_k(x_i), [B, C] logits.
+
+  Each teacher's logits on sample i are weighted by its share w_{k,y_i} =
+  n_{k,y_i} / sum_j n_{j,y_i} of the sample's label (1/K for a label
+  nobody holds): the weights of `teacher_loss`, which the generator is
+  trained against. The label picks the weights, so this is the ensemble
+  of a sample whose label is known (a generated feature's, or a labeled
+  image's true label), not a predictor for unlabeled data.
+
+  Args:
+    teacher_logits: [K, B, C] the teachers' logits.
+    labels: [B] int labels.
+    label_counts: [K, C] per-teacher label counts n_{k,y}.
+  """
+  alpha = _weights_per_sample(labels, label_counts)
+  return tf.einsum('kb,kbc->bc', alpha, tf.cast(teacher_logits, tf.float32))
+
+
 class GeneratorStepResult(NamedTuple):
   """One server generator step's outputs (scalars float32).
 
@@ -209,8 +232,7 @@ def generator_step(generator: tf.keras.Model,
       optimizer_state, tuple(variables), tuple(grads))
   for variable, value in zip(variables, updated):
     variable.assign(value)
-  alpha = _weights_per_sample(labels, label_counts)
-  mixed = tf.einsum('kb,kbc->bc', alpha, logits)
+  mixed = label_weighted_ensemble(logits, labels, label_counts)
   accuracy = tf.reduce_mean(tf.cast(
       tf.equal(tf.argmax(mixed, axis=-1, output_type=tf.int32), labels),
       tf.float32))

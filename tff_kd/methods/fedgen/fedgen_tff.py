@@ -28,7 +28,10 @@ The maths is `tff_kd.methods.fedgen.fedgen_tf`. The global model is a pair
    classifier's last layer is linear) with the label-count-weighted teacher
    loss (eq. 4) and the diversity loss. The generator's optimiser state,
    like its weights, lives in the server state across rounds (the reference
-   keeps one Adam optimiser for the whole run).
+   keeps one Adam optimiser for the whole run). With a labeled server
+   validation set (`server_data.val_size > 0`), the round's link table
+   (`tff_kd.core.links.LinkHook`) is then measured on it, after the
+   result is fixed (`link_table`).
 
 State: `tff.learning.templates.LearningAlgorithmState` whose
 `global_model_weights` is `(classifier ModelWeights, generator
@@ -45,13 +48,17 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_kd import errors
+from tff_kd.core import diagnostics as core_diagnostics
+from tff_kd.core import links
 from tff_kd.core import local_training
 from tff_kd.core import stacking as stacking_tf
+from tff_kd.core import teachers as teachers_tf
 from tff_kd.federated import composer
 from tff_kd.federated import finalizers
 from tff_kd.federated import learning
 from tff_kd.federated import label_counts
 from tff_kd.federated import schedules
+from tff_kd.federated import server_data as server_data_lib
 from tff_kd.federated import stacking
 from tff_kd.federated import tff_types
 from tff_kd.methods import common
@@ -236,24 +243,48 @@ def build_generator_finalizer(
     stack_type: tff.Type,
     server_optimizer: tff.learning.optimizers.Optimizer,
     training: GeneratorTraining,
+    server_data: Optional[server_data_lib.ServerData] = None,
 ) -> tff.templates.MeasuredProcess:
   """FedAvg of the classifiers, then FedGen's generator round.
 
   State: `{'server': server-optimiser state, 'generator': generator
   optimiser state, 'round': int32}`. Measurements: `num_teachers`,
   `generator_loss`, `teacher_loss`, `diversity_loss`, `teacher_accuracy`
-  (means over the round's generator steps).
+  (means over the round's generator steps; the accuracy is the
+  label-weighted ensemble of the heads on the generated features), then
+  the round's link table (`tff_kd.core.links.NAMES`, `link_table`) on the
+  server's labeled validation images: `teacher_labeled_accuracy` (the
+  received client models), `ensemble_labeled_accuracy` (FedGen's
+  label-weighted ensemble of them, `fedgen_tf.label_weighted_ensemble`,
+  weighted by each image's true label), `ensemble_labeled_accuracy_logits`
+  / `_probs` (the uniform averages), `labeled_accuracy_before` (the
+  averaged classifier) and `labeled_accuracy_after` (the same: FedGen's
+  server distils nothing into the classifier). `target_entropy` is always
+  -1 (no distillation target). Without a labeled set (`server_data` None
+  or `val_size == 0`) every link reads -1, so the measurement type does
+  not depend on the data.
 
   Args:
     classifier_fn: Builds the `Classifier`.
     stack_type: Unplaced type of the aggregator's `Stack`.
     server_optimizer: Applies the mean classifier delta (SGD lr 1: FedAvg).
     training: Generator settings.
+    server_data: The server's data; only its labeled validation set is
+      read (inside the computation, each round), for the link table. None:
+      no labeled set.
 
   Returns:
     A `tff.templates.MeasuredProcess` with the finalizer signature.
+
+  Raises:
+    DataError: labeled images whose shape is not the classifier's input.
   """
   classifier = local_training.structure_of(classifier_fn)
+  labeled = server_data is not None and server_data.val_size > 0
+  if labeled:
+    teachers_tf.check_pool_shape(
+        server_data.image_shape, classifier.model.input_shape[1:],
+        'server validation')
   kernel_idx, bias_idx = head_variables(classifier)
   clf_weights = local_training.model_weights(classifier.model)
   gen_weights = local_training.model_weights(
@@ -299,6 +330,17 @@ def build_generator_finalizer(
         teacher_loss=result.teacher_loss,
         diversity_loss=result.diversity,
         teacher_accuracy=result.teacher_accuracy)
+    if labeled:
+      # After the round's result is fixed: the hook runs on models of its
+      # own (the results are tensors, none aliases their variables).
+      with tf.control_dependencies(tf.nest.flatten(
+          (new_state, new_classifier, new_gen))):
+        metrics.update(link_table(
+            classifier_fn(), classifier_fn().model, g, deltas, filled,
+            stack.values['label_counts'], new_classifier,
+            server_data.read_validation()))
+    else:
+      metrics.update(links.link_metrics(None, filled, None))
     return new_state, (new_classifier, new_gen), metrics
 
   return finalizers.build_server_finalizer(init_tf, finalize_tf)
@@ -334,11 +376,66 @@ def _generator_round(generator, weights, kernels, biases, counts,
   return result, tf.nest.map_structure(tf.identity, variables)
 
 
+@tf.function
+def link_table(student: classifiers.Classifier, teacher: tf.keras.Model,
+               global_weights: tff.learning.models.ModelWeights,
+               deltas: tff.learning.models.ModelWeights, valid: tf.Tensor,
+               label_counts: tf.Tensor,
+               averaged: tff.learning.models.ModelWeights,
+               labeled: tuple[tf.Tensor, tf.Tensor]
+               ) -> collections.OrderedDict:
+  """FedGen's round through the link hook (`tff_kd.core.links.LinkHook`).
+
+  FedGen's generator learns from the clients' heads on generated features;
+  on real images the teachers are the full client models (broadcast model
+  plus each client's delta, with its own non-trainable values: the stack
+  holds whole updates), and FedGen's own ensemble is the one the generator
+  trains against (`fedgen_tf.label_weighted_ensemble`): each client's
+  logits weighted per sample by its share n_{k,y} / sum_j n_{j,y} of the
+  sample's label, here the image's true label (an ensemble that reads the
+  label: what the clients' combined knowledge holds about an image of
+  known label, not a predictor for unlabeled images). The student is the
+  averaged classifier; the server distils nothing into it (`after=None`:
+  `labeled_accuracy_after` equals `labeled_accuracy_before`), and there is
+  no pool or target (`target_entropy` is -1).
+
+  Writes only `student`'s and `teacher`'s variables; a `tf.function`, so
+  that their assignments keep program order inside a TFF computation.
+
+  Args:
+    student: A built `Classifier` (overwritten).
+    teacher: A built Keras model of the same architecture (overwritten).
+    global_weights: The broadcast classifier's `ModelWeights`.
+    deltas: The stacked client updates (`Stack.values['delta']`).
+    valid: [M] bool, the rows holding a client of this round.
+    label_counts: [M, C] the clients' label counts n_{k,y}.
+    averaged: The round's averaged classifier (FedAvg's result).
+    labeled: (images [V, ...], int labels [V]).
+
+  Returns:
+    The link table, an OrderedDict over `links.NAMES`.
+  """
+
+  def own_ensemble(logits, mask, labels):
+    return fedgen_tf.label_weighted_ensemble(
+        tf.boolean_mask(logits, mask), labels,
+        tf.boolean_mask(label_counts, mask))
+
+  teachers = links.Teachers(
+      logits_fn=lambda x: teachers_tf.stacked_logits(
+          teacher, global_weights, deltas, valid, x),
+      valid=valid, ensemble_fn=own_ensemble)
+  return core_diagnostics.run(links.LinkHook(), core_diagnostics.ServerRound(
+      teachers=teachers, weights=None, pool=None, target=None,
+      student=student.model,
+      student_variables=local_training.model_weights(student.model),
+      before=averaged, after=None, labeled=labeled))
+
+
 def build_fedgen_process(
     classifier_fn: ClassifierFn,
     element_spec: collections.OrderedDict,
     *,
-    num_classes: int,
     clients_per_round: int,
     training: learning.Training,
     generator_optimizer: tff.learning.optimizers.Optimizer,
@@ -346,6 +443,7 @@ def build_fedgen_process(
     local_batch_size: int,
     hparams: hparams_lib.FedGenHparams = hparams_lib.FedGenHparams(),
     seed: int = 0,
+    server_data: Optional[server_data_lib.ServerData] = None,
 ) -> tff.learning.templates.LearningProcess:
   """Builds FedGen (defaults: the reference's MNIST settings).
 
@@ -353,7 +451,6 @@ def build_fedgen_process(
     classifier_fn: Builds the `tff_kd.models.Classifier`; its head must be
       one Dense layer (FedGen's generator imitates the head's input).
     element_spec: Batch structure of the client datasets.
-    num_classes: C.
     clients_per_round: M, the most clients per round (stack slots).
     training: The client optimiser (reference: SGD) and learning-rate
       schedule, and the server optimiser that applies the mean classifier
@@ -368,12 +465,16 @@ def build_fedgen_process(
       reference's MNIST settings). `reference_steps` scales the
       regulariser's coefficients (`LocalRegularizer`).
     seed: Seed of the generator's initial weights and of its noise.
+    server_data: The server's data, or None. FedGen needs no server data;
+      a labeled validation set (`val_size > 0`) is read for the round's
+      link table (`build_generator_finalizer`), nothing else.
 
   Returns:
     A `tff.learning.templates.LearningProcess`.
 
   Raises:
     ConfigError: A bad setting, or a classifier whose head is not linear.
+    DataError: Labeled images whose shape is not the classifier's input.
   """
   _check(learning_rate=training.learning_rate,
          learning_rate_decay=training.learning_rate_decay,
@@ -386,10 +487,7 @@ def build_fedgen_process(
   except ValueError as e:
     raise errors.ConfigError(str(e)) from None
   feature_dim = classifier.feature_dim
-  if classifier.model.output_shape[-1] != num_classes:
-    raise errors.ConfigError(
-        f'the classifier has {classifier.model.output_shape[-1]} outputs '
-        f'but num_classes is {num_classes}')
+  num_classes = int(classifier.model.output_shape[-1])
 
   def generator_fn():
     return generators.build_feature_generator(
@@ -407,7 +505,8 @@ def build_fedgen_process(
       client_work, clients_per_round)
   finalizer = build_generator_finalizer(
       classifier_fn, stack_type, training.server_optimizer,
-      GeneratorTraining(generator_fn, generator_optimizer, h, seed))
+      GeneratorTraining(generator_fn, generator_optimizer, h, seed),
+      server_data=server_data)
   initial = initial_weights_fn(classifier_fn, generator_fn)
   process = composer.compose_learning_process(
       initial,
@@ -444,13 +543,12 @@ def build_from_settings(
   f = settings.hparams
   return build_fedgen_process(
       inputs.classifier_fn, inputs.element_spec,
-      num_classes=inputs.num_classes,
       clients_per_round=settings.run.clients_per_round,
       generator_optimizer=tff.learning.optimizers.build_adam(
           learning_rate=f.generator_learning_rate),
       local_batch_size=settings.local.batch_size, hparams=f,
       seed=settings.run.seed, training=common.training(settings),
-      dataset_fn=inputs.dataset_fn)
+      dataset_fn=inputs.dataset_fn, server_data=inputs.server_data)
 
 
 METHOD = common.Method(
