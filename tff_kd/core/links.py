@@ -23,7 +23,7 @@ result is fixed; it may overwrite the models it is handed. Pure TensorFlow.
 """
 
 import collections
-from typing import Callable, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import tensorflow as tf
 
@@ -128,6 +128,23 @@ def link_metrics(teacher_logits: Optional[tf.Tensor], valid: tf.Tensor,
         out['labeled_accuracy_before'] if after_logits is None else
         teachers_tf.accuracy(after_logits, labels))
   return out
+
+
+def labeled_set(server_data: Any, input_shape: Sequence[int]) -> bool:
+  """Whether the server's data holds labeled images for the link table.
+
+  Args:
+    server_data: A `tff_kd.federated.server_data.ServerData`, or None.
+    input_shape: The classifier's per-example input shape.
+
+  Raises:
+    DataError: labeled images whose shape is not `input_shape`.
+  """
+  if server_data is None or not server_data.val_size:
+    return False
+  teachers_tf.check_pool_shape(server_data.image_shape, input_shape,
+                               'server validation')
+  return True
 
 
 class LinkHook:

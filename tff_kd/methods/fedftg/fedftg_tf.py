@@ -231,8 +231,12 @@ class FineTuneResult(NamedTuple):
 def _ensemble_logits(teachers: Sequence[tf.keras.Model], x: tf.Tensor,
                      teacher_mask: tf.Tensor | None) -> tf.Tensor:
   """[K, B, C] inference-mode logits; rows of masked-out teachers are 0."""
-  logits = tf.stack([tf.cast(t(x, training=False), tf.float32)
-                     for t in teachers])
+  return _masked(tf.stack([tf.cast(t(x, training=False), tf.float32)
+                           for t in teachers]), teacher_mask)
+
+
+def _masked(logits: tf.Tensor, teacher_mask: tf.Tensor | None) -> tf.Tensor:
+  """[K, N, C] `logits` with the rows of masked-out teachers set to 0."""
   if teacher_mask is None:
     return logits
   return logits * tf.reshape(tf.cast(teacher_mask, tf.float32), [-1, 1, 1])
@@ -253,10 +257,8 @@ def teacher_logits(teachers: Sequence[tf.keras.Model], x: tf.Tensor,
       the others are 0.
     batch_size: Examples per forward pass.
   """
-  logits = distillation.teacher_logits(list(teachers), x, batch_size)
-  if teacher_mask is None:
-    return logits
-  return logits * tf.reshape(tf.cast(teacher_mask, tf.float32), [-1, 1, 1])
+  return _masked(distillation.teacher_logits(list(teachers), x, batch_size),
+                 teacher_mask)
 
 
 class FineTuneSettings(NamedTuple):

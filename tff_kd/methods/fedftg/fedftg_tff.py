@@ -45,7 +45,6 @@ from tff_kd.core import distillation as distillation_lib
 from tff_kd.core import links
 from tff_kd.core import local_training
 from tff_kd.core import stacking as stacking_tf
-from tff_kd.core import teachers as teachers_tf
 from tff_kd.federated import composer
 from tff_kd.federated import finalizers
 from tff_kd.federated import label_counts
@@ -151,10 +150,7 @@ def build_fine_tune_finalizer(
     DataError: labeled images whose shape is not the classifier's input.
   """
   model = local_training.structure_of(model_fn)
-  labeled = server_data is not None and server_data.val_size > 0
-  if labeled:
-    teachers_tf.check_pool_shape(server_data.image_shape,
-                                 model.input_shape[1:], 'server validation')
+  labeled = links.labeled_set(server_data, model.input_shape[1:])
   clf_weights = local_training.model_weights(model)
   gen_weights = local_training.model_weights(
       local_training.structure_of(tuning.generator_fn))

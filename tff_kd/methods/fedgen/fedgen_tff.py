@@ -280,11 +280,7 @@ def build_generator_finalizer(
     DataError: labeled images whose shape is not the classifier's input.
   """
   classifier = local_training.structure_of(classifier_fn)
-  labeled = server_data is not None and server_data.val_size > 0
-  if labeled:
-    teachers_tf.check_pool_shape(
-        server_data.image_shape, classifier.model.input_shape[1:],
-        'server validation')
+  labeled = links.labeled_set(server_data, classifier.model.input_shape[1:])
   kernel_idx, bias_idx = head_variables(classifier)
   clf_weights = local_training.model_weights(classifier.model)
   gen_weights = local_training.model_weights(
