@@ -47,6 +47,12 @@ def _global_weights(exp, root: str) -> list[np.ndarray]:
     'fedavg', pytest.param('dafkd', marks=pytest.mark.slow)])
 def test_two_workers_give_the_one_worker_model(tmp_path, workers, method):
   config = _config(rounds=2, export=False, **helpers.method_overrides(method))
+  if method == 'dafkd':
+    # DaFKD's recipe (lr 0.01 at T = 20, a T^2 = 400 gradient scale) carries
+    # the workers' round-off past the tolerance; the comparison is of the
+    # runtimes, so DaFKD distils at the section's lr 1e-3 and T = 1 here.
+    experiment.with_overrides(config, {'distill.learning_rate': 1e-3,
+                                       'distill.temperature': 1.0})
   addresses = [a for a, _ in workers]
   roots = {}
   for name, group in (('one', addresses[:1]), ('two', addresses[1:])):
