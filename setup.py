@@ -1,4 +1,4 @@
-"""Installs tff_kd and the `train` and `plot` console commands.
+"""Installs tff_kd and the `train`, `plot` and `compare` console commands.
 
 Dependencies are deliberately not declared in `install_requires`: TFF 0.87
 pins jax/jaxlib 0.4.14, which the package registry no longer serves, so the
@@ -18,5 +18,6 @@ setuptools.setup(
         include=['tff_kd', 'tff_kd.*', 'binaries', 'configs']),
     entry_points={'console_scripts': ['train = binaries.train:run',
                                       'plot = binaries.plot:run',
+                                      'compare = binaries.compare:run',
                                       'tff_kd_worker = binaries.worker:run']},
 )

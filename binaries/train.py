@@ -13,10 +13,7 @@ without a usable client, an unreachable worker. The traceback of a fault
 goes to <root_dir>/logs.
 """
 
-import logging as std_logging
 import os
-import signal
-import sys
 import time
 
 # TensorFlow's C++ start-up chatter (e.g. the CUDA plugin registration
@@ -33,6 +30,8 @@ from tff_kd.runtime import context  # pylint: disable=g-import-not-at-top
 context.install()
 from tff_kd import errors  # pylint: disable=g-import-not-at-top,g-bad-import-order
 from tff_kd.program import experiment  # pylint: disable=g-import-not-at-top
+
+from binaries import cli  # pylint: disable=g-bad-import-order
 
 from absl import app  # pylint: disable=g-bad-import-order
 from absl import flags
@@ -55,104 +54,18 @@ _PROGRESS = flags.DEFINE_bool('progress', True, 'Show a progress bar.')
 _PLOT = flags.DEFINE_bool('plot', True,
                           'Write the learning curves to <root_dir>/curves.png.')
 # TF, TFF and absl INFO records go to <root_dir>/logs/ unless --verbosity is
-# given (absl's flag; e.g. --verbosity=0 shows INFO on the console again).
-_LOG_DIR = 'logs'
+# given (absl's flag; e.g. --verbosity=0 shows INFO on the console again):
+# `cli.log_to_file`.
 
 
 def _fail(message: str) -> None:
-  print(f'train: error: {message}', file=sys.stderr)
-  sys.exit(2)
+  cli.fail('train', message)
 
 
 def _parse_flags(argv: list[str]) -> list[str]:
-  """absl's parser, with every error as a one-line message: a config file
-  that cannot be loaded, an unknown config key, a bad override value, a
-  stray positional argument."""
-  files = [a.split('=', 1)[1] for a in argv[1:] if a.startswith('--config=')]
-  config_file = files[-1] if files else _DEFAULT_CONFIG
-  try:
-    rest = flags.FLAGS(argv)
-  except flags.Error as e:
-    _fail(str(e).strip().splitlines()[0])
-  except Exception as e:  # pylint: disable=broad-except
-    # ml_collections runs the config file while parsing, and raises
-    # AttributeError / KeyError for `--config.<unknown key>=...`.
-    if (isinstance(e, OSError) or not os.path.isfile(config_file) or
-        _raised_in(e, config_file)):
-      _fail(f'cannot load the config file {config_file!r} (a Python file '
-            f'with get_config()): {_first_line(e)}')
-    if isinstance(e, (AttributeError, KeyError)):
-      key = str(e).strip('\'"')
-      bad = [a for a in argv[1:] if a.startswith('--config.')]
-      _fail(f"config key {key!r} does not exist (in {' '.join(bad)})")
-    if isinstance(e, (TypeError, ValueError)):
-      _fail(f'bad config override: {e}')
-    raise
-  if len(rest) > 1:
-    _fail(f'unexpected argument(s) {" ".join(rest[1:])!r}; flags are '
-          '--name=value (see --help)')
-  return rest
-
-
-def _first_line(e: BaseException) -> str:
-  text = str(e).strip()
-  return (f'{type(e).__name__}: {text.splitlines()[0]}' if text
-          else type(e).__name__)
-
-
-def _raised_in(e: BaseException, path: str) -> bool:
-  """Whether `e` was raised while running (or compiling) the file `path`."""
-  path = os.path.realpath(path)
-  if isinstance(e, SyntaxError) and e.filename:
-    if os.path.realpath(e.filename) == path:
-      return True
-  tb = e.__traceback__
-  while tb is not None:
-    if os.path.realpath(tb.tb_frame.f_code.co_filename) == path:
-      return True
-    tb = tb.tb_next
-  # ml_collections reports a module without get_config() by its name.
-  return (isinstance(e, AttributeError) and 'get_config' in str(e))
-
-
-class _InternalNotices(std_logging.Filter):
-  """Demotes TensorFlow's notices about its own internals to INFO.
-
-  E.g. Keras' BatchNormalization building graphs through a deprecated TF
-  API: nothing a user of this library can act on, so they go to the log
-  file, not the console.
-  """
-
-  _NOTICES = ('is deprecated and will be removed',
-              'compiled metrics have yet to be built')
-
-  def filter(self, record: std_logging.LogRecord) -> bool:
-    if record.levelno == std_logging.WARNING and any(
-        n in record.getMessage() for n in self._NOTICES):
-      record.levelno, record.levelname = std_logging.INFO, 'INFO'
-    return True
-
-
-def _log_to_file(root_dir: str) -> None:
-  """Records go to root_dir/logs; only warnings and errors to stderr.
-
-  Covers absl's records (TFF's and this library's) and TensorFlow's Python
-  logger, which otherwise prints its INFO records itself.
-  """
-  if flags.FLAGS['verbosity'].present:
-    return
-  log_dir = os.path.join(root_dir, _LOG_DIR)
-  os.makedirs(log_dir, exist_ok=True)
-  logging.get_absl_handler().use_absl_log_file('train', log_dir)
-  flags.FLAGS.stderrthreshold = 'warning'
-  # A log file that cannot be written (a full disk) must not print
-  # logging's own tracebacks on the console.
-  std_logging.raiseExceptions = False
-  tf_logger = std_logging.getLogger('tensorflow')
-  for handler in list(tf_logger.handlers):
-    tf_logger.removeHandler(handler)
-  tf_logger.propagate = True  # To absl's handler on the root logger.
-  tf_logger.addFilter(_InternalNotices())
+  """absl's parser, with every error as a one-line message
+  (`cli.parse_flags`)."""
+  return cli.parse_flags('train', argv, _DEFAULT_CONFIG)
 
 
 def _header(settings: experiment.Settings) -> str:
@@ -186,24 +99,8 @@ def _summary(root_dir: str, result, seconds: float,
   if curves:
     lines.append(f'  curves:      {curves}')
   if not flags.FLAGS['verbosity'].present:
-    lines.append(f'  log:         {os.path.join(root_dir, _LOG_DIR)}')
+    lines.append(f'  log:         {os.path.join(root_dir, cli.LOG_DIR)}')
   return '\n'.join(lines)
-
-
-# The first SIGINT or SIGTERM received: it stops the run with one line.
-_stop_signal: str | None = None
-
-
-def _on_stop_signal(signum: int, unused_frame) -> None:
-  """Ctrl-C or SIGTERM: unwinds the run (`KeyboardInterrupt`); a second
-  one ends the process at once."""
-  global _stop_signal
-  if _stop_signal is not None:
-    signal.signal(signum, signal.SIG_DFL)
-    os.kill(os.getpid(), signum)
-    return
-  _stop_signal = signal.Signals(signum).name
-  raise KeyboardInterrupt(_stop_signal)
 
 
 def _how_to_resume(root_dir: str) -> str:
@@ -219,12 +116,9 @@ def _stopped(e: BaseException, root_dir: str) -> None:
   """Ends a run that stopped on `e` with one line (its traceback goes to
   the log file); a bug keeps its traceback."""
   logging.info('the run stopped on %s', type(e).__name__, exc_info=e)
-  if _stop_signal is not None:
-    # The signal may land inside the program's asyncio work (a release):
-    # the tasks it cancels are reported as "exception was never retrieved"
-    # when they are collected at exit, after the one line. Expected here.
-    std_logging.getLogger('asyncio').setLevel(std_logging.CRITICAL)
-    _fail(f'stopped by {_stop_signal}; {_how_to_resume(root_dir)}')
+  if cli.stop_signal() is not None:
+    cli.quiet_cancelled_tasks()
+    _fail(f'stopped by {cli.stop_signal()}; {_how_to_resume(root_dir)}')
   if isinstance(e, errors.UserError):
     _fail(str(e))
   if isinstance(e, OSError):
@@ -235,9 +129,8 @@ def _stopped(e: BaseException, root_dir: str) -> None:
 
 def _train(settings: experiment.Settings, root_dir: str) -> None:
   """Trains, under the run folder's lock."""
-  _log_to_file(root_dir)
-  for signum in (signal.SIGINT, signal.SIGTERM):
-    signal.signal(signum, _on_stop_signal)
+  cli.log_to_file('train', root_dir)
+  cli.handle_stop_signals()
   print(_header(settings), flush=True)
   start = time.perf_counter()
   try:
@@ -257,13 +150,7 @@ def _train(settings: experiment.Settings, root_dir: str) -> None:
 def main(argv: list[str]) -> None:
   del argv  # `_parse_flags` refuses positional arguments.
   context.freeze_imported_objects()  # TF and TFF are imported by now.
-  try:
-    config = _CONFIG.value
-    config.keys()  # config_flags defers a failed load to the first use.
-  except Exception as e:  # pylint: disable=broad-except
-    _fail(f"cannot load the config file "
-          f"{flags.FLAGS['config'].config_filename!r} (a Python file with "
-          f'get_config()): {_first_line(e)}')
+  config = cli.load_config('train', _CONFIG)
   with config.unlocked():
     if _METHOD.value is not None:
       config.method = _METHOD.value

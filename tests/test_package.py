@@ -79,7 +79,7 @@ def test_importing_the_library_has_no_side_effects(tmp_path):
   assert proc.stdout.strip().endswith('OK')
 
 
-@pytest.mark.parametrize('binary', ['train', 'worker'])
+@pytest.mark.parametrize('binary', ['train', 'compare', 'worker'])
 def test_binaries_defer_tensorflow_probability(tmp_path, binary):
   """The binaries call `context.install()` before they import TFF."""
   proc = _run(f"""

@@ -112,7 +112,9 @@ def one_of(*choices: str) -> Checker:
 
 
 def model_list(key: str, value: Any) -> None:
-  """'' or a comma list `name[:norm]` of `tff_kd.models` architectures."""
+  """'' or a comma list `name[:norm]` of `tff_kd.models` architectures
+  (`keras:<Application>` and `py:<module>:<function>` entries take no
+  norm)."""
   if not isinstance(value, str):
     _fail(key, "a comma list such as 'cnn,resnet11'", value)
   model_names.parse_model_list(value, default_norm=model_names.NORMS[0],

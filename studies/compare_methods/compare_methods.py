@@ -16,6 +16,13 @@ test accuracy and of the mean of the last 5 rounds, the mean curve, seconds
 per round (`process.next`, round 1 excluded: it traces), and the
 method-specific server metrics.
 
+The library's `compare` command (docs/compare.md) runs methods and named
+variants over seeds the same way for any config, with resumable run
+folders; this script keeps its own run records, which studies/table1 and
+studies/dafkd_pool read, and shares the command's statistics over seeds
+(`experiment.mean_std`, `last_mean`, `mean_curve`, `finite_mean`,
+`seconds_per_round`).
+
 Usage (about 3-8 minutes per variant and seed on 2 CPU cores):
   TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python -m studies.compare_methods.compare_methods \
       --manual_dir=../shared/data/mnist --seeds=0,1,2 \
@@ -23,9 +30,7 @@ Usage (about 3-8 minutes per variant and seed on 2 CPU cores):
 """
 
 import json
-import math
 import os
-import statistics
 import tempfile
 import time
 import traceback
@@ -166,16 +171,6 @@ def title(dataset: str) -> str:
   return f'Method comparison on {dataset} (studies/compare_methods/compare_methods.py)'
 
 
-def _mean(values) -> float:
-  values = list(values)
-  return statistics.fmean(values) if values else float('nan')
-
-
-def _std(values) -> float:
-  values = list(values)
-  return statistics.stdev(values) if len(values) > 1 else 0.0
-
-
 def _run_one(variant: str, seed: int, root: str) -> dict:
   config = make_config(variant, seed, _ROUNDS.value, _OVERRIDES.value)
   t0 = time.perf_counter()
@@ -195,14 +190,19 @@ def _run_one(variant: str, seed: int, root: str) -> dict:
       train_seconds=times,
       eval_seconds=[x.get('time/eval_s', 0.0) for x in h],
       final_accuracy=run.final['test/accuracy'],
-      seconds_per_round=_mean(times[1:] or times),
+      seconds_per_round=experiment.seconds_per_round(times),
       first_round_seconds=times[0],
       wall_seconds=time.perf_counter() - t0,
       metrics=server)
 
 
 def summarize(runs: list[dict]) -> dict:
-  """Mean +- std over seeds per variant, from run records."""
+  """Mean +- std over seeds per variant, from run records.
+
+  The statistics are the `compare` command's (`experiment.mean_std`,
+  `last_mean`, `mean_curve`, `finite_mean`); the summary's keys are this
+  study's own.
+  """
   by_variant: dict[str, list[dict]] = {}
   for r in runs:
     by_variant.setdefault(r['variant'], []).append(r)
@@ -215,17 +215,19 @@ def summarize(runs: list[dict]) -> dict:
           errors=[r.get('error', '') for r in rs])
       continue
     finals = [r['final_accuracy'] for r in rs]
-    last5 = [_mean(r['accuracy'][-5:]) for r in rs]
-    n = min(len(r['accuracy']) for r in rs)
+    final_mean, final_std = experiment.mean_std(finals)
+    last5_mean, last5_std = experiment.mean_std(
+        experiment.last_mean(r['accuracy'], 5) for r in rs)
     summary[variant] = dict(
         seeds=[r['seed'] for r in rs],
-        final_mean=_mean(finals), final_std=_std(finals), finals=finals,
-        last5_mean=_mean(last5), last5_std=_std(last5),
-        curve=[_mean(r['accuracy'][i] for r in rs) for i in range(n)],
-        seconds_per_round=_mean(r['seconds_per_round'] for r in rs),
+        final_mean=final_mean, final_std=final_std, finals=finals,
+        last5_mean=last5_mean, last5_std=last5_std,
+        curve=experiment.mean_curve([r['accuracy'] for r in rs]),
+        seconds_per_round=experiment.finite_mean(
+            r['seconds_per_round'] for r in rs),
         server_metrics={
-            k: _mean(_mean(v for v in r['metrics'][k] if math.isfinite(v))
-                     for r in rs)
+            k: experiment.finite_mean(
+                experiment.finite_mean(r['metrics'][k]) for r in rs)
             for k in rs[0]['metrics']})
   return summary
 

@@ -30,28 +30,36 @@ def train(*args: str, env: dict | None = None,
       **kwargs)
 
 
-def one_line_error(returncode: int, stderr: str, message: str) -> str:
-  """Checks exit code 2 and a last line `train: error: ...message...` with
-  no traceback; returns that line."""
+def one_line_error(returncode: int, stderr: str, message: str,
+                   program: str = 'train') -> str:
+  """Checks exit code 2 and a last line `<program>: error: ...message...`
+  with no traceback; returns that line."""
   assert returncode == 2, stderr[-2000:]
   assert 'Traceback' not in stderr, stderr[-2000:]
   lines = stderr.strip().splitlines()
   last = lines[-1] if lines else ''
-  assert last.startswith('train: error: ') and message in last, stderr[-2000:]
+  assert last.startswith(f'{program}: error: ') and message in last, (
+      stderr[-2000:])
   return last
 
 
-def main_in_process(cases: list[list[str]]) -> list[dict]:
-  """Runs the binary's flag parser and `main` on each argument list, all in
+def main_in_process(cases: list[list[str]],
+                    program: str = 'train') -> list[dict]:
+  """Runs a binary's flag parser and `main` on each argument list, all in
   one process (one start-up of TensorFlow for all cases).
+
+  Args:
+    cases: Each case's arguments.
+    program: The binary, a module of `binaries/` (`train`, `compare`).
 
   Returns:
     One dict per case: exit `code` and `stderr`.
   """
   script = '''
-import contextlib, io, json, sys
+import contextlib, importlib, io, json, sys
 from absl import flags
-from binaries import train
+program = sys.argv[2]
+binary = importlib.import_module('binaries.' + program)
 for argv in json.loads(sys.argv[1]):
   err, code = io.StringIO(), None
   with contextlib.redirect_stderr(err):
@@ -59,8 +67,8 @@ for argv in json.loads(sys.argv[1]):
       flags.FLAGS.unparse_flags()
       for name in [n for n in flags.FLAGS if n.startswith('config.')]:
         delattr(flags.FLAGS, name)  # The last case's overrides.
-      sys.argv = ['train', *argv]  # ml_collections reads overrides there.
-      train.main(train._parse_flags(sys.argv))
+      sys.argv = [program, *argv]  # ml_collections reads overrides there.
+      binary.main(binary._parse_flags(sys.argv))
     except SystemExit as e:
       code = e.code
   print(json.dumps(dict(code=code, stderr=err.getvalue())), flush=True)
@@ -70,7 +78,7 @@ for argv in json.loads(sys.argv[1]):
   # folder) writes there, not into the checkout.
   with tempfile.TemporaryDirectory() as cwd:
     proc = subprocess.run(
-        [sys.executable, '-c', script, json.dumps(cases)], cwd=cwd,
+        [sys.executable, '-c', script, json.dumps(cases), program], cwd=cwd,
         capture_output=True, text=True, timeout=300,
         env={**os.environ, 'TF_CPP_MIN_LOG_LEVEL': '3',
              'PYTHONPATH': os.pathsep.join(

@@ -1,6 +1,7 @@
 """Classifiers with separable feature extractor and head (the library's CNN
 and ResNet-11, Keras Applications as `keras:<name>`, any functional Keras
-model through `from_keras`), their pretrained initial weights, generators,
+model through `from_keras`, a user's own model function as
+`py:<module>:<function>`), their pretrained initial weights, generators,
 and the DaFKD discriminator head.
 
 The package imports its modules at the first use of one of their names
@@ -20,14 +21,18 @@ _EXPORTS = {
     'MODELS': 'names',
     'NOISE_KINDS': 'names',
     'NORMS': 'names',
+    'PY_PREFIX': 'names',
     'check_model_name': 'names',
+    'check_py_model': 'names',
     'check_weights': 'names',
     'check_weights_list': 'names',
     'is_application': 'names',
+    'is_py_model': 'names',
     'parse_model_list': 'names',
     'parse_weights_list': 'names',
     # TensorFlow.
     'Classifier': 'classifiers',
+    'architecture_digest': 'classifiers',
     'build_classifier': 'classifiers',
     'num_parameters': 'classifiers',
     'build_dcgan_generator': 'generators',
@@ -41,7 +46,7 @@ _EXPORTS = {
 }
 # The package's modules, also reachable as attributes (`models.pretrained`).
 _MODULES = ('classifiers', 'generators', 'keras_models', 'names',
-            'pretrained', 'pretraining')
+            'pretrained', 'pretraining', 'py_models')
 
 __all__ = sorted(_EXPORTS)
 

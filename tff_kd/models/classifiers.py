@@ -51,6 +51,11 @@ Architectures:
   reseeded from `seed` (`_SeededInitialisers`). Pretrained weights
   (ImageNet or a file) come from `tff_kd.models.pretrained`.
 
+* `py:<module>:<function>` (e.g. `py:my_models:build`): the user's own
+  Keras model, built by that function (`tff_kd.models.py_models`,
+  docs/own_model.md) and split by `from_keras`; its initialisers are
+  reseeded from `seed` as an Application's are. `norm` does not apply.
+
 `norm` selects BatchNorm (`batch`), GroupNorm (`group`: the largest group
 count <= 8 that divides the channels, Hsieh et al. 2020 recommend it for
 non-IID FL) or none. Initialisers are seeded, so the same seed gives the same
@@ -58,9 +63,16 @@ initial weights in eager and graph mode.
 
 Any functional Keras classifier becomes a `Classifier` with
 `tff_kd.models.keras_models.from_keras`.
+
+`architecture_digest` names a built model's architecture (its layers and
+their variables' shapes), which a run folder records so that a resumed run
+cannot silently continue with another architecture
+(`tff_kd.program.checkpoints`).
 """
 
 import functools
+import hashlib
+import json
 import math
 import sys
 from typing import Callable, NamedTuple, Optional, Sequence
@@ -73,6 +85,7 @@ from tff_kd.models.names import APPLICATIONS
 from tff_kd.models.names import application_of
 from tff_kd.models.names import check_model_name
 from tff_kd.models.names import is_application
+from tff_kd.models.names import is_py_model
 from tff_kd.models.names import KERAS_PREFIX
 from tff_kd.models.names import MODELS
 from tff_kd.models.names import NORMS
@@ -274,10 +287,11 @@ def build_classifier(name: str, *, input_shape: Sequence[int],
   Pretrained weights: `tff_kd.models.pretrained.classifier_builder`.
 
   Args:
-    name: One of `MODELS`, or `keras:<Application>` (`APPLICATIONS`).
+    name: One of `MODELS`, `keras:<Application>` (`APPLICATIONS`) or
+      `py:<module>:<function>` (`tff_kd.models.py_models`).
     input_shape: (H, W, C) of the images.
     num_classes: Number of logits.
-    norm: One of `NORMS` (unused by Keras Applications).
+    norm: One of `NORMS` (unused by Keras Applications and `py:` models).
     seed: Initialiser seed.
     backbone_weights: Keras Applications only: Keras' `weights` argument of
       the backbone (None: seeded random; 'imagenet': Keras' ImageNet
@@ -289,16 +303,23 @@ def build_classifier(name: str, *, input_shape: Sequence[int],
     A `Classifier`.
 
   Raises:
-    ConfigError: unknown name or norm, or an Application that cannot take
-      these images.
+    ConfigError: unknown name or norm, an Application that cannot take
+      these images, or a `py:` model that cannot be built
+      (`py_models.build`).
   """
-  if not is_application(name) and name not in MODELS:
+  if not (is_application(name) or is_py_model(name)) and name not in MODELS:
     raise errors.ConfigError(
-        f"model {name!r} is unknown; choose one of {', '.join(MODELS)} or "
-        'keras:<Application>')
+        f"model {name!r} is unknown; choose one of {', '.join(MODELS)}, "
+        'keras:<Application> or py:<module>:<function>')
   if norm not in NORMS:
     raise errors.ConfigError(
         f"model.norm {norm!r} is unknown; choose one of {', '.join(NORMS)}")
+  if is_py_model(name):
+    # py_models imports this module (through keras_models).
+    from tff_kd.models import py_models  # pylint: disable=g-import-not-at-top
+    with tf.variable_creator_scope(_SeededInitialisers(seed)):
+      return py_models.build(name, input_shape=input_shape,
+                             num_classes=num_classes, seed=seed)
   seeds = InitSeeds(seed)
   inputs = tf.keras.Input(tuple(input_shape), name='images')
   if is_application(name):
@@ -318,6 +339,34 @@ def build_classifier(name: str, *, input_shape: Sequence[int],
   head = tf.keras.Model(feature_in, logits, name=f'{name}_head')
   model = tf.keras.Model(inputs, head(features(inputs)), name=name)
   return Classifier(model, features, head, feature_dim)
+
+
+def _leaf_layers(layer: tf.keras.layers.Layer):
+  """The layers of a model, nested models' layers in their place."""
+  if isinstance(layer, tf.keras.Model):
+    for inner in layer.layers:
+      yield from _leaf_layers(inner)
+  else:
+    yield layer
+
+
+def architecture_digest(model: tf.keras.Model) -> str:
+  """A stable digest of a model's architecture (16 hex digits).
+
+  The SHA-256 of its layers in order (nested models' layers in their
+  place), each as its class name and the shape and dtype of each of its
+  variables. It does not depend on the variables' values, the layers'
+  names or the build (eager or graph): the same code builds the same
+  digest, and a change of layer types or widths changes it.
+
+  Args:
+    model: A built Keras model (e.g. `Classifier.model`).
+  """
+  layers = [[type(layer).__name__,
+             [[list(v.shape), v.dtype.name] for v in layer.weights]]
+            for layer in _leaf_layers(model)]
+  text = json.dumps(layers, separators=(',', ':'))
+  return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def num_parameters(model: tf.keras.Model) -> int:

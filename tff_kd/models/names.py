@@ -1,19 +1,25 @@
 """Model and weights settings as text: the names and checks configs need.
 
-Checking a config names architectures (`MODELS`, `keras:<Application>`),
-norms, initial weights and generator noise, but builds nothing; so the
-names and their checkers live here, with no TensorFlow import, and
-`tff_kd.hparams` and the methods' config sections import this module
-alone. The TensorFlow modules (`classifiers`, `pretrained`, `generators`)
-import their names from here.
+Checking a config names architectures (`MODELS`, `keras:<Application>`,
+`py:<module>:<function>`), norms, initial weights and generator noise, but
+builds nothing; so the names and their checkers live here, with no
+TensorFlow import, and `tff_kd.hparams` and the methods' config sections
+import this module alone. The TensorFlow modules (`classifiers`,
+`pretrained`, `generators`, `py_models`) import their names from here.
 
-The checks read the text of a setting only, with one exception:
+The checks read the text of a setting only, with two exceptions:
 `check_weights` asks whether a weights *path* exists (`weights_format`),
-as it always has. A `pretrain:<dataset>` setting is checked without the
-file system (`tff_kd.models.pretraining.check_spec`).
+as it always has, and a `py:<module>:<function>` model asks whether its
+module can be found (`find_py_module`: `importlib.util.find_spec`, which
+runs no code of the module, but imports the packages above a dotted one).
+A `pretrain:<dataset>` setting is checked without the file system
+(`tff_kd.models.pretraining.check_spec`).
 """
 
+import importlib.util
+import keyword
 import os
+import sys
 from typing import Optional
 
 from tff_kd import errors
@@ -46,6 +52,14 @@ APPLICATIONS: tuple[str, ...] = (
     'ResNet50V2', 'ResNetRS101', 'ResNetRS152', 'ResNetRS200', 'ResNetRS270',
     'ResNetRS350', 'ResNetRS420', 'ResNetRS50', 'VGG16', 'VGG19', 'Xception')
 
+# A user's own model, named `py:<module>:<function>` in configs: the
+# function (of a module on sys.path, or in the current directory) builds it
+# (`tff_kd.models.py_models`; docs/own_model.md).
+PY_PREFIX = 'py:'
+_PY_USAGE = ('expected py:<module>:<function>, e.g. py:my_models:build (a '
+             'module on sys.path or in the current directory, and a '
+             'function in it)')
+
 # The weights setting of Keras' ImageNet backbone weights.
 IMAGENET = 'imagenet'
 # Suffixes of Keras' h5 weights files.
@@ -75,33 +89,121 @@ def application_of(name: str) -> str:
   return app
 
 
+def is_py_model(name: object) -> bool:
+  """Whether `name` is a `py:<module>:<function>` model name (valid or
+  not)."""
+  return isinstance(name, str) and name.startswith(PY_PREFIX)
+
+
+def _is_name(text: str) -> bool:
+  return text.isidentifier() and not keyword.iskeyword(text)
+
+
+def py_model_parts(name: str, key: str = 'model.name') -> tuple[str, str]:
+  """(module, function) of `py:<module>:<function>`.
+
+  Args:
+    name: The model name.
+    key: The config key, for the message.
+
+  Raises:
+    ConfigError: not `py:` + a dotted module name + `:` + an identifier.
+  """
+  body = name[len(PY_PREFIX):] if is_py_model(name) else ''
+  module, _, function = body.partition(':')
+  if not (all(_is_name(part) for part in module.split('.')) and
+          _is_name(function)):
+    raise errors.ConfigError(f'{key}={name!r}: {_PY_USAGE}')
+  return module, function
+
+
+def _on_sys_path(folder: str) -> bool:
+  return any(os.path.abspath(p or os.curdir) == folder for p in sys.path)
+
+
+def find_py_module(module: str) -> bool:
+  """Whether a `py:` model's module can be imported.
+
+  Looks on `sys.path`, then in the current directory: one not on
+  `sys.path` (as under the `train` console command; `python -m` and
+  notebooks have it already) is appended to `sys.path` when the module is
+  there, so that building the model later imports the same module. Runs
+  no code of the module itself (a dotted module's parent packages are
+  imported, as `importlib.util.find_spec` does).
+  """
+
+  def found() -> bool:
+    try:
+      return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # A missing parent package.
+      return False
+
+  if found():
+    return True
+  cwd = os.getcwd()
+  if _on_sys_path(cwd):
+    return False
+  sys.path.append(cwd)
+  importlib.invalidate_caches()
+  if found():
+    return True
+  sys.path.remove(cwd)
+  return False
+
+
+def check_py_model(key: str, name: str) -> tuple[str, str]:
+  """Checks a `py:<module>:<function>` name: its syntax, and that its
+  module can be found (`find_py_module`); the function is looked up when
+  the model is built (`tff_kd.models.py_models`).
+
+  Returns:
+    (module, function).
+
+  Raises:
+    ConfigError: bad syntax, or a module that is not found.
+  """
+  module, function = py_model_parts(name, key)
+  if not find_py_module(module):
+    raise errors.ConfigError(
+        f'{key}={name!r}: module {module} not found (looked on sys.path and '
+        f'in the current directory {os.getcwd()})')
+  return module, function
+
+
 def check_model_name(key: str, value: object) -> None:
-  """A checker (`tff_kd.hparams`): one of `MODELS` or `keras:<App>`."""
+  """A checker (`tff_kd.hparams`): one of `MODELS`, `keras:<App>` or
+  `py:<module>:<function>` whose module is found."""
   if is_application(value):
     try:
       application_of(value)
     except errors.ConfigError as e:
       raise errors.ConfigError(f'{key}: {e}') from None
+  elif is_py_model(value):
+    check_py_model(key, value)
   elif value not in MODELS:
     raise errors.ConfigError(
-        f"{key} {value!r} is unknown; choose one of {', '.join(MODELS)} or "
-        'keras:<Application> (e.g. keras:MobileNetV2)')
+        f"{key} {value!r} is unknown; choose one of {', '.join(MODELS)}, "
+        'keras:<Application> (e.g. keras:MobileNetV2) or '
+        'py:<module>:<function> (your own model: docs/own_model.md)')
 
 
 def parse_model_list(spec: str, *, default_norm: str,
                      key: str) -> list[tuple[str, str]]:
   """(name, norm) of each entry of a comma list `name[:norm]`.
 
-  A `keras:<Application>` entry takes no norm (the Application keeps its
-  own normalisation layers): its pair carries `default_norm`, unused.
+  A `keras:<Application>` or `py:<module>:<function>` entry takes no norm
+  (it keeps its own normalisation layers): its pair carries
+  `default_norm`, unused.
 
   Args:
-    spec: E.g. 'cnn,resnet11:group,keras:MobileNetV2'; '' gives [].
+    spec: E.g. 'cnn,resnet11:group,keras:MobileNetV2,py:my_models:build';
+      '' gives [].
     default_norm: The norm of entries without one.
     key: The config key, for the error message.
 
   Raises:
-    ConfigError: an entry with an unknown model or norm.
+    ConfigError: an entry with an unknown model or norm, or a `py:` entry
+      whose module is not found.
   """
   result = []
   for item in (i.strip() for i in spec.split(',')) if spec.strip() else ():
@@ -112,13 +214,18 @@ def parse_model_list(spec: str, *, default_norm: str,
         raise errors.ConfigError(f'{key} entry {item!r}: {e}') from None
       result.append((item, default_norm))
       continue
+    if is_py_model(item):
+      check_py_model(f'{key} entry', item)
+      result.append((item, default_norm))
+      continue
     name, _, norm = item.partition(':')
     norm = norm or default_norm
     if name not in MODELS or norm not in NORMS:
       raise errors.ConfigError(
           f'{key} entry {item!r} is not model[:norm] with model in '
           f"{', '.join(MODELS)} and norm in {', '.join(NORMS)}, nor "
-          'keras:<Application> (which takes no norm)')
+          'keras:<Application> or py:<module>:<function> (which take no '
+          'norm)')
     result.append((name, norm))
   return result
 

@@ -107,6 +107,10 @@ def check_spec(key: str, value: str, model: str = '') -> Spec:
     raise errors.ConfigError(
         f"{key}={value!r} pretrains the library's own models; a "
         f"{model!r} backbone takes 'imagenet' or a weights file")
+  if model and names.is_py_model(model):
+    raise errors.ConfigError(
+        f"{key}={value!r} pretrains the library's own models; your own "
+        f'model {model!r} takes a weights file')
   return spec
 
 

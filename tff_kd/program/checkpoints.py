@@ -1,7 +1,12 @@
 """A run folder's resume bookkeeping: its config, and its checkpoints.
 
-A run folder keeps the config it was started with (`config.json`):
-`check_resumable` refuses to resume it with a different experiment. The
+A run folder keeps the config it was started with (`config.json`) and the
+architecture digest of each model it builds by name (`architecture.json`,
+from `Settings.architectures`): `check_resumable` refuses to resume it with a
+different experiment, or with a model of another architecture under the
+same name (e.g. a `py:<module>:<function>` model whose code changed). A
+folder saved before digests were recorded resumes unchecked on that
+count, and records them from then on. The
 process state is checkpointed per round under `<root>/checkpoints` by a
 `tff.program.FileProgramStateManager` (SavedModels; no pickle), wrapped by
 `CheckpointManager` so that this module reads no private field of TFF's.
@@ -25,6 +30,7 @@ from tff_kd.program import settings as settings_lib
 from tff_kd.program import setup
 
 _CONFIG_FILE = 'config.json'
+ARCHITECTURE_FILE = 'architecture.json'
 # Keys that may change between a run and its resumption.
 _RESUMABLE_KEYS = ('rounds', 'eval_every', 'checkpoint_every', 'export',
                    'keep_checkpoints', 'runtime.workers',
@@ -93,16 +99,6 @@ def _method_sections(method: common.Method) -> tuple[str, ...]:
                 ('distill',))
 
 
-def _flat(tree: dict, prefix: str = '') -> dict[str, Any]:
-  out = {}
-  for key, value in tree.items():
-    if isinstance(value, dict):
-      out.update(_flat(value, f'{prefix}{key}.'))
-    else:
-      out[f'{prefix}{key}'] = value
-  return out
-
-
 def _resume_keys(config: dict) -> dict[str, Any]:
   """The dotted keys that must match for a run to resume (see below)."""
   sections = {name: _method_sections(m)
@@ -119,7 +115,8 @@ def _resume_keys(config: dict) -> dict[str, Any]:
     part = [s for s in own if s.startswith(f'{section}.')]
     return not part or key in part
 
-  return {k: v for k, v in _flat(config).items() if compared(k)}
+  return {k: v for k, v in settings_lib.flat_dict(config).items()
+          if compared(k)}
 
 
 def check_resumable(settings: settings_lib.Settings, root_dir: str) -> None:
@@ -130,8 +127,14 @@ def check_resumable(settings: settings_lib.Settings, root_dir: str) -> None:
   the saved run does not have (added to the settings tree since) blocks
   only if it is set away from its default; a key it has that no longer
   exists is ignored; renamed keys are compared under their new names
-  (`settings.canonical_dict`). Then writes the settings to the folder, as
-  a config (`Settings.to_config`).
+  (`settings.canonical_dict`). Then compares the models' architecture
+  digests with those saved (`_check_architectures`). Then writes the
+  settings to the folder, as a config (`Settings.to_config`), and the
+  digests beside it.
+
+  Raises:
+    CheckpointError: a different experiment or architecture, or an
+      unreadable `config.json` / `architecture.json`.
   """
   config = settings.to_config()
   path = os.path.join(root_dir, _CONFIG_FILE)
@@ -154,7 +157,8 @@ def check_resumable(settings: settings_lib.Settings, root_dir: str) -> None:
     defaults = settings_lib.default_config()
     defaults.distill = settings_lib.method_distill(
         settings.method, defaults.distill)
-    defaults = _flat(settings_lib.canonical_dict(defaults.to_dict()))
+    defaults = settings_lib.flat_dict(
+        settings_lib.canonical_dict(defaults.to_dict()))
     for key in sorted(current):
       now = current[key]
       before = saved.get(key, defaults.get(key, now))
@@ -162,8 +166,50 @@ def check_resumable(settings: settings_lib.Settings, root_dir: str) -> None:
         raise errors.CheckpointError(
             f'{root_dir} holds a run with a different {key!r} '
             f'({before!r} there, {now!r} now); use a new --root_dir')
+  _check_architectures(settings, root_dir)
   with open(path, 'w') as f:
     json.dump(config.to_dict(), f, indent=2, sort_keys=True)
+  if settings.architectures:
+    with open(os.path.join(root_dir, ARCHITECTURE_FILE), 'w') as f:
+      json.dump(_architecture_record(settings), f, indent=2)
+
+
+def _architecture_record(settings: settings_lib.Settings) -> dict[str, Any]:
+  """What `architecture.json` holds: the role, name and architecture
+  digest of each model the run builds by name (`Settings.named_models`)."""
+  return {'models': [
+      {'role': role, 'name': name, 'digest': digest}
+      for (role, name, _), digest in zip(settings.named_models,
+                                         settings.architectures)]}
+
+
+def _check_architectures(settings: settings_lib.Settings,
+                         root_dir: str) -> None:
+  """Refuses a run whose models' architecture digests differ from those
+  the folder recorded. No check where either side has none: a folder
+  saved before digests were recorded, or settings not prepared.
+
+  Raises:
+    CheckpointError: in one line naming the model and both digests.
+  """
+  path = os.path.join(root_dir, ARCHITECTURE_FILE)
+  if not settings.architectures or not os.path.exists(path):
+    return
+  try:
+    with open(path) as f:
+      saved = [m['digest'] for m in json.load(f)['models']]
+  except (OSError, ValueError, KeyError, TypeError) as e:
+    raise errors.CheckpointError(
+        f'{path} is unreadable ({e}); use a new --root_dir') from None
+  models = _architecture_record(settings)['models']
+  for model, before in zip(models, saved):
+    if model['digest'] != before:
+      which = f" ({model['role']})" if len(models) > 1 else ''
+      raise errors.CheckpointError(
+          f"{root_dir} holds a run of model {model['name']!r}{which} with "
+          f"architecture {before}, but it builds architecture "
+          f"{model['digest']} now (its layers or their shapes changed); "
+          'restore the model code or use a new --root_dir')
 
 
 def seeded_initial_weights(model_fn) -> tff.learning.models.ModelWeights:

@@ -23,6 +23,15 @@ into `Settings` (`from_config`), and everything below reads those.
 * Results: `read_metrics`, `best_round`, `group_runs`, `plot_runs`,
   `plot_histories` (curves of histories held in memory).
 * `sample_clients`: the seeded client sample of a round.
+* Studies (the `compare` command; `tff_kd.program.compare`): `StudyEntry`,
+  `study_entries` and `parse_variant` (methods and named variants),
+  `parse_seeds`, `plan_study` (every run's config validated before any
+  run: `StudyRun`s), `study_lock`, `run_study` (each run in
+  `<out>/runs/<label>_s<seed>/`, finished runs skipped, a stopped one
+  resumed), `write_study_summary` (`summary.md`, `summary.csv`,
+  `curves.png`; `StudySummary`), `summarize_study`; the statistics over
+  seeds the study scripts share: `mean_std`, `finite_mean`, `last_mean`,
+  `mean_curve`, `seconds_per_round`.
 * TFF's program logic (`tff.learning.programs.train_model`):
   `ClientDataSource`, `build_evaluation_manager`, `native_context`.
 
@@ -55,6 +64,14 @@ _EXPORTS = {
     'best_round': 'plots', 'group_runs': 'plots', 'plot_histories': 'plots',
     'plot_runs': 'plots', 'read_metrics': 'plots',
     'sample_clients': 'sampling',
+    'StudyEntry': 'compare', 'StudyRun': 'compare', 'StudySummary': 'compare',
+    'VARIANT_SYNTAX': 'compare', 'finite_mean': 'compare',
+    'last_mean': 'compare', 'mean_curve': 'compare', 'mean_std': 'compare',
+    'parse_seeds': 'compare', 'parse_variant': 'compare',
+    'plan_study': 'compare', 'run_study': 'compare',
+    'seconds_per_round': 'compare', 'study_entries': 'compare',
+    'study_lock': 'compare', 'summarize_study': 'compare',
+    'write_study_summary': 'compare',
     'ClientDataSource': 'tff_programs',
     'build_evaluation_manager': 'tff_programs',
     'native_context': 'tff_programs',

@@ -17,6 +17,9 @@ a float32 batch [N, H, W, C] already normalised like the training data
 (pixels scaled to [0, 1], then `(p - 0.5) / 0.5`), and returns `logits` and
 `probabilities` [N, num_classes]. Plain TensorFlow loads a version with
 `tf.saved_model.load(path)`; Keras with `tf.keras.models.load_model(path)`.
+Its `metadata.json` records the model's architecture digest
+(`tff_kd.models.architecture_digest`), as the run folder's
+`architecture.json` does.
 """
 
 import json
@@ -24,6 +27,8 @@ import os
 import shutil
 
 import tensorflow as tf
+
+from tff_kd.models import classifiers
 
 # The model name of the export layout (TF Serving's MODEL_NAME).
 MODEL_NAME = 'tff_kd'
@@ -69,6 +74,7 @@ def export_saved_model(model: tf.keras.Model, export_root: str, *,
   with open(os.path.join(partial, METADATA), 'w') as f:
     json.dump(dict(model_name=model_name, version=version,
                    input_shape=list(model.input_shape[1:]),
+                   architecture=classifiers.architecture_digest(model),
                    normalisation='pixels in [0,1], then (p - 0.5) / 0.5',
                    signature='serving_default', inputs=['images'],
                    outputs=sorted(outputs)), f, indent=2)

@@ -11,6 +11,7 @@ shape: a notebook hands the loop its own process or data, as
 round), runs `process.next`, calls the experiment's evaluations of the
 global model (`tff_kd.program.evaluation`), releases metrics to CSV,
 TensorBoard and the log (`tff_kd.program.releases`) and then checkpoints.
+TensorBoard also gets the run's settings, for its HParams dashboard.
 It exports the final global model as a Keras SavedModel that plain
 TensorFlow can load (`tff_kd.program.export`).
 
@@ -29,7 +30,7 @@ import math
 import os
 import signal
 import time
-from typing import Any, Iterator, NamedTuple, Optional, Sequence, Union
+from typing import Any, Callable, Iterator, NamedTuple, Optional, Sequence, Union
 
 from absl import logging
 import ml_collections
@@ -68,6 +69,10 @@ class RunResult(NamedTuple):
   final: dict[str, Any]
   export_dir: Optional[str]
   resumed_after: int = 0
+
+
+# What `run`'s `on_round` is called with: one round's metrics.
+RoundCallback = Callable[[dict[str, Any]], None]
 
 
 def _round_metrics(output, clients_per_round: int) -> dict[str, Any]:
@@ -245,7 +250,8 @@ def _writing(path: str, root_dir: str, last_saved: int) -> Iterator[None]:
 
 def run(settings: Union[settings_lib.Settings, ml_collections.ConfigDict],
         root_dir: str, *, progress: bool = True, client_data: Any = None,
-        test_data: Any = None) -> RunResult:
+        test_data: Any = None,
+        on_round: Optional[RoundCallback] = None) -> RunResult:
   """Trains, evaluates, checkpoints and exports one experiment.
 
   Holds the run folder's lock throughout (`tff_kd.program.run_folder`): a
@@ -260,6 +266,8 @@ def run(settings: Union[settings_lib.Settings, ml_collections.ConfigDict],
       `tff_kd.federated.tff_client_data.TFFClientData`) instead of the
       settings' partition; see `setup.prepare`.
     test_data: Their central test set; see `setup.prepare`.
+    on_round: Called after each round with its metrics (a `RunResult.history`
+      entry), once they are released (e.g. `compare`'s progress bar).
 
   Returns:
     A `RunResult` with the per-round metrics of the rounds run in this call,
@@ -277,11 +285,12 @@ def run(settings: Union[settings_lib.Settings, ml_collections.ConfigDict],
     run_folder.remove_debris(root_dir, 'checkpoints')
     exp = setup.prepare(settings, root_dir, client_data=client_data,
                         test_data=test_data)
-    return _rounds(exp, root_dir, progress)
+    return _rounds(exp, root_dir, progress, on_round)
 
 
 def run_experiment(exp: setup.Experiment, root_dir: str, *,
-                   progress: bool = True) -> RunResult:
+                   progress: bool = True,
+                   on_round: Optional[RoundCallback] = None) -> RunResult:
   """The rounds of an experiment prepared elsewhere, as `run` runs them.
 
   For a notebook that brings its own process or data: `prepare` an
@@ -294,17 +303,18 @@ def run_experiment(exp: setup.Experiment, root_dir: str, *,
     root_dir: Output folder; restarting with the same folder resumes. It
       must be the folder `exp` was prepared in, or hold nothing else.
     progress: Show a tqdm progress bar.
+    on_round: Called after each round with its metrics, as in `run`.
 
   Returns:
     A `RunResult`, as `run`'s.
   """
   with run_folder.locked(root_dir):
     run_folder.remove_debris(root_dir, 'checkpoints')
-    return _rounds(exp, root_dir, progress)
+    return _rounds(exp, root_dir, progress, on_round)
 
 
-def _rounds(exp: setup.Experiment, root_dir: str,
-            progress: bool) -> RunResult:
+def _rounds(exp: setup.Experiment, root_dir: str, progress: bool,
+            on_round: Optional[RoundCallback] = None) -> RunResult:
   """`run`'s rounds, under the run folder's lock."""
   settings = exp.settings
   rs = settings.run
@@ -322,7 +332,11 @@ def _rounds(exp: setup.Experiment, root_dir: str,
     logging.info('Resuming %s after round %d', root_dir, start)
   # Rounds released after the checkpoint resumed from are run again.
   releases.drop_after(root_dir, start)
-  releaser = releases.release_manager(root_dir)
+  # The settings go to TensorBoard's HParams dashboard with the first
+  # events (`releases`).
+  with _writing(os.path.join(root_dir, releases.TENSORBOARD_DIR), root_dir,
+                start):
+    releaser = releases.release_manager(root_dir, settings.flat_config())
   logging.info('compiling the round took %.2f s (in the background)',
                warm.result())
   history = []
@@ -368,6 +382,8 @@ def _rounds(exp: setup.Experiment, root_dir: str,
       logging.info('round %d checkpointed in %.2f s', start,
                    metrics['time/checkpoint_s'])
     history.append(dict(metrics, round=round_num + 1))
+    if on_round is not None:
+      on_round(history[-1])
     bar.set_postfix(acc=f"{metrics.get('test/accuracy', float('nan')):.4f}",
                     s_per_round=f'{t_train:.1f}')
     bar.update(1)

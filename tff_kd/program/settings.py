@@ -217,12 +217,15 @@ class ModelSettings(hp.Hparams):
   """The global model, `config.model`.
 
   Attributes:
-    name: An architecture of `tff_kd.models.MODELS`, or
+    name: An architecture of `tff_kd.models.MODELS`,
       `keras:<Application>` for a Keras Applications backbone with a new
       head (e.g. 'keras:ResNet50', 'keras:MobileNetV2'; small inputs are
-      resized, grey ones made RGB: `tff_kd.models.classifiers`).
+      resized, grey ones made RGB: `tff_kd.models.classifiers`), or
+      `py:<module>:<function>` for your own Keras model, built by that
+      function of a module on sys.path or in the current directory
+      (docs/own_model.md).
     norm: Its normalisation layers, one of `tff_kd.models.NORMS` (unused
-      by Keras Applications, which keep their own).
+      by Keras Applications and `py:` models, which keep their own).
     weights: Its initial weights: '' (seeded random), 'imagenet' (Keras
       Applications only; downloaded by Keras when online),
       'pretrain:<dataset>[?epochs=N&limit=N]' (the model trained on another
@@ -623,6 +626,11 @@ class Settings:
     method: The active method's registry entry.
     hparams: The active method's own section; None for a method without
       one (FedAvg).
+    architectures: Set by `tff_kd.program.setup.prepare`, not by a config:
+      the architecture digest (`tff_kd.models.architecture_digest`) of
+      each model of `named_models`, in its order, which the run folder
+      records and a resumed run must match (`tff_kd.program.checkpoints`);
+      () until the models are built.
   """
 
   run: RunSettings
@@ -637,6 +645,7 @@ class Settings:
   runtime: RuntimeSettings
   method: common.Method
   hparams: Optional[hp.Hparams]
+  architectures: tuple[str, ...] = ()
 
   def replace(self, **changes: Any) -> 'Settings':
     """A copy with whole sections replaced (not validated again)."""
@@ -679,6 +688,28 @@ class Settings:
             (self.model.name, self.model.norm)]
 
   @property
+  def client_models(self) -> list[tuple[str, str]]:
+    """(model name, norm) of each entry of the method's `client_models`
+    where its clients keep models of their own beside the one global
+    model (FedD3A's heterogeneous clients), else []."""
+    if self.method.global_model_per_architecture:
+      return []
+    return models.parse_model_list(
+        getattr(self.hparams, 'client_models', ''),
+        default_norm=self.model.norm,
+        key=f'{self.method.name}.client_models')
+
+  @property
+  def named_models(self) -> list[tuple[str, str, str]]:
+    """(role, model name, norm) of every classifier the run builds by
+    name: each global model ('global model i', `prototypes`), then each
+    client model ('client model i', `client_models`)."""
+    return ([(f'global model {i}', name, norm)
+             for i, (name, norm) in enumerate(self.prototypes)] +
+            [(f'client model {i}', name, norm)
+             for i, (name, norm) in enumerate(self.client_models)])
+
+  @property
   def prototype_weights(self) -> list[tuple[str, str]]:
     """(initial weights setting, its config key) of each entry of
     `prototypes`: the method's `client_weights` where its `client_models`
@@ -702,6 +733,16 @@ class Settings:
       for f in hp.config_fields(type(section)):
         node[f.name] = getattr(section, f.name)
     return config
+
+  def flat_config(self) -> dict[str, Any]:
+    """The values in force by dotted key (e.g. 'partition.alpha'), as
+    `config.json` records them (`to_config`, through `flat_dict`), of the
+    run's own sections only: the top-level keys, the shared sections and
+    the active method's section, not the defaults of other methods'."""
+    own = {section.SECTION for section in self.sections()}
+    return {key: value
+            for key, value in flat_dict(self.to_config().to_dict()).items()
+            if '.' not in key or key.split('.', 1)[0] in own}
 
 
 def _check_unknown_sections(config: ml_collections.ConfigDict) -> None:
@@ -818,4 +859,17 @@ def canonical_dict(config: Mapping[str, Any]) -> dict[str, Any]:
   for new, value in moves:
     section, key = new.split('.')
     out.setdefault(section, {})[key] = value
+  return out
+
+
+def flat_dict(tree: Mapping[str, Any], prefix: str = '') -> dict[str, Any]:
+  """A nested dict (a config's `to_dict()`, a saved `config.json`) as one
+  dict by dotted key: {'partition': {'alpha': 0.5}} -> {'partition.alpha':
+  0.5}."""
+  out = {}
+  for key, value in tree.items():
+    if isinstance(value, Mapping):
+      out.update(flat_dict(value, f'{prefix}{key}.'))
+    else:
+      out[f'{prefix}{key}'] = value
   return out

@@ -37,6 +37,7 @@ Every function here reads the `Settings`; none reads a config.
 """
 
 import copy
+import functools
 import hashlib
 import json
 import os
@@ -411,7 +412,7 @@ def _federated_data(settings: settings_lib.Settings, root_dir: str,
   server = _server_data(
       settings, dataset, proxy, val_x, val_y,
       os.path.join(root_dir, 'server_data', _fingerprint(settings)))
-  builders = _classifier_builders(settings, dataset)
+  settings, builders = _classifier_builders(settings, dataset)
   return PreparedData(settings, dataset, clients, server, None, builders)
 
 
@@ -437,7 +438,7 @@ def _central_data(settings: settings_lib.Settings, root_dir: str,
   dataset = _load(settings)
   dataset, proxy, val_x, val_y = _hold_out(settings, dataset)
   # Pretrained weights are read and checked before anything is written.
-  builders = _classifier_builders(settings, dataset)
+  settings, builders = _classifier_builders(settings, dataset)
   parts, test_slices = _partition(settings, dataset)
 
   fingerprint = _fingerprint(settings)
@@ -454,20 +455,38 @@ def _central_data(settings: settings_lib.Settings, root_dir: str,
                       builders)
 
 
-def _classifier_builders(settings: settings_lib.Settings,
-                         dataset: data_lib.Dataset) -> list:
+def _classifier_builders(
+    settings: settings_lib.Settings,
+    dataset: data_lib.Dataset) -> tuple[settings_lib.Settings, list]:
   """One seeded classifier builder per global model (`model`, or FedDF's
-  prototypes); pretrained weights (`model.weights`, the prototypes'
-  `client_weights`) are read and checked here, before any computation."""
-  return [
+  prototypes), and the settings recording the architectures of the run's
+  models.
+
+  Pretrained weights (`model.weights`, the prototypes' `client_weights`)
+  are read and checked here, and every model the run builds by name
+  (`Settings.named_models`: these, and FedD3A's client models) is built
+  once, eagerly: one that cannot be built (e.g. a `py:` function that
+  returns the wrong thing) fails here, before any computation, and the
+  returned settings record each one's `models.architecture_digest`
+  (`Settings.architectures`).
+  """
+  shape = dataset.x_train.shape[1:]
+  builders = [
       models.classifier_builder(
-          name, input_shape=dataset.x_train.shape[1:],
-          num_classes=dataset.num_classes, norm=norm,
-          seed=settings.run.seed, weights=weights, what=what,
+          name, input_shape=shape, num_classes=dataset.num_classes,
+          norm=norm, seed=settings.run.seed, weights=weights, what=what,
           data_dir=settings.dataset.data_dir,
           manual_dir=settings.dataset.manual_dir or None)
       for (name, norm), (weights, what) in zip(settings.prototypes,
                                                settings.prototype_weights)]
+  clients = [
+      functools.partial(models.build_classifier, name, input_shape=shape,
+                        num_classes=dataset.num_classes, norm=norm,
+                        seed=settings.run.seed)
+      for name, norm in settings.client_models]
+  architectures = tuple(models.architecture_digest(build().model)
+                        for build in builders + clients)
+  return settings.replace(architectures=architectures), builders
 
 
 def settings_of(config: Union[settings_lib.Settings,

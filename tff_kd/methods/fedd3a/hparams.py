@@ -39,7 +39,9 @@ class FedD3AHparams(hp.Hparams):
       `model`. Otherwise a comma list `name[:norm]` (e.g. 'cnn,resnet11');
       client i keeps its own model of entry i % A across rounds, trained
       with CE + kd_weight * KD (temperature kd_temperature) from the
-      received global model. `keras:<Application>` entries take no norm.
+      received global model. `keras:<Application>` and
+      `py:<module>:<function>` (your own model, docs/own_model.md) entries
+      take no norm.
     client_weights: The initial weights of each `client_models` entry: ''
       (all seeded random) or a comma list parallel to `client_models`, each
       entry '' (seeded), 'imagenet' (`keras:` entries) or a weights path

@@ -26,6 +26,7 @@ class FedDFHparams(hp.Hparams):
       'cnn,resnet11'; client i trains prototype i % P, and the server keeps
       one global model per prototype. The same key as FedD3A's. Old name:
       `prototypes`, read until the next release. `keras:<Application>`
+      and `py:<module>:<function>` (your own model, docs/own_model.md)
       entries take no norm.
     client_weights: The initial weights of each `client_models` prototype
       (`model.weights` must then be ''): '' (all seeded random) or a comma

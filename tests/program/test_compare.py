@@ -1,0 +1,111 @@
+"""`tff_kd.program.compare` without running anything: entries, variants,
+the plan's validated configs, and the statistics over seeds.
+
+The binary and a real study: tests/binaries/test_compare.py.
+"""
+
+import math
+
+import pytest
+
+from tests import helpers
+from tff_kd import errors
+from tff_kd.program import compare
+from tff_kd.program import experiment
+
+
+def test_a_variant_is_a_method_and_its_overrides():
+  entry = experiment.parse_variant(
+      'dafkd_features:dafkd:dafkd.generator=feature;dafkd.aux_weight=1.0;'
+      'local.amount=2;model.name=py:my_models:build')
+  assert entry.label == 'dafkd_features' and entry.method == 'dafkd'
+  # Values are parsed as train's --config.<key>=<value>; a value keeps its
+  # colons.
+  assert dict(entry.overrides) == {
+      'dafkd.generator': 'feature', 'dafkd.aux_weight': 1.0,
+      'local.amount': 2, 'model.name': 'py:my_models:build'}
+  assert experiment.parse_variant('plain:fedavg').overrides == {}
+
+
+@pytest.mark.parametrize('text,message', [
+    ('fedavg', 'malformed'),
+    (':fedavg', 'malformed'),
+    ('x:fedavg:rounds', 'malformed'),
+    ('x:fedavg:=1', 'malformed'),
+    ('a b:fedavg', "the label 'a b' must start"),
+    ('x:fedfoo', "method 'fedfoo' is unknown"),
+    ('x:fedavg:rounds=1;rounds=2', "sets 'rounds' twice"),
+    ('x:feddf:fedgen.hidden=8', "is in the fedgen method's section"),
+    ('x:fedprox:distill.steps=3', 'fedprox has no distillation step'),
+    ('x:fedftg:distill.steps=3', 'fedftg reads only distill.'),
+])
+def test_a_bad_variant_is_one_config_error(text, message):
+  with pytest.raises(errors.ConfigError) as raised:
+    experiment.parse_variant(text)
+  assert message in str(raised.value)
+
+
+def test_the_plan_validates_every_run_and_applies_its_overrides():
+  entries = experiment.study_entries(
+      ['fedavg'], ['fedprox_mu:fedprox:fedprox.mu=0.5;local.amount=2'])
+  config = helpers.digits_config()
+  plan = experiment.plan_study(config, entries, [3, 4], rounds=7)
+  assert [(r.name, r.settings.run.method, r.settings.run.seed)
+          for r in plan] == [('fedavg_s3', 'fedavg', 3),
+                             ('fedavg_s4', 'fedavg', 4),
+                             ('fedprox_mu_s3', 'fedprox', 3),
+                             ('fedprox_mu_s4', 'fedprox', 4)]
+  assert {r.settings.run.rounds for r in plan} == {7}
+  assert plan[2].settings.hparams.mu == 0.5
+  assert plan[2].settings.local.amount == 2
+  assert plan[0].settings.local.amount == 1
+  assert config.method == 'fedavg' and config.rounds == 2  # Unchanged.
+  # A bad value names the entry and the seed.
+  bad = experiment.study_entries([], ['x:fedprox:fedprox.mu=-1'])
+  with pytest.raises(errors.ConfigError, match=r'^x \(fedprox\), seed 3: '):
+    experiment.plan_study(config, bad, [3])
+  wrong_type = experiment.study_entries([], ['x:fedavg:rounds=many'])
+  with pytest.raises(errors.ConfigError, match="bad value 'many' for 'rounds'"):
+    experiment.plan_study(config, wrong_type, [0])
+
+
+def test_seeds_are_integers_given_once():
+  assert experiment.parse_seeds(['2', ' 0', '1']) == [2, 0, 1]
+  for items, message in ((['0', '1.5'], "got '1.5'"), ([], 'is empty'),
+                         (['1', '1'], 'listed twice')):
+    with pytest.raises(errors.ConfigError) as raised:
+      experiment.parse_seeds(items)
+    assert message in str(raised.value)
+
+
+def test_statistics_over_seeds_skip_what_is_not_a_number():
+  mean, std = experiment.mean_std([0.5, 0.7, math.nan])
+  assert mean == pytest.approx(0.6) and std == pytest.approx(0.1414213562)
+  assert experiment.mean_std([0.4]) == (0.4, 0.0)
+  assert math.isnan(experiment.mean_std([])[0])
+  assert experiment.finite_mean([1.0, math.inf, 3.0]) == 2.0
+  # The last 5 evaluated rounds (NaN: a round not evaluated).
+  assert experiment.last_mean([0.0, 1.0, math.nan, 2, 3, 4, 5]) == 3.0
+  assert experiment.mean_curve([[0.0, 1.0, 2.0], [2.0, 3.0]]) == [1.0, 2.0]
+  # Round 1 traces: left out, unless it is the only one.
+  assert experiment.seconds_per_round([9.0, 1.0, 2.0]) == 1.5
+  assert experiment.seconds_per_round([9.0]) == 9.0
+
+
+def test_a_run_s_numbers_come_from_its_metrics():
+  history = {
+      'round': [1.0, 2.0, 3.0],
+      'test/accuracy': [0.5, 0.8, 0.7],
+      'time/train_s': [5.0, 1.0, 3.0],
+      'distill/labeled_accuracy_before': [0.4, 0.5, -1.0],  # -1: unmeasured.
+      'distill/labeled_accuracy_after': [0.6, 0.4, -1.0],
+      'distill/last_loss': [0.2, 0.4, math.nan],
+  }
+  stats = compare.run_stats(1, history)
+  assert (stats['final'], stats['best'], stats['best_round']) == (0.7, 0.8, 2)
+  assert stats['seconds_per_round'] == 2.0 and stats['rounds'] == 3
+  assert stats['diagnostics'] == {
+      'distill/labeled_accuracy_before': pytest.approx(0.45),
+      'distill/labeled_accuracy_after': pytest.approx(0.5),
+      'distill/last_loss': pytest.approx(0.3)}
+  assert stats['raised'] == 0.5
