@@ -59,14 +59,19 @@ ROWS = {
     'dafkd': ('DaFKD (the library default)', 'dafkd'),
     'dafkd_oracle': ('DaFKD on the real unlabeled pool', None),
 }
-# The link table's columns (`tff_kd/core/links.py`, DaFKD's own names).
-LINKS = (('teachers', 'distill/teacher_labeled_accuracy'),
-         ('ensemble (own)', 'distill/ensemble_labeled_accuracy'),
-         ('logit avg', 'distill/ensemble_labeled_accuracy_logits'),
-         ('prob avg', 'distill/ensemble_labeled_accuracy_probs'),
-         ('before', 'distill/labeled_accuracy_before'),
-         ('after', 'distill/labeled_accuracy_after'),
-         ('target entropy', 'distill/target_entropy'))
+# The link table's columns (`tff_kd/core/links.py`'s names; DaFKD reports
+# its own, `tff_kd/methods/dafkd/diagnostics.py`: eq. 7's ensemble and the
+# uniform average of the probabilities it weights). The first key a run
+# logs is read; a column it has none of reads '-'.
+LINKS = (('teachers', ('distill/teacher_labeled_accuracy',)),
+         ('ensemble (own)', ('distill/ensemble_labeled_accuracy',
+                             'distill/ensemble_accuracy_weighted')),
+         ('logit avg', ('distill/ensemble_labeled_accuracy_logits',)),
+         ('prob avg', ('distill/ensemble_labeled_accuracy_probs',
+                       'distill/ensemble_accuracy_uniform')),
+         ('before', ('distill/labeled_accuracy_before',)),
+         ('after', ('distill/labeled_accuracy_after',)),
+         ('target entropy', ('distill/target_entropy',)))
 
 _ALPHAS = flags.DEFINE_list('alphas', ['0.05', '0.1', '1'],
                             'Dirichlet alphas (Table 1: 0.05, 0.1, 1).')
@@ -128,15 +133,26 @@ def links(records: list[dict]) -> dict:
   """The link table of a method's runs: means over rounds and seeds, and
   the share of rounds whose server step raised the labeled accuracy."""
   metrics = [r['metrics'] for r in records if 'metrics' in r]
-  if not metrics or LINKS[0][1] not in metrics[0]:
+  before, after = LINKS[4][1][0], LINKS[5][1][0]
+  if not metrics or before not in metrics[0]:
     return {}
-  out = {name: _mean(v for m in metrics for v in m[key])
-         for name, key in LINKS}
-  pairs = [(b, a) for m in metrics
-           for b, a in zip(m[LINKS[4][1]], m[LINKS[5][1]])]
+
+  def column(keys: tuple[str, ...]) -> float:
+    key = next((k for k in keys if k in metrics[0]), None)
+    return (float('nan') if key is None else
+            _mean(v for m in metrics for v in m[key]))
+
+  out = {name: column(keys) for name, keys in LINKS}
+  pairs = [(b, a) for m in metrics for b, a in zip(m[before], m[after])]
   out['raised'] = sum(a > b for b, a in pairs) / len(pairs)
   out['lowered'] = sum(a < b for b, a in pairs) / len(pairs)
   return out
+
+
+def _link(value: float) -> str:
+  """A link's cell: '-' where the method has none (a missing metric, or
+  the -1 that a method without a target on a pool logs as its entropy)."""
+  return f'{value:.3f}' if math.isfinite(value) and value >= 0 else '-'
 
 
 def report(results: dict[str, dict[str, list[dict]]], seeds: list[str]
@@ -187,7 +203,7 @@ def report(results: dict[str, dict[str, list[dict]]], seeds: list[str]
       table = links(results[a].get(variant, []))
       if table:
         lines.append(f'| {a} | {label} | ' + ' | '.join(
-            f'{table[n]:.3f}' for n, _ in LINKS) +
+            _link(table[n]) for n, _ in LINKS) +
                      f' | {table["raised"]:.2f} | {table["lowered"]:.2f} |')
   return '\n'.join(lines) + '\n'
 
@@ -239,7 +255,7 @@ def decompose(pairs: list[str]) -> str:
         continue
       seeds = ' / '.join(f'{f:.2f}' for f in c['finals'])
       row = [name, f'{c["mean"]:.2f} ± {c["std"]:.2f}', seeds]
-      row += ([f'{table[n]:.3f}' for n, _ in LINKS] +
+      row += ([_link(table[n]) for n, _ in LINKS] +
               [f'{table["raised"]:.2f}', f'{table["lowered"]:.2f}']
               if table else [''] * (len(LINKS) + 2))
       lines.append('| ' + ' | '.join(row) + ' |')

@@ -4,6 +4,7 @@ import dataclasses
 import importlib
 import json
 import pathlib
+from unittest import mock
 
 from absl import logging
 import pytest
@@ -315,3 +316,21 @@ def test_every_shipped_config_validates(name, tmp_path, monkeypatch):
   config = importlib.import_module(f'configs.{name}').get_config()
   settings.from_config(config)
   assert not home.exists()
+
+
+def test_a_distill_key_the_method_does_not_read_is_named_in_one_warning():
+  # FedFTG's server step reads five distill keys; early stopping
+  # (distill.validation) was once set for it and silently changed nothing.
+  with mock.patch.object(distill_hparams.logging, 'warning') as warning:
+    settings.from_config(_config(method='fedftg', **{
+        'distill.validation': 'auto', 'distill.eval_every': 20}))
+  assert warning.call_count == 1
+  line = warning.call_args[0][0] % warning.call_args[0][1:]
+  assert line.startswith("fedftg ignores distill.eval_every=20, "
+                         "distill.validation='auto': its server step reads "
+                         'only distill.')
+  with mock.patch.object(distill_hparams.logging, 'warning') as warning:
+    settings.from_config(_config(method='fedftg', **{
+        'distill.temperature': 2.0}))
+    settings.from_config(_config(method='fedftg'))
+  warning.assert_not_called()

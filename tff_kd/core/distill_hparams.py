@@ -9,6 +9,7 @@ et al., NeurIPS 2020, Algorithm 1) runs it at the server.
 import dataclasses
 from typing import ClassVar
 
+from absl import logging
 import numpy as np
 
 from tff_kd import errors
@@ -141,3 +142,15 @@ class DistillConfig(hp.Hparams):
           f'distill.lr_decay={self.lr_decay}: {settings.method.name} keeps '
           'its server learning rate across rounds; only methods whose '
           'server step decays it read this key (FedFTG). Use 1')
+    if reads:
+      generic = type(self)()
+      ignored = [f'{f.name}={getattr(self, f.name)!r}'
+                 for f in hp.config_fields(type(self))
+                 if f.name not in reads and
+                 getattr(self, f.name) != getattr(generic, f.name)]
+      if ignored:
+        # Not refused: a shared config may set them for another method.
+        logging.warning(
+            '%s ignores distill.%s: its server step reads only distill.%s',
+            settings.method.name, ', distill.'.join(ignored),
+            ', distill.'.join(reads))
