@@ -11,19 +11,25 @@
 * Stop signals: `handle_stop_signals` makes the first Ctrl-C or SIGTERM
   unwind the program (`KeyboardInterrupt`) and a second one end it at
   once; `stop_signal` names the first one received.
+* Ends: `one_line_errors` turns bad input and a failed write before the
+  work into one line; `stopped` ends work that stopped, in one line that
+  says how to go on (a bug keeps its traceback).
 
 No module here defines a flag: each program defines its own.
 """
 
+import contextlib
 import logging as std_logging
 import os
 import signal
 import sys
-from typing import NoReturn, Optional
+from typing import Callable, Iterator, NoReturn, Optional
 
 from absl import flags
 from absl import logging
 import ml_collections
+
+from tff_kd import errors
 
 LOG_DIR = 'logs'
 
@@ -32,6 +38,42 @@ def fail(program: str, message: str) -> NoReturn:
   """Ends the program with one line `<program>: error: <message>`, code 2."""
   print(f'{program}: error: {message}', file=sys.stderr)
   sys.exit(2)
+
+
+def _cannot_write(e: OSError, folder: str) -> str:
+  return (f'cannot write {e.filename or folder}: '
+          f'{e.strerror or type(e).__name__}')
+
+
+@contextlib.contextmanager
+def one_line_errors(program: str, folder: str) -> Iterator[None]:
+  """Ends the program with one line on bad input (`errors.UserError`) or a
+  failed write (`OSError`, e.g. the log folder on a full disk) in the
+  block; `folder` (the output folder) names a write with no file name."""
+  try:
+    yield
+  except errors.UserError as e:
+    fail(program, str(e))
+  except OSError as e:
+    fail(program, _cannot_write(e, folder))
+
+
+def stopped(program: str, e: BaseException, folder: str,
+            how_to_go_on: Callable[[], str]) -> NoReturn:
+  """Ends work in `folder` that stopped on `e` with one line (its traceback
+  goes to the log file). Where the work can go on (a stop signal, a failed
+  write) the line ends with `how_to_go_on()`, called only then: reading a
+  run's checkpoints creates their folder, which bad input must not leave.
+  A bug keeps its traceback."""
+  logging.info('%s stopped on %s', program, type(e).__name__, exc_info=e)
+  if stop_signal() is not None:
+    quiet_cancelled_tasks()
+    fail(program, f'stopped by {stop_signal()}; {how_to_go_on()}')
+  if isinstance(e, errors.UserError):
+    fail(program, str(e))
+  if isinstance(e, OSError):
+    fail(program, f'{_cannot_write(e, folder)}; {how_to_go_on()}')
+  raise e
 
 
 def first_line(e: BaseException) -> str:

@@ -33,7 +33,6 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 # and TFF imported before absl runs `main` (see binaries/train.py).
 from tff_kd.runtime import context  # pylint: disable=g-import-not-at-top
 context.install()
-from tff_kd import errors  # pylint: disable=g-import-not-at-top,g-bad-import-order
 from tff_kd.program import experiment  # pylint: disable=g-import-not-at-top
 
 from binaries import cli  # pylint: disable=g-bad-import-order
@@ -95,21 +94,9 @@ def _header(plan: list, out: str) -> str:
           f'outputs in {out}')
 
 
-def _stopped(e: BaseException, out: str) -> None:
-  """Ends a study that stopped on `e` with one line (its traceback goes
-  to the log file); a bug keeps its traceback."""
-  logging.info('the study stopped on %s', type(e).__name__, exc_info=e)
-  resume = ('finished runs are kept and the stopped run resumes from its '
-            'last checkpoint: run the same command to go on')
-  if cli.stop_signal() is not None:
-    cli.quiet_cancelled_tasks()
-    _fail(f'stopped by {cli.stop_signal()}; {resume}')
-  if isinstance(e, errors.UserError):
-    _fail(str(e))
-  if isinstance(e, OSError):
-    _fail(f'cannot write {e.filename or out}: '
-          f'{e.strerror or type(e).__name__}; {resume}')
-  raise e
+# How a stopped study goes on.
+_RESUME = ('finished runs are kept and the stopped run resumes from its '
+           'last checkpoint: run the same command to go on')
 
 
 def _study(plan: list, out: str) -> None:
@@ -123,7 +110,7 @@ def _study(plan: list, out: str) -> None:
     command = ' '.join([_PROGRAM, *map(shlex.quote, sys.argv[1:])])
     summary = experiment.write_study_summary(plan, out, command=command)
   except (Exception, KeyboardInterrupt) as e:  # pylint: disable=broad-except
-    _stopped(e, out)
+    cli.stopped(_PROGRAM, e, out, lambda: _RESUME)
   print()
   print(summary.markdown)
   print(f'{time.perf_counter() - start:.0f} s')
@@ -145,7 +132,7 @@ def main(argv: list[str]) -> None:
   context.freeze_imported_objects()  # TF and TFF are imported by now.
   config = cli.load_config(_PROGRAM, _CONFIG)
   out = _OUT.value
-  try:
+  with cli.one_line_errors(_PROGRAM, out):
     # Every run's config is validated before anything runs or is written.
     entries = experiment.study_entries(_METHODS.value, _VARIANTS.value)
     seeds = experiment.parse_seeds(_SEEDS.value)
@@ -154,11 +141,6 @@ def main(argv: list[str]) -> None:
     # One study per folder: locked before anything is written in it.
     with experiment.study_lock(out):
       _study(plan, out)
-  except errors.UserError as e:
-    _fail(str(e))
-  except OSError as e:  # E.g. the log folder, on a disk that is full.
-    _fail(f'cannot write {e.filename or out}: '
-          f'{e.strerror or type(e).__name__}')
 
 
 def run() -> None:

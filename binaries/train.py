@@ -28,7 +28,6 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 # of KerasTensors, which breaks functional models.
 from tff_kd.runtime import context  # pylint: disable=g-import-not-at-top
 context.install()
-from tff_kd import errors  # pylint: disable=g-import-not-at-top,g-bad-import-order
 from tff_kd.program import experiment  # pylint: disable=g-import-not-at-top
 
 from binaries import cli  # pylint: disable=g-bad-import-order
@@ -56,10 +55,6 @@ _PLOT = flags.DEFINE_bool('plot', True,
 # TF, TFF and absl INFO records go to <root_dir>/logs/ unless --verbosity is
 # given (absl's flag; e.g. --verbosity=0 shows INFO on the console again):
 # `cli.log_to_file`.
-
-
-def _fail(message: str) -> None:
-  cli.fail('train', message)
 
 
 def _parse_flags(argv: list[str]) -> list[str]:
@@ -112,21 +107,6 @@ def _how_to_resume(root_dir: str) -> str:
           'resume')
 
 
-def _stopped(e: BaseException, root_dir: str) -> None:
-  """Ends a run that stopped on `e` with one line (its traceback goes to
-  the log file); a bug keeps its traceback."""
-  logging.info('the run stopped on %s', type(e).__name__, exc_info=e)
-  if cli.stop_signal() is not None:
-    cli.quiet_cancelled_tasks()
-    _fail(f'stopped by {cli.stop_signal()}; {_how_to_resume(root_dir)}')
-  if isinstance(e, errors.UserError):
-    _fail(str(e))
-  if isinstance(e, OSError):
-    _fail(f'cannot write {e.filename or root_dir}: '
-          f'{e.strerror or type(e).__name__}; {_how_to_resume(root_dir)}')
-  raise e
-
-
 def _train(settings: experiment.Settings, root_dir: str) -> None:
   """Trains, under the run folder's lock."""
   cli.log_to_file('train', root_dir)
@@ -143,7 +123,7 @@ def _train(settings: experiment.Settings, root_dir: str) -> None:
       experiment.plot_runs([root_dir], curves, title=settings.run.method)
     summary = _summary(root_dir, result, time.perf_counter() - start, curves)
   except (Exception, KeyboardInterrupt) as e:  # pylint: disable=broad-except
-    _stopped(e, root_dir)
+    cli.stopped('train', e, root_dir, lambda: _how_to_resume(root_dir))
   print(summary)
 
 
@@ -156,18 +136,13 @@ def main(argv: list[str]) -> None:
       config.method = _METHOD.value
     if _SEED.value is not None:
       config.seed = _SEED.value
-  try:
+  with cli.one_line_errors('train', _ROOT_DIR.value):
     # Validated once, before any output or compute; the run reads only
     # the settings from here on.
     settings = experiment.from_config(config)
     # One run per folder: locked before anything is written in it.
     with experiment.locked(_ROOT_DIR.value):
       _train(settings, _ROOT_DIR.value)
-  except errors.UserError as e:
-    _fail(str(e))
-  except OSError as e:  # E.g. the log folder, on a disk that is full.
-    _fail(f'cannot write {e.filename or _ROOT_DIR.value}: '
-          f'{e.strerror or type(e).__name__}')
 
 
 def run() -> None:

@@ -36,6 +36,7 @@ each run in its own run folder as `train` runs it, and summarises them:
 import contextlib
 import copy
 import csv
+import io
 import json
 import math
 import os
@@ -760,15 +761,14 @@ def write_study_summary(plan: Sequence[StudyRun], out: str, *,
            'csv': os.path.join(out, SUMMARY_CSV)}
   _write_atomically(paths['markdown'], text)
   fields, lines = _csv_rows(rows)
-  tmp = paths['csv'] + '.tmp'
-  with open(tmp, 'w', newline='') as f:
-    writer = csv.DictWriter(f, fieldnames=fields, restval='')
-    writer.writeheader()
-    for line in lines:
-      writer.writerow({k: ('' if v is None or (isinstance(v, float) and
-                                               math.isnan(v)) else v)
-                       for k, v in line.items()})
-  os.replace(tmp, paths['csv'])
+  table = io.StringIO(newline='')
+  writer = csv.DictWriter(table, fieldnames=fields, restval='')
+  writer.writeheader()
+  for line in lines:
+    writer.writerow({k: ('' if v is None or (isinstance(v, float) and
+                                             math.isnan(v)) else v)
+                     for k, v in line.items()})
+  _write_atomically(paths['csv'], table.getvalue())
   groups = {row['label']: [r['history'] for r in row['runs']]
             for row in rows if row['runs']}
   if groups:
