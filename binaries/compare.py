@@ -52,11 +52,12 @@ _CONFIG = config_flags.DEFINE_config_file(
     'with --config.<key>=<value>.')
 _METHODS = flags.DEFINE_list(
     'methods', [], 'Registered methods to run, each a row labelled by its '
-    'name, e.g. fedavg,feddf.')
+    'name, e.g. fedavg,feddf; <method>.<preset> runs one of its presets '
+    '(docs/variants.md), e.g. dafkd.features,dafkd.paper_dcgan.')
 _VARIANTS = flags.DEFINE_multi_string(
     'variant', [], 'A named variant, repeatable: '
     f'{experiment.VARIANT_SYNTAX}, e.g. '
-    "'dafkd_features:dafkd:dafkd.generator=feature;dafkd.aux_weight=1.0' "
+    "'dafkd_t3:dafkd:dafkd.variant=features;distill.temperature=3.0' "
     '(dotted config keys its method reads, applied after --config.*).')
 _SEEDS = flags.DEFINE_list('seeds', ['0', '1', '2'],
                            'Seeds; every entry runs with each.')

@@ -1,8 +1,9 @@
 """DaFKD in its drift regime with appendix A's generator of features.
 
 `configs/dafkd_paper_cpu.py` (Sec. 5's regime, CPU-sized; see there for
-what is shrunk) with the DaFKD variant that did best there on seeds 0-2
-(`studies/dafkd_pool/README.md`, "Appendix A"). What differs from the paper:
+what is shrunk) with `dafkd.variant='features'`, the data-free preset that
+did best there on seeds 0-2 (`studies/dafkd_pool/README.md`, "Appendix
+A"; docs/variants.md). What differs from the paper:
 
 * the generator makes the classifier extractor's features, not images
   (appendix A, Fig. 7): the discriminators and teachers read them with
@@ -20,7 +21,8 @@ what is shrunk) with the DaFKD variant that did best there on seeds 0-2
   variant on every seed and regime tried).
 
 Dir(0.05) here; `--config.partition.alpha=0.1` for the other regime. The
-paper-faithful DaFKD is `configs/dafkd_paper_cpu.py`.
+paper-faithful DaFKD is `configs/dafkd_paper_cpu.py` with
+`--config.dafkd.variant=paper_dcgan`.
 """
 
 import ml_collections
@@ -30,10 +32,5 @@ from configs import dafkd_paper_cpu
 
 def get_config() -> ml_collections.ConfigDict:
   c = dafkd_paper_cpu.get_config()
-  c.dafkd.generator = 'feature'
-  c.dafkd.generator_labels = 'local'
-  c.dafkd.aux_weight = 1.0
-  c.dafkd.discriminator = 'projection'
-  c.dafkd.detach_extractor = True
-  c.distill.temperature = 1.0
+  c.dafkd.variant = 'features'
   return c

@@ -24,11 +24,17 @@ takes 2-3 minutes, a DaFKD run 20-24 minutes, about 60 s per round):
   clients' data;
 * rounds: 20 (paper 60);
 * DaFKD's GAN terms: in the last 100 local steps of each round (about half
-  of an average client's ~190 steps; Algorithm 1 has them in every step),
-  with the reference code's DCGAN generator (the paper's MLP generator
-  carried no domain signal: tff_kd/methods/dafkd/NOTES.md);
+  of an average client's ~190 steps; Algorithm 1 has them in every step);
 * distillation: at most 200 Adam steps of batch 128 (about 20 epochs of
   the pool; DaFKD's reference runs 1,600).
+
+`--method=dafkd` here runs the library's default preset (`dafkd.variant`
+unset: 'real_pool', domain-aware distillation on the server's 1,280
+unlabeled images, since this regime gives the server FedDF's pool); the
+paper's algorithm with the reference code's DCGAN generator, which
+Table 1 at CPU size reports beside it, is `--config.dafkd.variant=
+paper_dcgan`, and the best data-free preset `--config.dafkd.variant=
+features` (docs/variants.md).
 
 Models are averaged by examples (FedAvg's n_k / n, `dafkd.aggregation=
 examples`) so that DaFKD differs from FedAvg by its distillation only; the
@@ -49,7 +55,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.server_data.proxy_size = 1_280
   c.server_data.val_size = 500
   c.client_optimizer.weight_decay = 1e-3  # Every method's clients: AdamW.
-  c.dafkd.generator = 'dcgan'
+  c.dafkd.variant = ''  # The library's default preset, not the paper's.
   c.dafkd.gan_steps = 100
   c.dafkd.gan_window = 'last'
   c.dafkd.aggregation = 'examples'

@@ -62,6 +62,7 @@ def get_config() -> ml_collections.ConfigDict:
   # sits between the batch means' energy and the noise (BUILD_NOTES.md).
   c.fedd3a.alpha = 10.0
   c.fedd3a.weighting = 'soft'
+  c.fedd3a.variant = 'paper'  # Eq. 7, the paper's protocol (docs/variants.md).
   c.checkpoint_every = 5
   c.export = False
   return c

@@ -16,6 +16,12 @@ key keeps working for one release through the class's `ALIASES`: the old
 key stays in the config (unset, None) and, when set, is translated to the
 new one with a warning (`canonical_section`).
 
+A method section may offer named presets of its keys (`VARIANTS`, selected
+by its `variant` key; `Variant`): the keys a preset sets stay unset (None)
+in the config, so that a value the config sets wins over the preset's, and
+`tff_kd.program.settings.from_config` fills in the rest from the chosen
+preset, then the class's defaults.
+
 Each field carries its checker (`field(default, checker)`), one of the
 small shared set below (`positive_int`, `non_negative_number`, `one_of`,
 ...); `validate()` runs them, then the class's checks of field
@@ -194,6 +200,24 @@ class Alias(NamedTuple):
     return '.' in self.new
 
 
+class Variant(NamedTuple):
+  """A named preset of a method's keys: `<method>.variant=<name>`.
+
+  Attributes:
+    summary: What the preset is, in one line.
+    differs: What differs from the method's paper (and why), for the
+      docs; '' for the paper's own.
+    keys: The dotted keys it sets, in the method's own section or in
+      `distill` (e.g. {'dafkd.pool': 'real', 'distill.temperature': 1.0});
+      a key it does not set keeps its default. A key the config sets wins
+      over the preset's value.
+  """
+
+  summary: str
+  differs: str
+  keys: Mapping[str, Any]
+
+
 # ---------------------------------------------------------------------------
 # The base class.
 
@@ -209,11 +233,33 @@ class Hparams:
   # Old key -> its replacement, e.g. {'no_sharing': Alias('shared_extractor',
   # operator.not_)}.
   ALIASES: ClassVar[Mapping[str, Alias]] = {}
+  # Named presets of the section's keys (`Variant`), selected by the
+  # section's `variant` field, which a class with presets declares.
+  VARIANTS: ClassVar[Mapping[str, Variant]] = {}
 
   @classmethod
   def key(cls, name: str) -> str:
     """The dotted config key of field `name`, e.g. 'fedgen.noise'."""
     return f'{cls.SECTION}.{name}' if cls.SECTION else name
+
+  @classmethod
+  def default_variant(cls, config: Mapping[str, Any]) -> str:
+    """The preset in force where `variant` is '' (unset): the first of
+    `VARIANTS` unless a class says otherwise.
+
+    Args:
+      config: The whole experiment config (a class may choose by the
+        server's data, as DaFKD does).
+    """
+    del config
+    return next(iter(cls.VARIANTS))
+
+  @classmethod
+  def preset_keys(cls) -> list[str]:
+    """Every dotted key some preset of `VARIANTS` sets (unset, None, in the
+    generated config), sorted."""
+    return sorted({key for variant in cls.VARIANTS.values()
+                   for key in variant.keys})
 
   def __post_init__(self) -> None:
     # Valid by construction: a section is checked once, when it is made
@@ -268,8 +314,8 @@ def canonical_section(cls: type[Hparams], section: Mapping[str, Any], *,
 
   Args:
     cls: The section's `Hparams` class.
-    section: The section as a mapping (or `ConfigDict`); an alias whose
-      value is None is unset and dropped.
+    section: The section as a mapping (or `ConfigDict`); a key or alias
+      whose value is None is unset and dropped (it takes its default).
     warn: Log a deprecation warning for each alias that is set.
 
   Returns:
@@ -281,7 +327,8 @@ def canonical_section(cls: type[Hparams], section: Mapping[str, Any], *,
   if isinstance(section, ml_collections.ConfigDict):
     section = section.to_dict()
   names = [f.name for f in config_fields(cls)]
-  out = {k: v for k, v in section.items() if k not in cls.ALIASES}
+  out = {k: v for k, v in section.items()
+         if k not in cls.ALIASES and v is not None}
   renamed = {old: a for old, a in cls.ALIASES.items() if not a.moved}
   unknown = sorted(set(out) - set(names))
   if unknown:
@@ -312,11 +359,19 @@ def config_section(cls: type) -> ml_collections.ConfigDict:
   """The config section of an `Hparams` class, holding its defaults.
 
   Its old key names (`Hparams.ALIASES`) are there too, unset (None), so
-  that configs and command lines that set them keep working.
+  that configs and command lines that set them keep working, and so are
+  the keys its presets set (`Hparams.VARIANTS`), so that a preset fills in
+  only what the config leaves unset.
   """
   defaults = cls()
   section = ml_collections.ConfigDict(
       {f.name: getattr(defaults, f.name) for f in config_fields(cls)})
+  prefix = f'{cls.SECTION}.'
+  for key in cls.preset_keys():
+    if key.startswith(prefix):  # Unset: the preset's, else the default.
+      name = key[len(prefix):]
+      section[name] = ml_collections.FieldReference(
+          None, field_type=type(getattr(defaults, name)))
   for old, alias in cls.ALIASES.items():
     section[old] = ml_collections.FieldReference(
         None, field_type=alias.field_type or type(

@@ -53,9 +53,12 @@ _SERVER = {'server_data.proxy': 'split', 'server_data.proxy_size': 100,
            'server_data.val_size': 60, 'distill.steps': 6,
            'distill.batch_size': 32, 'distill.eval_every': 3,
            'distill.val_fraction': 0.2}
-_DAFKD = {'method': 'dafkd', 'dafkd.pool_size': 32, 'dafkd.noise_dim': 8,
-          'dafkd.generator_hidden': '16', **_SERVER}
-_FEDD3A = {'method': 'fedd3a', **_SERVER}
+# DaFKD's cases pin the paper's preset (the class defaults), which was the
+# default before `dafkd.variant`.
+_DAFKD = {'method': 'dafkd', 'dafkd.variant': 'paper', 'dafkd.pool_size': 32,
+          'dafkd.noise_dim': 8, 'dafkd.generator_hidden': '16', **_SERVER}
+# FedD3A's cases pin eq. 7's probabilities, its default before presets.
+_FEDD3A = {'method': 'fedd3a', 'fedd3a.variant': 'paper', **_SERVER}
 
 # case -> config overrides (dotted keys) on the small digits setting.
 CASES: dict[str, dict[str, Any]] = {

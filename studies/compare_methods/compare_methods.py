@@ -61,7 +61,8 @@ import importlib
 # train the discriminators against, and distil on, the server's 5,000 real
 # unlabeled images instead of generated ones (Theorem 1's p_g = p by
 # construction); `_no_correlation` uses uniform teacher weights.
-_DAFKD = {'dafkd.gan_steps': 100, 'dafkd.gan_window': 'last',
+_DAFKD = {'dafkd.variant': 'paper', 'dafkd.gan_steps': 100,
+          'dafkd.gan_window': 'last',
           'dafkd.generator': 'dcgan', 'dafkd.aggregation': 'examples'}
 _ORACLE = {**_DAFKD, 'dafkd.pool': 'real'}
 # Generated-pool candidates (issue: a pool that carries domain knowledge):

@@ -83,7 +83,8 @@ _KD = ('--config.server_data.proxy=split',
 _METHOD_FLAGS = {
     'fedavg': (),
     'feddf': _KD,
-    'dafkd': _KD + ('--config.dafkd.generator=dcgan',
+    'dafkd': _KD + ('--config.dafkd.variant=paper',
+                    '--config.dafkd.generator=dcgan',
                     '--config.dafkd.aggregation=examples'),
 }
 

@@ -15,10 +15,18 @@ and writes beside each other our final test accuracy and the paper's:
   labeled accuracy, the target's entropy) and the total run time;
 * `<out>/table1.png`: mean test-accuracy curves with +- std bands, one
   panel per alpha;
-* `<out>/alpha<a>/`: the runs of each alpha
-  (`studies/compare_methods/compare_methods.py`: one JSON file per method
-  and seed with its config and every round's metrics; a stopped study
-  resumes where it stopped).
+* `<out>/alpha<a>/`: the study of each alpha, run by the library's
+  `compare` run loop (`experiment.plan_study`, `run_study`,
+  `write_study_summary`): its `summary.md`, `summary.csv`, `curves.png`,
+  and under `runs/<label>_s<seed>/` each run's `record.json`, `metrics.csv`
+  and `config.json` (the run folders themselves, with their checkpoints,
+  are under `--root_dir`; a stopped study resumes where it stopped).
+  Folders of the earlier runner (`studies/compare_methods`: one JSON file
+  per run in `runs/`) are read too, its `dafkd` as `dafkd.paper_dcgan`
+  and its `dafkd_oracle` as `dafkd`.
+
+A row is a `compare --methods` item: a method (in its default preset) or
+`<method>.<preset>` (docs/variants.md).
 
 Usage (about 3 minutes per run of FedAvg, FedProx, FedDF, FedGen and
 FedFTG on 2 cores, about 20 per DaFKD run):
@@ -26,16 +34,25 @@ FedFTG on 2 cores, about 20 per DaFKD run):
       --alphas=0.05,0.1,1 --seeds=0,1,2
 """
 
+import importlib
 import json
 import math
 import os
+import shutil
 import statistics
-import subprocess
 import sys
 import time
 
-from absl import app
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+
+from tff_kd.runtime import context  # pylint: disable=g-import-not-at-top
+context.install()  # The program opts in to tff_kd's process set-up.
+from tff_kd.program import experiment  # pylint: disable=g-import-not-at-top
+
+from absl import app  # pylint: disable=g-bad-import-order
 from absl import flags
+
+from studies import common
 
 # Table 1, MNIST, E = 20 (mean +- std over the paper's runs), per alpha.
 PAPER = {
@@ -56,9 +73,18 @@ ROWS = {
     'feddf': ('FedDF', 'feddf'),
     'fedgen': ('FedGen', 'fedgen'),
     'fedftg': ('FedFTG', 'fedftg'),
-    'dafkd': ('DaFKD (the library default)', 'dafkd'),
-    'dafkd_oracle': ('DaFKD on the real unlabeled pool', None),
+    'dafkd.paper_dcgan': ("DaFKD, the paper's (paper_dcgan)", 'dafkd'),
+    'dafkd': ('DaFKD, the library default (real_pool)', None),
 }
+# The earlier runner's names of the same runs (`studies/compare_methods`):
+# its `dafkd` is the paper's algorithm with the reference code's DCGAN
+# generator; its `dafkd_oracle` is what `--method=dafkd` runs in this
+# regime, the default preset `real_pool` (the DCGAN it also names is not
+# used on the real pool).
+_OLD_NAMES = {'dafkd': 'dafkd.paper_dcgan', 'dafkd_oracle': 'dafkd'}
+# What a study run's folder keeps in `<out>` (the rest, checkpoints, stays
+# in --root_dir).
+_KEPT = ('record.json', 'metrics.csv', 'config.json')
 # The link table's columns (`tff_kd/core/links.py`'s names; DaFKD reports
 # its own, `tff_kd/methods/dafkd/diagnostics.py`: eq. 7's ensemble and the
 # uniform average of the probabilities it weights). The first key a run
@@ -105,13 +131,40 @@ def _std(values) -> float:
   return statistics.stdev(values) if len(values) > 1 else 0.0
 
 
+def _study_record(path: str) -> dict:
+  """A `compare` run folder as the earlier runner's record: variant, seed,
+  final_accuracy, accuracy (per round), seconds_per_round, wall_seconds,
+  metrics (every `distill/*` metric per round), or error."""
+  with open(os.path.join(path, 'record.json')) as f:
+    record = json.load(f)
+  out = dict(variant=record['label'], seed=record['seed'],
+             wall_seconds=record.get('wall_seconds', 0.0))
+  if record.get('error'):
+    return {**out, 'error': record['error']}
+  history = experiment.read_metrics(path)
+  return {**out, 'final_accuracy': record['final_accuracy'],
+          'accuracy': history.get('test/accuracy', []),
+          'seconds_per_round': experiment.seconds_per_round(
+              history.get('time/train_s', [])),
+          'metrics': {k: v for k, v in history.items()
+                      if k.startswith('distill/')}}
+
+
 def load_runs(folder: str) -> dict[str, list[dict]]:
-  """variant -> run records (sorted by seed) in `folder/runs`."""
+  """variant -> run records (sorted by seed) in `folder/runs`: `compare`
+  run folders (`_study_record`), or the earlier runner's JSON files (its
+  names as `_OLD_NAMES` maps them)."""
   runs: dict[str, list[dict]] = {}
   path = os.path.join(folder, 'runs')
   for name in sorted(os.listdir(path)) if os.path.isdir(path) else []:
-    with open(os.path.join(path, name)) as f:
-      record = json.load(f)
+    entry = os.path.join(path, name)
+    if os.path.isdir(entry):
+      record = _study_record(entry)
+    else:
+      with open(entry) as f:
+        record = json.load(f)
+      record['variant'] = _OLD_NAMES.get(record['variant'],
+                                         record['variant'])
     runs.setdefault(record['variant'], []).append(record)
   for records in runs.values():
     records.sort(key=lambda r: r['seed'])
@@ -166,7 +219,7 @@ def report(results: dict[str, dict[str, list[dict]]], seeds: list[str]
       'the paper\'s in the next column. Each method distils with its own '
       'recipe (`Method.distill_defaults`). This report: `python -m '
       'studies.table1.table1 ' + ' '.join(sys.argv[1:]) + '` (the runs\' '
-      'commands: `alpha<a>/meta.json`).', '',
+      'commands: `alpha<a>/meta.json` or `alpha<a>/summary.md`).', '',
       '| method | ' + ' | '.join(f'Dir({a}) ours | Δ | paper'
                                  for a in alphas) + ' | s/round |',
       '|---' * (1 + 3 * len(alphas) + 1) + '|']
@@ -262,6 +315,36 @@ def decompose(pairs: list[str]) -> str:
   return '\n'.join(lines) + '\n'
 
 
+def run_alpha(alpha: str, folder: str) -> None:
+  """Runs (or resumes) the rows at Dir(alpha) with the library's `compare`
+  run loop in `--root_dir`, writes its summary in `folder` and copies each
+  finished run's record, metrics and config to `folder/runs/`."""
+  module = importlib.import_module(
+      _CONFIG.value.removesuffix('.py').replace('/', '.'))
+  config = module.get_config()
+  config.dataset.manual_dir = _MANUAL_DIR.value
+  config.partition.alpha = float(alpha)
+  if _ROUNDS.value:
+    config.checkpoint_every = _ROUNDS.value
+  common.apply_overrides(config, _OVERRIDES.value)
+  plan = experiment.plan_study(
+      config, experiment.study_entries(_METHODS.value),
+      experiment.parse_seeds(_SEEDS.value), rounds=_ROUNDS.value)
+  root = os.path.join(_ROOT.value, f'alpha{alpha}')
+  experiment.run_study(plan, root)
+  for run in plan:
+    source = os.path.join(root, 'runs', run.name)
+    target = os.path.join(folder, 'runs', run.name)
+    os.makedirs(target, exist_ok=True)
+    for name in _KEPT:
+      if os.path.exists(os.path.join(source, name)):
+        shutil.copy(os.path.join(source, name), target)
+  experiment.write_study_summary(
+      plan, folder, command=' '.join(['python -m studies.table1.table1',
+                                      *sys.argv[1:]]),
+      title=f'Table 1 at CPU size, Dir({alpha})')
+
+
 def main(argv):
   del argv
   if _DECOMPOSE.value:
@@ -280,17 +363,7 @@ def main(argv):
   for a in _ALPHAS.value:
     folder = os.path.join(_OUT.value, f'alpha{a}')
     if not _REPORT_ONLY.value:
-      subprocess.run([
-          sys.executable, '-m', 'studies.compare_methods.compare_methods',
-          f'--config={_CONFIG.value}', f'--manual_dir={_MANUAL_DIR.value}',
-          f'--variants={",".join(_METHODS.value)}',
-          f'--seeds={",".join(_SEEDS.value)}',
-          '--overrides=' + ','.join([f'partition.alpha={a}',
-                                     *_OVERRIDES.value]),
-          *([f'--rounds={_ROUNDS.value}'] if _ROUNDS.value else []),
-          f'--out={folder}',
-          f'--root_dir={os.path.join(_ROOT.value, f"alpha{a}")}'],
-                     check=True)
+      run_alpha(a, folder)
     results[a] = load_runs(folder)
   os.makedirs(_OUT.value, exist_ok=True)
   with open(os.path.join(_OUT.value, 'table1.md'), 'w') as f:

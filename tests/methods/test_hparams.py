@@ -67,8 +67,15 @@ BAD = [
     ('dafkd', {'dafkd.weight_decay': 1e-3},
      r'client_optimizer\.weight_decay needs client_optimizer\.name=adam '
      r'.*=0\.001'),
+    ('dafkd', {'dafkd.variant': 'real_pool'},
+     r"dafkd\.pool='real' .* needs the server's proxy pool.*"
+     r"\(dafkd\.variant='real_pool' set dafkd\.pool='real'; "),
+    ('dafkd', {'dafkd.variant': 'appendix'},
+     r"dafkd\.variant='appendix' is not a preset of dafkd; it has paper, "
+     r'paper_dcgan, features, real_pool'),
     ('dafkd', {'dafkd.pool': 'real'},
-     r"dafkd\.pool='real' .* needs the server's proxy pool"),
+     r"dafkd\.discriminator='projection' .*dafkd\.variant unset, so the "
+     r"default preset 'features', set dafkd\.generator='feature'"),
 ]
 
 ALL_HPARAMS = tuple(m.hparams for m in registry.METHODS.values()
@@ -112,8 +119,11 @@ def test_from_config_round_trips_the_base_section(cls):
   section = base.get_config()[cls.SECTION]
   got = cls.from_config(section)
   assert got == cls()
-  assert {**dataclasses.asdict(got), **dict.fromkeys(cls.ALIASES)} == (
-      section.to_dict())
+  # Old names and the keys a preset sets are unset (None).
+  presets = [key.split('.', 1)[1] for key in cls.preset_keys()
+             if key.startswith(f'{cls.SECTION}.')]
+  assert {**dataclasses.asdict(got), **dict.fromkeys(cls.ALIASES),
+          **dict.fromkeys(presets)} == section.to_dict()
   # Missing keys take their defaults (e.g. a config from before a key).
   assert cls.from_config({}) == cls()
 

@@ -184,7 +184,8 @@ def test_unknown_keys_are_refused_in_every_section():
 
 
 def test_old_names_are_read_with_a_warning(caplog):
-  config = _config(method='dafkd', **{'dafkd.no_sharing': True})
+  config = _config(method='dafkd', **{'dafkd.variant': 'paper',
+                                      'dafkd.no_sharing': True})
   with caplog.at_level(logging.WARNING):
     tree = settings.from_config(config)
   assert tree.hparams.shared_extractor is False
@@ -198,7 +199,8 @@ def test_old_names_are_read_with_a_warning(caplog):
 
 
 def test_an_old_name_against_its_new_key_is_refused():
-  config = _config(method='dafkd', **{'dafkd.no_sharing': True,
+  config = _config(method='dafkd', **{'dafkd.variant': 'paper',
+                                      'dafkd.no_sharing': True,
                                       'dafkd.shared_extractor': True})
   # shared_extractor=True is its default: the old name wins, no conflict.
   assert settings.from_config(config).hparams.shared_extractor is False
@@ -240,8 +242,11 @@ def test_every_key_is_documented(cls):
 
 
 def test_a_run_folder_written_with_the_old_names_resumes(tmp_path):
-  # config.json as the library wrote it before the renames.
-  old = _config(method='dafkd').to_dict()
+  # config.json as the library wrote it before the renames (and before
+  # `<method>.variant`).
+  old = settings.from_config(_config(
+      method='dafkd', **{'dafkd.variant': 'paper'})).to_config().to_dict()
+  del old['dafkd']['variant']
   del old['dafkd']['shared_extractor']
   old['dafkd']['no_sharing'] = True
   del old['feddf']['client_models']
@@ -249,10 +254,12 @@ def test_a_run_folder_written_with_the_old_names_resumes(tmp_path):
   with open(tmp_path / 'config.json', 'w') as f:
     json.dump(old, f)
   checkpoints.check_resumable(settings.from_config(
-      _config(method='dafkd', **{'dafkd.shared_extractor': False})),
+      _config(method='dafkd', **{'dafkd.variant': 'paper',
+                                 'dafkd.shared_extractor': False})),
       str(tmp_path))
   # A FedFTG folder written before its distillation keys moved resumes.
-  old = _config(method='fedftg').to_dict()
+  old = settings.from_config(_config(method='fedftg')).to_config().to_dict()
+  del old['fedftg']['variant']
   old['distill'] = dict(steps=200, batch_size=128, learning_rate=1e-3,
                         temperature=1.0, clip_norm=5.0, val_fraction=0.1,
                         eval_every=50, patience=4, cosine_decay=True,
@@ -274,11 +281,18 @@ def test_a_run_folder_written_with_the_old_names_resumes(tmp_path):
   with open(tmp_path / 'config.json') as f:
     assert json.load(f)['dafkd']['shared_extractor'] is False
   checkpoints.check_resumable(settings.from_config(
-      _config(method='dafkd', **{'dafkd.no_sharing': True})), str(tmp_path))
+      _config(method='dafkd', **{'dafkd.variant': 'paper',
+                                 'dafkd.no_sharing': True})), str(tmp_path))
   with pytest.raises(errors.CheckpointError,
                      match="different 'dafkd.shared_extractor'"):
-    checkpoints.check_resumable(settings.from_config(_config(method='dafkd')),
-                                str(tmp_path))
+    checkpoints.check_resumable(settings.from_config(_config(
+        method='dafkd', **{'dafkd.variant': 'paper'})), str(tmp_path))
+  # Another preset (the default without a server pool) is another run.
+  with pytest.raises(errors.CheckpointError, match="different 'dafkd.aux"):
+    checkpoints.check_resumable(settings.from_config(_config(
+        method='dafkd', **{'dafkd.detach_extractor': False,
+                           'dafkd.shared_extractor': False,
+                           'dafkd.generator': 'mlp'})), str(tmp_path))
 
 
 def test_with_overrides_sets_dotted_keys_and_names_unknown_ones():

@@ -14,6 +14,7 @@ process state is checkpointed per round under `<root>/checkpoints` by a
 unreadable ones aside, or initialises from the seeded Keras model.
 """
 
+import dataclasses
 import json
 import os
 from typing import Any, Optional, Union
@@ -109,7 +110,11 @@ def _resume_keys(config: dict) -> dict[str, Any]:
 
   def compared(key: str) -> bool:
     section = key.split('.')[0]
-    if section in unused or key in _RESUMABLE_KEYS:
+    # A preset's name (`<method>.variant`) is not compared, the values it
+    # sets are: a run that named its preset (or left it to the default)
+    # resumes one that set the same values.
+    if (section in unused or key in _RESUMABLE_KEYS or
+        key == f'{section}.variant'):
       return False
     # A section the method reads in part: only those keys.
     part = [s for s in own if s.startswith(f'{section}.')]
@@ -157,6 +162,8 @@ def check_resumable(settings: settings_lib.Settings, root_dir: str) -> None:
     defaults = settings_lib.default_config()
     defaults.distill = settings_lib.method_distill(
         settings.method, defaults.distill)
+    for cls in settings_lib.method_sections():  # Not a preset's: unset.
+      defaults[cls.SECTION] = dataclasses.asdict(cls())
     defaults = settings_lib.flat_dict(
         settings_lib.canonical_dict(defaults.to_dict()))
     for key in sorted(current):

@@ -239,23 +239,42 @@ def parse_variant(text: str) -> StudyEntry:
   return entry
 
 
+def _method_entry(name: str) -> StudyEntry:
+  """A `--methods` item: a method ('feddf'), or a method and one of its
+  presets ('dafkd.features': `dafkd.variant=features`, docs/variants.md),
+  labelled by the item.
+
+  Raises:
+    ConfigError: an unknown method or preset.
+  """
+  method_name, _, preset = name.partition('.')
+  try:
+    method = registry.get_method(method_name)
+  except errors.ConfigError as e:
+    raise errors.ConfigError(f'--methods: {e}') from None
+  if not preset:
+    return StudyEntry(name, name)
+  presets = method.hparams.VARIANTS if method.hparams is not None else {}
+  if preset not in presets:
+    raise errors.ConfigError(
+        f'--methods: {name!r}: {method_name} has '
+        + (f"the presets {', '.join(presets)}" if presets else 'no presets')
+        + ' (docs/variants.md)')
+  return StudyEntry(name, method_name, types.MappingProxyType(
+      {method.hparams.key('variant'): preset}))
+
+
 def study_entries(methods: Sequence[str],
                   variants: Sequence[str] = ()) -> list[StudyEntry]:
-  """The study's entries: each method of `methods` (labelled by its name),
-  then each `--variant` of `variants` (`parse_variant`).
+  """The study's entries: each method of `methods` (labelled by its name;
+  `<method>.<preset>` names one of its presets, `_method_entry`), then each
+  `--variant` of `variants` (`parse_variant`).
 
   Raises:
     ConfigError: an unknown method, a bad variant, a label given twice, or
       no entry at all.
   """
-  entries = []
-  for name in methods:
-    name = name.strip()
-    try:
-      registry.get_method(name)
-    except errors.ConfigError as e:
-      raise errors.ConfigError(f'--methods: {e}') from None
-    entries.append(StudyEntry(name, name))
+  entries = [_method_entry(name.strip()) for name in methods]
   entries += [parse_variant(v) for v in variants]
   if not entries:
     raise errors.ConfigError(

@@ -173,6 +173,16 @@ def _section_markdown(section: Section) -> list[str]:
     lines += [f'* {name}: ' + ', '.join(f'`{k}={v!r}`'
                                         for k, v in defaults.items())
               for name, defaults in recipes]
+  variants = section.cls.VARIANTS
+  if variants:
+    lines += ['', f'Presets (`{section.cls.key("variant")}`, '
+              '[variants.md](variants.md)); a key a preset sets is unset '
+              '(None) in the generated config, so that a value the config '
+              'sets wins, and a key no preset in force sets takes the '
+              'default above:', '']
+    lines += [f'* `{name}`: {variant.summary} Sets ' + (', '.join(
+        f'`{k}={v!r}`' for k, v in variant.keys.items()) or 'nothing') + '.'
+              for name, variant in variants.items()]
   if section.aliases:
     lines += ['', 'Renamed or moved keys (old -> new), still read with a '
               'warning:', '']

@@ -544,11 +544,60 @@ def default_config() -> ml_collections.ConfigDict:
     config[cls.SECTION] = hp.config_section(cls)
   # A distill key some method has its own default for is unset (None): the
   # running method's default, else the section's (`method_distill`).
+  # So is one a method's preset sets (`Hparams.VARIANTS`).
   generic = distill_hparams.DistillConfig()
+  presets = {k.split('.', 1)[1] for cls in method_sections()
+             for k in cls.preset_keys() if k.startswith('distill.')}
   for key in sorted({k for m in registry.METHODS.values()
-                     for k in m.distill_defaults}):
+                     for k in m.distill_defaults} | presets):
     config.distill[key] = ml_collections.FieldReference(
         None, field_type=type(getattr(generic, key)))
+  return config
+
+
+def _with_variant(config: ml_collections.ConfigDict,
+                  method: common.Method) -> ml_collections.ConfigDict:
+  """`config` (a copy) with the running method's preset filled in: its
+  `variant` (or, where unset, `Hparams.default_variant`'s) resolved by
+  name, and each key the preset sets put where the config leaves it unset
+  (None). A key the config sets keeps its value, with a warning where it
+  differs from the preset's. `config` itself where the method has no
+  presets.
+
+  Raises:
+    ConfigError: a `variant` the method does not have.
+  """
+  cls = method.hparams
+  if cls is None or not cls.VARIANTS:
+    return config
+  config = copy.deepcopy(config)
+  section = config[cls.SECTION]
+  name = section.get('variant') or cls.default_variant(config)
+  if name not in cls.VARIANTS:
+    raise errors.ConfigError(
+        f'{cls.key("variant")}={name!r} is not a preset of '
+        f"{cls.SECTION}; it has {', '.join(cls.VARIANTS)} "
+        '(docs/variants.md)')
+  if not section.get('variant'):
+    defaults = cls()
+    changed = sorted(f.name for f in hp.config_fields(cls)
+                     if section.get(f.name) not in (None, getattr(
+                         defaults, f.name)))
+    if changed:
+      logging.warning(
+          '%s is unset: the default preset %r runs (docs/variants.md), '
+          'with this config\'s %s; name a preset to choose another',
+          cls.key('variant'), name, ', '.join(cls.key(k) for k in changed))
+  for key, value in cls.VARIANTS[name].keys.items():
+    target, leaf = key.split('.')
+    current = config[target][leaf]
+    if current is None:
+      config[target][leaf] = value
+    elif current != value:
+      logging.warning('%s=%r, set by the config, replaces the %r of '
+                      '%s.variant=%r', key, current, value, cls.SECTION,
+                      name)
+  section.variant = name
   return config
 
 
@@ -779,6 +828,21 @@ def from_config(config: ml_collections.ConfigDict) -> Settings:
       hp.canonical_section(cls, config[cls.SECTION])  # Unknown keys only.
   method = registry.get_method(run.method)
   config = _moved_keys(config, method)
+  named = method.hparams is not None and bool(
+      config.get(method.hparams.SECTION, {}).get('variant'))
+  config = _with_variant(config, method)
+  try:
+    return _validated(config, run, method)
+  except errors.ConfigError as e:
+    note = _preset_note(config, method, named)
+    if not note:
+      raise
+    raise errors.ConfigError(f'{e} ({note})') from None
+
+
+def _validated(config: ml_collections.ConfigDict, run: RunSettings,
+               method: common.Method) -> Settings:
+  """`from_config`'s sections, each validated, then checked together."""
   sections = {cls.SECTION: cls.from_config(config.get(cls.SECTION, {}))
               for cls in SHARED_SECTIONS if cls.SECTION != 'distill'}
   sections['distill'] = distill_hparams.DistillConfig.from_config(
@@ -793,6 +857,24 @@ def from_config(config: ml_collections.ConfigDict) -> Settings:
       continue
     section.check_settings(settings)
   return settings
+
+
+def _preset_note(config: ml_collections.ConfigDict, method: common.Method,
+                 named: bool) -> str:
+  """What the preset in force set, for an error message: '' where it set
+  nothing (or the method has no presets)."""
+  cls = method.hparams
+  if cls is None or not cls.VARIANTS:
+    return ''
+  name = config[cls.SECTION].variant
+  keys = cls.VARIANTS[name].keys
+  if not keys:
+    return ''
+  how = (f'={name!r}' if named else
+         f' unset, so the default preset {name!r},')
+  return (f"{cls.key('variant')}{how} set "
+          + ', '.join(f'{k}={v!r}' for k, v in keys.items())
+          + '; another preset or your own values: docs/variants.md')
 
 
 def parse_value(value: str) -> Any:

@@ -754,8 +754,9 @@ METHOD = common.Method(
     hparams=hparams_lib.DaFKDHparams, uses_distill=True,
     distill_defaults=hparams_lib.DISTILL_DEFAULTS,
     secure_sum=lambda hparams: bool(hparams.private),
-    smoke={'dafkd.pool_size': 32, 'dafkd.noise_dim': 8,
-           'dafkd.generator_hidden': '16', 'dafkd.gan_steps': 0,
+    smoke={'dafkd.variant': 'paper', 'dafkd.pool_size': 32,
+           'dafkd.noise_dim': 8, 'dafkd.generator_hidden': '16',
+           'dafkd.gan_steps': 0,
            'server_data.proxy': 'split', 'server_data.proxy_size': 100,
            'distill.steps': 5, 'distill.batch_size': 32,
            'distill.val_fraction': 0.0})

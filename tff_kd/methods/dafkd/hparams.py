@@ -38,6 +38,50 @@ DISCRIMINATOR_MODES = ('inference', 'real_train', 'batch', 'batch_update')
 GAN_WINDOWS = ('first', 'last')
 
 
+# The presets of `dafkd.variant` (docs/variants.md). Measured in DaFKD's
+# drift regime (configs/dafkd_paper_cpu.py, seeds 0-2; the server's 500
+# labeled images after the last round, studies/table1/README.md):
+# paper_dcgan .418 at Dir(0.05) and .759 at Dir(0.1), features .727 at
+# Dir(0.05), real_pool .901 and .907.
+VARIANTS: Mapping[str, hp.Variant] = types.MappingProxyType({
+    'paper': hp.Variant(
+        summary='Algorithm 1 as printed: the MLP generator (Sec. 4.2), '
+        'eq. 7 on discriminators that score images without labels.',
+        differs='',
+        keys={}),
+    'paper_dcgan': hp.Variant(
+        summary='The paper with the reference code\'s DCGAN generator, as '
+        'Table 1 at CPU size ran it.',
+        differs='The DCGAN generator of the reference code: the paper\'s '
+        'MLP generator gave eq. 7 no domain signal (holder ratio 1.0, '
+        'tff_kd/methods/dafkd/NOTES.md). In the drift regime its pool is '
+        'mostly one class and the step lowers the labeled accuracy in '
+        'most rounds (39.92 at Dir(0.05)).',
+        keys={'dafkd.generator': 'dcgan'}),
+    'features': hp.Variant(
+        summary='Appendix A\'s generator of features, conditional and '
+        'label-respecting; the best data-free preset in the drift regime.',
+        differs='A conditional feature generator trained on the clients\' '
+        'own labels with an auxiliary classifier term (ACGAN-style), '
+        'projection discriminators, eq. 2 kept out of the shared '
+        'extractor, distillation at T = 1 (the reference code\'s T = 20 '
+        'makes every target nearly uniform). The server distils only the '
+        'head on generated features.',
+        keys={'dafkd.generator': 'feature', 'dafkd.generator_labels': 'local',
+              'dafkd.aux_weight': 1.0, 'dafkd.discriminator': 'projection',
+              'dafkd.detach_extractor': True, 'distill.temperature': 1.0}),
+    'real_pool': hp.Variant(
+        summary='Domain-aware distillation on the server\'s real unlabeled '
+        'images (`server_data.proxy`, FedDF\'s pool) instead of generated '
+        'ones; the preset that works in the drift regime.',
+        differs='Not data-free: the discriminators train against, and the '
+        'server distils on, real unlabeled images, as FedDF\'s server '
+        'does; no generator is trained. Eq. 7\'s weights and eq. 8\'s '
+        'ensemble are the paper\'s.',
+        keys={'dafkd.pool': 'real'}),
+})
+
+
 @dataclasses.dataclass(frozen=True)
 class DaFKDHparams(hp.Hparams):
   """DaFKD (Wang et al., CVPR 2023), `config.dafkd`.
@@ -51,6 +95,12 @@ class DaFKDHparams(hp.Hparams):
   (AdamW); its old key `dafkd.weight_decay` moves there when DaFKD runs.
 
   Attributes:
+    variant: The preset (`VARIANTS`, docs/variants.md) that fills in the
+      keys it sets where the config leaves them unset: 'paper' |
+      'paper_dcgan' | 'features' | 'real_pool'. '' (default): 'real_pool'
+      where the server has unlabeled images (`server_data.proxy`), else
+      'features', the two that did best in the drift regime on the
+      server's labeled images (`default_variant`).
     pool_size: Generated distillation images per round (reference: 1,280).
     noise_dim: The generator's noise size (paper: 100).
     generator_hidden: The MLP generator's FC+BN+LeakyReLU widths, a comma
@@ -139,6 +189,9 @@ class DaFKDHparams(hp.Hparams):
       'weights_on': hp.Alias('ensemble'),
       'weight_decay': hp.Alias('client_optimizer.weight_decay',
                                field_type=float)}
+  VARIANTS: ClassVar[Mapping[str, hp.Variant]] = VARIANTS
+
+  variant: str = hp.field('', hp.one_of('', *VARIANTS))
 
   pool_size: int = hp.field(1280, hp.positive_int)
   noise_dim: int = hp.field(100, hp.positive_int)
@@ -173,6 +226,13 @@ class DaFKDHparams(hp.Hparams):
   holder_share: float = hp.field(0.05, hp.unit_interval)
   diagnostics_every: int = hp.field(1, hp.positive_int)
   twin_student: bool = hp.field(False, hp.boolean)
+
+  @classmethod
+  def default_variant(cls, config: Mapping[str, Any]) -> str:
+    """'real_pool' where the config gives the server unlabeled images
+    (`server_data.proxy`), else 'features'."""
+    server_data = config.get('server_data') or {}
+    return 'real_pool' if server_data.get('proxy') else 'features'
 
   @property
   def hidden_widths(self) -> tuple[int, ...]:

@@ -656,6 +656,7 @@ METHOD = common.Method(
     'FedD3A domain-aware distillation (Su et al., 2023)',
     needs_server_data=True, hparams=hparams_lib.FedD3AHparams,
     uses_distill=True,
-    smoke={'server_data.proxy': 'split', 'server_data.proxy_size': 100,
+    smoke={'fedd3a.variant': 'paper',
+           'server_data.proxy': 'split', 'server_data.proxy_size': 100,
            'distill.steps': 5, 'distill.batch_size': 32,
            'distill.val_fraction': 0.0})

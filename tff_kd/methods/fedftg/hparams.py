@@ -21,6 +21,23 @@ from tff_kd.models import names as model_names
 MASKS = ('agree', 'none')
 
 
+# The presets of `fedftg.variant` (docs/variants.md).
+VARIANTS: Mapping[str, hp.Variant] = types.MappingProxyType({
+    'tuned': hp.Variant(
+        summary='Its reference\'s server step with the student\'s SGD '
+        'learning rate 0.001, chosen on the server\'s labeled images in '
+        'the drift regime.',
+        differs='Student lr 0.001, not the reference\'s 0.1: per round, '
+        'the step moved the labeled accuracy by -.105 at 0.1, -.016 at '
+        '0.01 and +.013 at 0.001 at Dir(0.05) (studies/table1/README.md).',
+        keys={'fedftg.student_learning_rate': 1e-3}),
+    'reference': hp.Variant(
+        summary='Its reference code\'s settings, student lr 0.1.',
+        differs='',
+        keys={'fedftg.student_learning_rate': 0.1}),
+})
+
+
 @dataclasses.dataclass(frozen=True)
 class FedFTGHparams(hp.Hparams):
   """FedFTG (Zhang et al., CVPR 2022), `config.fedftg`.
@@ -36,6 +53,8 @@ class FedFTGHparams(hp.Hparams):
   learning rates).
 
   Attributes:
+    variant: The preset (`VARIANTS`, docs/variants.md): 'tuned' (the
+      default) | 'reference'.
     iterations: Generator step(s) + student steps, per round.
     student_steps: Student steps per iteration (through
       `distillation.distill`).
@@ -46,7 +65,7 @@ class FedFTGHparams(hp.Hparams):
       images in DaFKD's drift regime (studies/table1/README.md), where
       the step moved them by -.105 per round at 0.1, -.016 at 0.01 and
       +.013 at 0.001 at Dir(0.05) (-.026 and +.003 at 0.01 and 0.001 at
-      Dir(0.1)); 0.1 stays one key away.
+      Dir(0.1)); 0.1 is `variant='reference'`. Set by the preset.
     noise: 'gaussian' | 'uniform'.
     noise_dim: The generator's noise size.
     transfer_weight: beta_tran (the hard-sample term).
@@ -67,6 +86,9 @@ class FedFTGHparams(hp.Hparams):
       'kl_reduction': hp.Alias('distill.kl_reduction', field_type=str),
   }
 
+  VARIANTS: ClassVar[Mapping[str, hp.Variant]] = VARIANTS
+
+  variant: str = hp.field('', hp.one_of('', *VARIANTS))
   iterations: int = hp.field(10, hp.positive_int)
   student_steps: int = hp.field(5, hp.positive_int)
   generator_learning_rate: float = hp.field(0.01, hp.positive_number)
