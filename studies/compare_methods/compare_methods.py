@@ -7,21 +7,24 @@ round, Dir(0.1), the small CNN, 30 rounds, 10 local epochs), so all train
 the same clients with the same seeds, client samples and local work. A
 variant is a method plus config overrides (`VARIANTS`).
 
-Each (variant, seed) run is written to `<out>/runs/<variant>_s<seed>.json`
-as soon as it ends, and runs already there are skipped, so the script can
-be re-invoked to add methods or seeds, or to continue after an
-interruption; `<out>/summary.{json,md}` is rebuilt from all run files each
-time. The summary reports, per variant, mean +- std over seeds of the final
+The runs are the library's `compare` runs (`experiment.plan_study`,
+`run_study`: every run's config validated before any runs, one progress
+bar, each run in its own folder under `--root_dir`, resumed from its last
+checkpoint after an interruption). Each finished (variant, seed) run is
+then written to `<out>/runs/<variant>_s<seed>.json`, this study's record,
+and runs already there are skipped, so the script can be re-invoked to add
+methods or seeds; `<out>/summary.{json,md}` is rebuilt from all run files
+each time. The summary reports, per variant, mean +- std over seeds of the final
 test accuracy and of the mean of the last 5 rounds, the mean curve, seconds
 per round (`process.next`, round 1 excluded: it traces), and the
 method-specific server metrics.
 
 The library's `compare` command (docs/compare.md) runs methods and named
-variants over seeds the same way for any config, with resumable run
-folders; this script keeps its own run records, which studies/table1 and
-studies/dafkd_pool read, and shares the command's statistics over seeds
-(`experiment.mean_std`, `last_mean`, `mean_curve`, `finite_mean`,
-`seconds_per_round`).
+variants over seeds for any config; this script is its run loop with a
+fixed set of research variants (`VARIANTS`) and its own run records, which
+studies/table1 and studies/dafkd_pool read, and it shares the command's
+statistics over seeds (`experiment.mean_std`, `last_mean`, `mean_curve`,
+`finite_mean`, `seconds_per_round`).
 
 Usage (about 3-8 minutes per variant and seed on 2 CPU cores):
   TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python -m studies.compare_methods.compare_methods \
@@ -29,11 +32,10 @@ Usage (about 3-8 minutes per variant and seed on 2 CPU cores):
       --variants=fedavg,feddf
 """
 
+import importlib
 import json
 import os
 import tempfile
-import time
-import traceback
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
@@ -45,8 +47,6 @@ from absl import app  # pylint: disable=g-bad-import-order
 from absl import flags
 
 from studies import common
-
-import importlib
 
 # variant -> (method, config overrides as dotted keys).
 # DaFKD distils on generated images with the shared config's settings for it
@@ -147,24 +147,34 @@ _OUT = flags.DEFINE_string('out', 'studies/compare_methods/results/compare_mnist
 
 
 
-def make_config(variant: str, seed: int, rounds=None, overrides=()):
-  """The config of one (variant, seed) run."""
-  method, own = VARIANTS[variant]
-  module = importlib.import_module(
+def _module():
+  """The shared config's module (`--config`)."""
+  return importlib.import_module(
       _CONFIG.value.removesuffix('.py').replace('/', '.'))
-  c = module.get_config()
-  c.method = method
-  experiment.with_overrides(c, getattr(module, 'METHOD_OVERRIDES',
-                                     {}).get(method, {}))
-  c.seed = seed
-  if rounds:
-    c.rounds = rounds
-    c.checkpoint_every = rounds
+
+
+def base_config():
+  """The shared config every run starts from, with the data folders."""
+  c = _module().get_config()
   c.dataset.manual_dir = _MANUAL_DIR.value
   c.dataset.data_dir = _DATA_DIR.value
-  experiment.with_overrides(c, own)
-  common.apply_overrides(c, overrides)
+  if _ROUNDS.value:
+    c.checkpoint_every = _ROUNDS.value
   return c
+
+
+def entry(variant: str):
+  """A variant as a `compare` study entry: its method, then the config's
+  METHOD_OVERRIDES for that method, the variant's own overrides and
+  `--overrides`, in that order."""
+  method, own = VARIANTS[variant]
+  extra = {}
+  for item in _OVERRIDES.value:
+    key, _, value = item.partition('=')
+    extra[key] = experiment.parse_value(value)
+  return experiment.StudyEntry(variant, method, {
+      **getattr(_module(), 'METHOD_OVERRIDES', {}).get(method, {}),
+      **own, **extra})
 
 
 def title(dataset: str) -> str:
@@ -172,29 +182,29 @@ def title(dataset: str) -> str:
   return f'Method comparison on {dataset} (studies/compare_methods/compare_methods.py)'
 
 
-def _run_one(variant: str, seed: int, root: str) -> dict:
-  config = make_config(variant, seed, _ROUNDS.value, _OVERRIDES.value)
-  t0 = time.perf_counter()
-  run = experiment.run(config, os.path.join(root, f'{variant}_s{seed}'),
-                       progress=False)
-  h = run.history
-  times = [x['time/train_s'] for x in h]
-  server = {}
-  for key in h[-1]:
-    if key.startswith(('distill/', 'client/')):
-      server[key] = [x.get(key, float('nan')) for x in h]
+def record(run, root: str) -> dict:
+  """This study's record of one finished `compare` run (its folder under
+  `<root>/runs/`: `record.json`, `metrics.csv`, `config.json`)."""
+  folder = os.path.join(root, 'runs', run.name)
+  with open(os.path.join(folder, 'record.json')) as f:
+    done = json.load(f)
+  out = dict(variant=run.entry.label, method=run.entry.method,
+             seed=run.seed)
+  if done.get('error'):
+    return {**out, 'error': done['error']}
+  with open(os.path.join(folder, 'config.json')) as f:
+    config = json.load(f)
+  h = experiment.read_metrics(folder)
+  times = h['time/train_s']
   return dict(
-      variant=variant, method=config.method, seed=seed,
-      config=config.to_dict(),
-      accuracy=[x['test/accuracy'] for x in h],
-      train_loss=[x['train/loss'] for x in h],
-      train_seconds=times,
-      eval_seconds=[x.get('time/eval_s', 0.0) for x in h],
-      final_accuracy=run.final['test/accuracy'],
+      **out, config=config, accuracy=h['test/accuracy'],
+      train_loss=h['train/loss'], train_seconds=times,
+      eval_seconds=h.get('time/eval_s', [0.0] * len(times)),
+      final_accuracy=done['final_accuracy'],
       seconds_per_round=experiment.seconds_per_round(times),
-      first_round_seconds=times[0],
-      wall_seconds=time.perf_counter() - t0,
-      metrics=server)
+      first_round_seconds=times[0], wall_seconds=done['wall_seconds'],
+      metrics={k: v for k, v in h.items()
+               if k.startswith(('distill/', 'client/'))})
 
 
 def summarize(runs: list[dict]) -> dict:
@@ -293,7 +303,6 @@ def main(argv):
   if unknown:
     raise app.UsageError(f'unknown variants {unknown}; choose from '
                          f'{", ".join(VARIANTS)}')
-  context.set_local_context()
   root = _ROOT.value or tempfile.mkdtemp(prefix='compare_')
   run_dir = os.path.join(_OUT.value, 'runs')
   os.makedirs(run_dir, exist_ok=True)
@@ -304,7 +313,8 @@ def main(argv):
       meta = json.load(f)
   meta['commands'].append(common.command('compare_methods.compare_methods'))
   meta['config'] = _CONFIG.value
-  c = make_config('fedavg', 0, _ROUNDS.value, _OVERRIDES.value)
+  c = base_config()
+  common.apply_overrides(c, _OVERRIDES.value)
   meta['dataset'] = c.dataset.domains or c.dataset.name
   meta['setting'] = (
       f"{meta['dataset']} (first {c.dataset.train_limit} training images), "
@@ -313,30 +323,24 @@ def main(argv):
       f'local {c.local.unit} ({c.client_optimizer.name} lr '
       f'{c.client_optimizer.learning_rate}, weight decay '
       f'{c.client_optimizer.weight_decay}, batch {c.local.batch_size}), '
-      f'{c.rounds} rounds; server pool '
+      f'{_ROUNDS.value or c.rounds} rounds; server pool '
       f'{c.server_data.proxy_size} unlabeled + {c.server_data.val_size} '
       f'labeled images held out of every method\'s client data. Extra '
       f'overrides: {_OVERRIDES.value or "none"}.')
   with open(meta_path, 'w') as f:
     json.dump(meta, f, indent=2)
 
-  for variant in _VARIANTS.value:
-    for seed in map(int, _SEEDS.value):
-      path = os.path.join(run_dir, f'{variant}_s{seed}.json')
-      if os.path.exists(path):
-        continue
-      try:
-        record = _run_one(variant, seed, root)
-      except Exception as e:  # pylint: disable=broad-except
-        # One failing variant must not lose the others' results.
-        traceback.print_exc()
-        record = dict(variant=variant, seed=seed,
-                      error=f'{type(e).__name__}: {e}'.splitlines()[0])
-      with open(path, 'w') as f:
-        json.dump(record, f, indent=2)
-      print(f"{variant} seed {seed}: "
-            f"{record.get('final_accuracy', record.get('error'))}",
-            flush=True)
+  # Every run is a `compare` run in <root> (resumable where it stopped);
+  # a run with a record in <out>/runs is done.
+  plan = [run for run in experiment.plan_study(
+      base_config(), [entry(v) for v in _VARIANTS.value],
+      experiment.parse_seeds(_SEEDS.value), rounds=_ROUNDS.value)
+          if not os.path.exists(os.path.join(run_dir, f'{run.name}.json'))]
+  experiment.run_study(plan, root)
+  for run in plan:
+    result = record(run, root)
+    with open(os.path.join(run_dir, f'{run.name}.json'), 'w') as f:
+      json.dump(result, f, indent=2)
 
   runs = []
   for name in sorted(os.listdir(run_dir)):

@@ -118,3 +118,11 @@ def test_table1_and_its_decomposition(tmp_path):
   _run('table1.table1', f'--out={out}',
        f'--decompose=recipe={out / "alpha0.5"}')
   assert '| recipe (feddf) | ' in (out / 'decompose.md').read_text()
+
+
+def test_import_cost(tmp_path):
+  """One fresh process: every part of the split, the library's own row."""
+  _run('speed.import_cost', '--repeats=1', f'--out={tmp_path / "imports"}')
+  text = (tmp_path / 'imports.md').read_text()
+  assert '| tensorflow | ' in text
+  assert "| the library's own modules (tff_kd, binaries, configs) | " in text
