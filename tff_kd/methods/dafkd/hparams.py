@@ -41,7 +41,7 @@ GAN_WINDOWS = ('first', 'last')
 # The presets of `dafkd.variant` (docs/variants.md). Measured in DaFKD's
 # drift regime (configs/dafkd_paper_cpu.py, seeds 0-2; the server's 500
 # labeled images after the last round, studies/table1/README.md):
-# paper_dcgan .418 at Dir(0.05) and .759 at Dir(0.1), features .727 at
+# paper_dcgan .410 at Dir(0.05) and .756 at Dir(0.1), features .749 at
 # Dir(0.05), real_pool .901 and .907.
 VARIANTS: Mapping[str, hp.Variant] = types.MappingProxyType({
     'paper': hp.Variant(
