@@ -69,7 +69,9 @@ def _header(settings: experiment.Settings) -> str:
   clients = ('its own clients' if settings.dataset.is_federated else
              f'{settings.partition.num_clients} clients')
   rs = settings.run
-  return (f'train: {rs.method} on {data}, {clients} '
+  preset = getattr(settings.hparams, 'variant', '')
+  method = f'{rs.method} (preset {preset})' if preset else rs.method
+  return (f'train: {method} on {data}, {clients} '
           f'({rs.clients_per_round} per round), {rs.rounds} rounds, '
           f'seed {rs.seed}; outputs in {_ROOT_DIR.value}')
 
