@@ -88,6 +88,20 @@ def test_a_key_the_config_sets_wins_over_the_preset(caplog):
           in caplog.text)
 
 
+def test_an_error_names_the_preset_only_where_it_set_the_key():
+  with pytest.raises(errors.ConfigError) as raised:
+    _settings(method='dafkd', **{'dafkd.shared_extractor': False})
+  assert str(raised.value).endswith(
+      "(dafkd.variant unset, so the default preset 'features', set "
+      "dafkd.generator='feature', dafkd.generator_labels='local', "
+      "dafkd.aux_weight=1.0, dafkd.discriminator='projection', "
+      "dafkd.detach_extractor=True, distill.temperature=1.0; another preset "
+      'or your own values: docs/variants.md)')
+  with pytest.raises(errors.ConfigError) as raised:
+    _settings(method='dafkd', **{'dafkd.pool_size': 0})
+  assert 'variant' not in str(raised.value)
+
+
 def test_a_bad_preset_is_one_line_before_any_compute():
   with pytest.raises(errors.ConfigError, match=(
       r"^fedd3a\.variant='soft' is not a preset of fedd3a; it has logits, "

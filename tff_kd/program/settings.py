@@ -834,7 +834,7 @@ def from_config(config: ml_collections.ConfigDict) -> Settings:
   try:
     return _validated(config, run, method)
   except errors.ConfigError as e:
-    note = _preset_note(config, method, named)
+    note = _preset_note(config, method, named, str(e))
     if not note:
       raise
     raise errors.ConfigError(f'{e} ({note})') from None
@@ -860,15 +860,16 @@ def _validated(config: ml_collections.ConfigDict, run: RunSettings,
 
 
 def _preset_note(config: ml_collections.ConfigDict, method: common.Method,
-                 named: bool) -> str:
-  """What the preset in force set, for an error message: '' where it set
-  nothing (or the method has no presets)."""
+                 named: bool, message: str) -> str:
+  """What the preset in force set, for an error `message` that names one
+  of its keys: '' where the message names none (or the method has no
+  presets)."""
   cls = method.hparams
   if cls is None or not cls.VARIANTS:
     return ''
   name = config[cls.SECTION].variant
   keys = cls.VARIANTS[name].keys
-  if not keys:
+  if not any(key in message for key in keys):
     return ''
   how = (f'={name!r}' if named else
          f' unset, so the default preset {name!r},')
