@@ -8,9 +8,10 @@ imports before its first round) in fresh processes under Python's
 `-X importtime`, and splits the import time by where it goes:
 
 * `tensorflow`: TensorFlow itself (imported first by TFF);
-* `tensorflow_federated`, and what TFF 0.87 imports on its own import
-  path: JAX, TF Model Optimization, TF Privacy and dp_accounting (TFF's
-  aggregators import them unconditionally);
+* `tensorflow_federated`, and the add-ons on TF's and TFF 0.87's import
+  path: JAX (through TF's `compat.v1.lite`), TF Model Optimization, TF
+  Privacy and dp_accounting (TFF's aggregators import the last three
+  unconditionally);
 * the library's own modules (`tff_kd`, `binaries`, `configs`), and
   everything else (numpy, scipy, ...).
 
@@ -72,7 +73,7 @@ def parts(times: dict[str, tuple[int, int]], module: str) -> dict[str, float]:
          'tensorflow': by_package.pop('tensorflow', 0.0),
          'tensorflow_federated': by_package.pop('tensorflow_federated', 0.0)}
   for name in _ADD_ONS:
-    out[f'{name} (imported by TFF)'] = by_package.pop(name, 0.0)
+    out[f'{name} (on the TF / TFF import path)'] = by_package.pop(name, 0.0)
   out["the library's own modules (tff_kd, binaries, configs)"] = sum(
       by_package.pop(name, 0.0) for name in _OWN)
   out['other'] = sum(by_package.values())
