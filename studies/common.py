@@ -6,6 +6,7 @@ and goes to `<prefix>.json` plus, where it has one, a Markdown report
 `<prefix>.md` (`write_result`).
 """
 
+import importlib
 import importlib.metadata
 import json
 import os
@@ -98,8 +99,26 @@ def define_overrides_flag() -> flags.FlagHolder:
       'dataset.name=digits,rounds=2).')
 
 
+def config_module(path: str) -> Any:
+  """The config module of a `--config` path, e.g. 'configs/digits.py'
+  (imported as `configs.digits`; its `get_config()` builds the config)."""
+  return importlib.import_module(path.removesuffix('.py').replace('/', '.'))
+
+
+def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
+  """`key=value` strings as {dotted key: value}, in order (a key given
+  twice keeps its last value); each value parsed as `train` parses it."""
+  from tff_kd.program import experiment  # pylint: disable=g-import-not-at-top
+  out = {}
+  for item in items:
+    key, _, value = item.partition('=')
+    out[key] = experiment.parse_value(value)
+  return out
+
+
 def apply_overrides(config: Any, items: Sequence[str]) -> Any:
-  """Applies `key=value` overrides to an experiment config, in order.
+  """Applies `key=value` overrides (`parse_overrides`) to an experiment
+  config.
 
   Args:
     config: an experiment `ConfigDict` (see `configs/base.py`).
@@ -109,7 +128,6 @@ def apply_overrides(config: Any, items: Sequence[str]) -> Any:
     `config`, changed in place.
   """
   from tff_kd.program import experiment  # pylint: disable=g-import-not-at-top
-  for item in items:
-    key, _, value = item.partition('=')
-    experiment.with_overrides(config, {key: experiment.parse_value(value)})
+  for key, value in parse_overrides(items).items():
+    experiment.with_overrides(config, {key: value})
   return config

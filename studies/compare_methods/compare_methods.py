@@ -32,7 +32,6 @@ Usage (about 3-8 minutes per variant and seed on 2 CPU cores):
       --variants=fedavg,feddf
 """
 
-import importlib
 import json
 import os
 import tempfile
@@ -147,15 +146,9 @@ _OUT = flags.DEFINE_string('out', 'studies/compare_methods/results/compare_mnist
 
 
 
-def _module():
-  """The shared config's module (`--config`)."""
-  return importlib.import_module(
-      _CONFIG.value.removesuffix('.py').replace('/', '.'))
-
-
 def base_config():
   """The shared config every run starts from, with the data folders."""
-  c = _module().get_config()
+  c = common.config_module(_CONFIG.value).get_config()
   c.dataset.manual_dir = _MANUAL_DIR.value
   c.dataset.data_dir = _DATA_DIR.value
   if _ROUNDS.value:
@@ -168,13 +161,10 @@ def entry(variant: str):
   METHOD_OVERRIDES for that method, the variant's own overrides and
   `--overrides`, in that order."""
   method, own = VARIANTS[variant]
-  extra = {}
-  for item in _OVERRIDES.value:
-    key, _, value = item.partition('=')
-    extra[key] = experiment.parse_value(value)
+  module = common.config_module(_CONFIG.value)
   return experiment.StudyEntry(variant, method, {
-      **getattr(_module(), 'METHOD_OVERRIDES', {}).get(method, {}),
-      **own, **extra})
+      **getattr(module, 'METHOD_OVERRIDES', {}).get(method, {}),
+      **own, **common.parse_overrides(_OVERRIDES.value)})
 
 
 def title(dataset: str) -> str:

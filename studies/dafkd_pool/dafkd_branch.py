@@ -26,7 +26,6 @@ Usage:
       --out=studies/dafkd_pool/results/dafkd_branch_alpha0.1_T20
 """
 
-import importlib
 import os
 import statistics
 import tempfile
@@ -50,9 +49,7 @@ _OUT = flags.DEFINE_string('out', '', 'Result folder (branch.json, .md).')
 
 
 def _config(seed: int, correlation: bool):
-  module = importlib.import_module(
-      _CONFIG.value.removesuffix('.py').replace('/', '.'))
-  c = module.get_config()
+  c = bench.config_module(_CONFIG.value).get_config()
   c.seed = seed
   c.dataset.manual_dir = _MANUAL_DIR.value
   bench.apply_overrides(c, _OVERRIDES.value)

@@ -34,7 +34,6 @@ FedFTG on 2 cores, about 20 per DaFKD run):
       --alphas=0.05,0.1,1 --seeds=0,1,2
 """
 
-import importlib
 import json
 import math
 import os
@@ -319,9 +318,7 @@ def run_alpha(alpha: str, folder: str) -> None:
   """Runs (or resumes) the rows at Dir(alpha) with the library's `compare`
   run loop in `--root_dir`, writes its summary in `folder` and copies each
   finished run's record, metrics and config to `folder/runs/`."""
-  module = importlib.import_module(
-      _CONFIG.value.removesuffix('.py').replace('/', '.'))
-  config = module.get_config()
+  config = common.config_module(_CONFIG.value).get_config()
   config.dataset.manual_dir = _MANUAL_DIR.value
   config.partition.alpha = float(alpha)
   if _ROUNDS.value:
