@@ -131,3 +131,31 @@ def apply_overrides(config: Any, items: Sequence[str]) -> Any:
   for key, value in parse_overrides(items).items():
     experiment.with_overrides(config, {key: value})
   return config
+
+
+def study_record(folder: str) -> dict[str, Any]:
+  """A finished `compare` run folder (`record.json`, `metrics.csv`,
+  `config.json`) as the studies' run record: variant (the run's label),
+  method, seed, config, the per-round accuracy, train_loss, train_seconds
+  and eval_seconds, final_accuracy, seconds_per_round (without round 1),
+  first_round_seconds, wall_seconds and metrics (every `distill/*` and
+  `client/*` metric per round); or, for a failed run, its error."""
+  from tff_kd.program import experiment  # pylint: disable=g-import-not-at-top
+  with open(os.path.join(folder, 'record.json')) as f:
+    done = json.load(f)
+  out = dict(variant=done['label'], method=done['method'], seed=done['seed'])
+  if done.get('error'):
+    return {**out, 'error': done['error']}
+  with open(os.path.join(folder, 'config.json')) as f:
+    config = json.load(f)
+  h = experiment.read_metrics(folder)
+  times = h['time/train_s']
+  return dict(
+      **out, config=config, accuracy=h['test/accuracy'],
+      train_loss=h['train/loss'], train_seconds=times,
+      eval_seconds=h.get('time/eval_s', [0.0] * len(times)),
+      final_accuracy=done['final_accuracy'],
+      seconds_per_round=experiment.seconds_per_round(times),
+      first_round_seconds=times[0], wall_seconds=done['wall_seconds'],
+      metrics={k: v for k, v in h.items()
+               if k.startswith(('distill/', 'client/'))})

@@ -172,31 +172,6 @@ def title(dataset: str) -> str:
   return f'Method comparison on {dataset} (studies/compare_methods/compare_methods.py)'
 
 
-def record(run, root: str) -> dict:
-  """This study's record of one finished `compare` run (its folder under
-  `<root>/runs/`: `record.json`, `metrics.csv`, `config.json`)."""
-  folder = os.path.join(root, 'runs', run.name)
-  with open(os.path.join(folder, 'record.json')) as f:
-    done = json.load(f)
-  out = dict(variant=run.entry.label, method=run.entry.method,
-             seed=run.seed)
-  if done.get('error'):
-    return {**out, 'error': done['error']}
-  with open(os.path.join(folder, 'config.json')) as f:
-    config = json.load(f)
-  h = experiment.read_metrics(folder)
-  times = h['time/train_s']
-  return dict(
-      **out, config=config, accuracy=h['test/accuracy'],
-      train_loss=h['train/loss'], train_seconds=times,
-      eval_seconds=h.get('time/eval_s', [0.0] * len(times)),
-      final_accuracy=done['final_accuracy'],
-      seconds_per_round=experiment.seconds_per_round(times),
-      first_round_seconds=times[0], wall_seconds=done['wall_seconds'],
-      metrics={k: v for k, v in h.items()
-               if k.startswith(('distill/', 'client/'))})
-
-
 def summarize(runs: list[dict]) -> dict:
   """Mean +- std over seeds per variant, from run records.
 
@@ -328,7 +303,7 @@ def main(argv):
           if not os.path.exists(os.path.join(run_dir, f'{run.name}.json'))]
   experiment.run_study(plan, root)
   for run in plan:
-    result = record(run, root)
+    result = common.study_record(os.path.join(root, 'runs', run.name))
     with open(os.path.join(run_dir, f'{run.name}.json'), 'w') as f:
       json.dump(result, f, indent=2)
 

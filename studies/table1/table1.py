@@ -130,35 +130,16 @@ def _std(values) -> float:
   return statistics.stdev(values) if len(values) > 1 else 0.0
 
 
-def _study_record(path: str) -> dict:
-  """A `compare` run folder as the earlier runner's record: variant, seed,
-  final_accuracy, accuracy (per round), seconds_per_round, wall_seconds,
-  metrics (every `distill/*` metric per round), or error."""
-  with open(os.path.join(path, 'record.json')) as f:
-    record = json.load(f)
-  out = dict(variant=record['label'], seed=record['seed'],
-             wall_seconds=record.get('wall_seconds', 0.0))
-  if record.get('error'):
-    return {**out, 'error': record['error']}
-  history = experiment.read_metrics(path)
-  return {**out, 'final_accuracy': record['final_accuracy'],
-          'accuracy': history.get('test/accuracy', []),
-          'seconds_per_round': experiment.seconds_per_round(
-              history.get('time/train_s', [])),
-          'metrics': {k: v for k, v in history.items()
-                      if k.startswith('distill/')}}
-
-
 def load_runs(folder: str) -> dict[str, list[dict]]:
   """variant -> run records (sorted by seed) in `folder/runs`: `compare`
-  run folders (`_study_record`), or the earlier runner's JSON files (its
+  run folders (`common.study_record`), or the earlier runner's JSON files (its
   names as `_OLD_NAMES` maps them)."""
   runs: dict[str, list[dict]] = {}
   path = os.path.join(folder, 'runs')
   for name in sorted(os.listdir(path)) if os.path.isdir(path) else []:
     entry = os.path.join(path, name)
     if os.path.isdir(entry):
-      record = _study_record(entry)
+      record = common.study_record(entry)
     else:
       with open(entry) as f:
         record = json.load(f)
