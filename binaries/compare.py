@@ -68,6 +68,12 @@ _OUT = flags.DEFINE_string(
 _ROUNDS = flags.DEFINE_integer('rounds', None,
                                "Rounds of every run (default: the config's).")
 _PROGRESS = flags.DEFINE_bool('progress', True, 'Show a progress bar.')
+_CLIENTS = flags.DEFINE_enum(
+    'clients', 'fast', ['fast', 'config'],
+    "How each run's clients run: 'fast' groups them, up to 10 per TFF "
+    'call, and fuses them where the method and model allow (another draw '
+    "of the same algorithm; experiment.fast_clients); 'config': as the "
+    "config's runtime keys say.")
 
 
 def _fail(message: str) -> None:
@@ -138,7 +144,7 @@ def main(argv: list[str]) -> None:
     entries = experiment.study_entries(_METHODS.value, _VARIANTS.value)
     seeds = experiment.parse_seeds(_SEEDS.value)
     plan = experiment.plan_study(config, entries, seeds,
-                                 rounds=_ROUNDS.value)
+                                 rounds=_ROUNDS.value, clients=_CLIENTS.value)
     # One study per folder: locked before anything is written in it.
     with experiment.study_lock(out):
       _study(plan, out)

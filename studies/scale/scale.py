@@ -5,8 +5,11 @@ Each setting runs the `train` binary as its own process under
 `partition.num_clients=N`, `clients_per_round=K` and a fixed number of
 examples per round (`--examples_per_round`, split as local SGD steps of
 batch 32 over the K clients, so K = 10 and K = 100 do the same local work).
-FedDF and DaFKD get a 2,000-image split server pool and a 200-image
-labeled set (DaFKD: the DCGAN generator, GAN terms in every local step).
+FedDF, FedD3A and DaFKD get a 2,000-image split server pool and a
+200-image labeled set (`dafkd`: the paper's preset with the DCGAN
+generator, GAN terms in every local step; `dafkd.real_pool`: the default
+preset where the server has unlabeled images). A row is a method or
+`<method>.<preset>`.
 
 Reported per setting (from the run's `metrics.csv`, its folder and the
 process's resource usage):
@@ -24,10 +27,13 @@ process's resource usage):
   * checkpoint size: the newest checkpoint folder on disk;
   * client files: the size of the run's client data folder.
 
-`--clients_per_call=1,10` also runs FedAvg with `runtime.clients_per_call`
-G = 10 (the column G): ten clients per TFF client call. `--fuse_clients=0,1`
-runs each FedAvg setting also with `runtime.client_execution='fused'` (the column
-"fused": the call's clients trained as one batched computation).
+`--clients_per_call=1,10` also runs the methods that group clients (all
+but DaFKD) with `runtime.clients_per_call` G = 10 (the column G): ten
+clients per TFF client call. `--fuse_clients=0,1` runs each of those
+settings also with `runtime.client_execution='fused'` (the column "fused":
+the call's clients trained as one batched computation) for the methods
+that fuse clients (all but FedGen and DaFKD). `scale.png` plots seconds
+per round against K, one line per method and execution (run one N).
 
 Usage (about 15 minutes for the default grid on 2 cores):
   .venv/bin/python -m studies.scale.scale --manual_dir=../shared/data/mnist \
@@ -59,11 +65,18 @@ _PER_ROUND = flags.DEFINE_list('clients_per_round', ['10', '100'],
 _PER_CALL = flags.DEFINE_list(
     'clients_per_call', ['1'],
     'runtime.clients_per_call values; those > 1 run for the methods that '
-    'group clients (FedAvg) only.')
+    'group clients (all but DaFKD) only.')
 _FUSE = flags.DEFINE_list(
     'fuse_clients', ['0'],
     "runtime.client_execution='fused' (1) or not (0); 1 runs for the "
-    'methods that group clients (FedAvg) only.')
+    'methods that fuse clients (all but FedGen and DaFKD) only.')
+_EXECUTIONS = flags.DEFINE_list(
+    'executions', [],
+    'Instead of --clients_per_call x --fuse_clients: a list of G (in turn) '
+    'or <G>f (fused where the method fuses clients, in turn where it only '
+    'groups them), e.g. 1,10f, or fast: compare\'s default, G = min(10, '
+    'ceil(K / 2)) fused where the method fuses clients; G > 1 runs for the '
+    'methods that group clients only.')
 _EXAMPLES = flags.DEFINE_integer(
     'examples_per_round', 6400,
     'Local examples per round over all K clients (batch 32 steps).')
@@ -80,12 +93,19 @@ _BATCH = 32
 _KD = ('--config.server_data.proxy=split',
        '--config.server_data.proxy_size=2000',
        '--config.server_data.val_size=200', '--config.distill.steps=50')
+# A row's name is a method, or `<method>.<preset>` (its named preset).
 _METHOD_FLAGS = {
     'fedavg': (),
+    'fedprox': (),
     'feddf': _KD,
+    'fedd3a': _KD,
+    'fedftg': (),
+    'fedgen': (),
     'dafkd': _KD + ('--config.dafkd.variant=paper',
                     '--config.dafkd.generator=dcgan',
                     '--config.dafkd.aggregation=examples'),
+    # The default preset where the server has unlabeled images.
+    'dafkd.real_pool': _KD + ('--config.dafkd.variant=real_pool',),
 }
 
 
@@ -119,7 +139,8 @@ def run_setting(method: str, n: int, k: int, root: str,
   command = [
       '/usr/bin/time', '-v', os.path.join(os.path.dirname(sys.executable),
                                           'train'),
-      '--config=configs/mnist.py', f'--method={method}', f'--root_dir={root}',
+      '--config=configs/mnist.py', f'--method={method.split(".")[0]}',
+      f'--root_dir={root}',
       f'--config.dataset.manual_dir={_MANUAL_DIR.value}',
       '--config.partition.kind=iid', f'--config.partition.num_clients={n}',
       f'--config.clients_per_round={k}', f'--config.rounds={_ROUNDS.value}',
@@ -167,12 +188,34 @@ def run_setting(method: str, n: int, k: int, root: str,
 
 # Methods of `--methods` whose clients may be grouped
 # (`runtime.clients_per_call`; `Method.groups_clients`, which `train`
-# checks: this driver does not import the library).
-_GROUPS = ('fedavg',)
+# checks: this driver does not import the library), and fused
+# (`Method.fuses_clients`).
+_FUSES = ('fedavg', 'fedprox', 'feddf', 'fedd3a', 'fedftg')
+_GROUPS = _FUSES + ('fedgen',)
 
 # The metrics that time a method's server step, summed per round.
 _SERVER_STEP_KEYS = (('distill/server_seconds',),
                      ('distill/teacher_seconds', 'distill/distill_seconds'))
+
+
+def _executions(method: str, k: int) -> list[tuple[int, int, str]]:
+  """(G, fused, the plot's label) settings to run for a method at K
+  clients per round."""
+  if not _EXECUTIONS.value:
+    return [(g, f, f"G = {g}{', fused' if f else ''}")
+            for g in map(int, _PER_CALL.value)
+            for f in map(int, _FUSE.value)]
+  out = []
+  for item in _EXECUTIONS.value:
+    label = item
+    if item == 'fast':
+      item = f'{min(10, -(-k // 2))}f'
+    fused = int(item.endswith('f') and method in _FUSES)
+    g = int(item.rstrip('f'))
+    if label != 'fast':
+      label = f"G = {g}{', fused' if fused else ''}"
+    out.append((g, fused, label))
+  return out
 
 
 def _server_step_s(rows: list[dict]) -> float | None:
@@ -231,9 +274,9 @@ def main(argv):
     for method in _METHODS.value:
       for n in map(int, _CLIENTS.value):
         for k in map(int, _PER_ROUND.value):
-          for g, fuse in ((g, f) for g in map(int, _PER_CALL.value)
-                          for f in map(int, _FUSE.value)):
-            if k > n or ((g > 1 or fuse) and method not in _GROUPS):
+          for g, fuse, label in _executions(method, k):
+            if k > n or (g > 1 and method not in _GROUPS) or (
+                fuse and method not in _FUSES):
               continue
             root = os.path.join(scratch, f'{method}_{n}_{k}_{g}_{fuse}')
             try:
@@ -247,6 +290,7 @@ def main(argv):
                   peak_rss_gb=None,
                   error=f'not finished in {_TIMEOUT.value} s')
             shutil.rmtree(root, ignore_errors=True)
+            record['execution'] = label
             records.append(record)
             print(json.dumps(record), flush=True)
   finally:
@@ -255,13 +299,42 @@ def main(argv):
       command=common.command('scale.scale'), machine=common.machine(),
       setting=(f'IID MNIST, the small CNN, {_ROUNDS.value} rounds, '
                f'{_EXAMPLES.value} local examples per round in batches of '
-               f'{_BATCH} over the K clients; FedDF and DaFKD with a 2,000-'
-               'image server pool, a 200-image labeled set and 50 '
-               'distillation steps; DaFKD with the DCGAN generator and GAN '
-               'terms in every local step.'))
+               f'{_BATCH} over the K clients; FedDF, FedD3A and DaFKD with '
+               'a 2,000-image server pool, a 200-image labeled set and 50 '
+               'distillation steps; `dafkd`: the paper preset, with the DCGAN '
+               'generator and GAN terms in every local step; '
+               '`dafkd.real_pool`: the default preset.'))
   print(common.write_result(
       os.path.join(_OUT.value, 'scale'), dict(meta=meta, records=records),
       lambda result: markdown(result['records'], result['meta'])))
+  plot(records, os.path.join(_OUT.value, 'scale.png'))
+
+
+def plot(records: list[dict], path: str) -> None:
+  """Seconds per round against K: one line per method and execution
+  (G, fused), at the first N of each."""
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use('Agg')
+  from matplotlib import pyplot  # pylint: disable=import-outside-toplevel
+  lines: dict[str, list[tuple[int, float]]] = {}
+  for r in records:
+    if 'error' in r:
+      continue
+    label = f"{r['method']} ({r.get('execution', '?')})"
+    lines.setdefault(label, []).append((r['clients_per_round'],
+                                        r['seconds_per_round']))
+  figure, axes = pyplot.subplots(figsize=(7, 4.5))
+  for label, points in lines.items():
+    ks, seconds = zip(*sorted(points))
+    axes.plot(ks, seconds, marker='o', label=label)
+  axes.set_xlabel('clients per round K (the same 6,400 local examples)')
+  axes.set_ylabel('seconds per round (median)')
+  axes.set_xscale('log')
+  axes.grid(alpha=0.3)
+  axes.legend(fontsize=7)
+  figure.tight_layout()
+  figure.savefig(path, dpi=120)
+  pyplot.close(figure)
 
 
 if __name__ == '__main__':

@@ -82,7 +82,8 @@ _INTRA_OP_THREADS = flags.DEFINE_integer(
     'intra_op_threads', 1, "runtime.intra_op_threads (0: TensorFlow's "
     'default, every core).')
 _CLIENTS_PER_CALL = flags.DEFINE_integer(
-    'clients_per_call', 1, 'runtime.clients_per_call (FedAvg).')
+    'clients_per_call', 1, 'runtime.clients_per_call (FedAvg and FedGen: '
+    'G clients per TFF call, FedGen in turn).')
 _FUSE_CLIENTS = flags.DEFINE_bool(
     'fuse_clients', False, "runtime.client_execution='fused' (FedAvg): "
     "each call's clients trained as one batched computation.")

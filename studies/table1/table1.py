@@ -113,6 +113,11 @@ _ROUNDS = flags.DEFINE_integer('rounds', None, 'Rounds (default: the '
                                'config\'s).')
 _OVERRIDES = flags.DEFINE_list('overrides', [], 'key=value config overrides '
                                'for every run (e.g. the smoke test\'s).')
+_CLIENTS = flags.DEFINE_enum(
+    'clients', 'fast', ['fast', 'config'],
+    "compare's --clients: 'fast' (grouped, fused where the method allows: "
+    "another draw of the same algorithm) or 'config'. The committed rows "
+    "ran with 'config' (one client per call).")
 _REPORT_ONLY = flags.DEFINE_bool('report_only', False,
                                  'Only rebuild the report from the runs.')
 _DECOMPOSE = flags.DEFINE_list(
@@ -307,7 +312,8 @@ def run_alpha(alpha: str, folder: str) -> None:
   common.apply_overrides(config, _OVERRIDES.value)
   plan = experiment.plan_study(
       config, experiment.study_entries(_METHODS.value),
-      experiment.parse_seeds(_SEEDS.value), rounds=_ROUNDS.value)
+      experiment.parse_seeds(_SEEDS.value), rounds=_ROUNDS.value,
+      clients=_CLIENTS.value)
   root = os.path.join(_ROOT.value, f'alpha{alpha}')
   experiment.run_study(plan, root)
   for run in plan:

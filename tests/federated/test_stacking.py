@@ -126,3 +126,68 @@ def test_two_workers_merge_to_the_same_stack(two_workers):
   for actual_part, expected_part in zip(_by_client(out.result),
                                         _by_client(expected)):
     _assert_same(actual_part, expected_part)
+
+
+def _groups(values, weights, group: int):
+  """The clients as `GroupRows` of `group` each, the last one padded with
+  zero rows of weight 0 (what `execution.train_rows` sends)."""
+  padded = -len(values) % group
+  values = values + [tf.nest.map_structure(np.zeros_like, values[0])] * padded
+  weights = list(weights) + [0.0] * padded
+  return [stacking_tf.GroupRows(
+      tf.nest.map_structure(lambda *r: np.stack(r), *values[i:i + group]),
+      np.array(weights[i:i + group], np.float32))
+          for i in range(0, len(values), group)]
+
+
+def _group_process(num_slots: int, group: int):
+  row_type = tff.types.to_type(collections.OrderedDict(
+      a=tff.TensorType(np.float32, [group, 2, 3]),
+      b=(tff.TensorType(np.int32, [group]),
+         tff.TensorType(np.float32, [group, 4]))))
+  group_type = tff.types.StructWithPythonType(
+      [('values', row_type), ('weights', tff.TensorType(np.float32, [group]))],
+      stacking_tf.GroupRows)
+  return stacking.build_stacking_aggregator(group_type, num_slots, group)
+
+
+# (slots, group, client weights): a padded last group, a zero-weight client
+# inside a group, a group with no client taken, every slot full, G = 1.
+_GROUP_CASES = [(5, 2, [1.0, 0.0, 3.0, 2.0, 5.0]),
+                (6, 3, [0.0, 0.0, 0.0, 2.0, 1.0]),
+                (4, 2, [1.0, 2.0, 3.0, 4.0]),
+                (3, 1, [2.0, 0.0, 1.0])]
+
+
+@pytest.mark.parametrize('num_slots,group,weights', _GROUP_CASES)
+def test_groups_of_rows_give_the_stack_of_their_clients(num_slots, group,
+                                                         weights):
+  """G clients' rows per TFF client: the stack that one client per TFF
+  client gives, so a method's server step is the same."""
+  values = _values(len(weights))
+  out = _next(_group_process(num_slots, group),
+              _groups(values, weights, group), [1.0] * -(-len(weights) //
+                                                         group))
+  _assert_same(out.result, _expected(values, weights, num_slots))
+  assert out.measurements == sum(w > 0 for w in weights)
+
+
+def test_groups_of_more_clients_than_slots_is_a_clear_error():
+  process = _group_process(3, 2)
+  with pytest.raises(Exception, match='more clients than the 3 teacher'):
+    _next(process, _groups(_values(4), [1.0] * 4, 2), [1.0, 1.0])
+
+
+def test_two_workers_merge_groups_to_the_same_stack(two_workers):
+  """Grouped rows split over two workers (`slots_merge_rows`)."""
+  weights = [1.0, 0.0, 3.0, 2.0, 5.0, 4.0, 0.0, 6.0]
+  values = _values(len(weights))
+  with tff.framework.get_context_stack().install(
+      workers.remote_context(two_workers, timeout_s=30)):
+    out = _next(_group_process(8, 2), _groups(values, weights, 2),
+                [1.0] * 4)
+  expected = _expected(values, weights, 8)
+  assert int(out.result.count) == int(expected.count) == 6
+  for actual_part, expected_part in zip(_by_client(out.result),
+                                        _by_client(expected)):
+    _assert_same(actual_part, expected_part)

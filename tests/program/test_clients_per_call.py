@@ -64,9 +64,12 @@ def test_a_grouped_round_is_the_same_weighted_mean(tmp_path, method):
   assert train[3]['bytes_down'] == train[1]['bytes_down']
 
 
-@pytest.mark.parametrize('method', ['feddf', 'dafkd', 'fedgen'])
-def test_methods_that_keep_clients_apart_refuse_it(method):
+def test_a_method_with_per_client_state_refuses_it():
+  """DaFKD's server keeps a discriminator per client (the methods that
+  stack their clients take a call's clients as rows:
+  tests/program/test_fuse_clients.py)."""
   with pytest.raises(errors.ConfigError,
-                     match=rf'runtime.clients_per_call=2: {method} keeps'):
+                     match=r'runtime.clients_per_call=2: dafkd keeps '
+                     'per-client state'):
     experiment.from_config(helpers.smoke_config(
-        method, **{'runtime.clients_per_call': 2}))
+        'dafkd', **{'runtime.clients_per_call': 2}))

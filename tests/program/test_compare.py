@@ -109,3 +109,26 @@ def test_a_run_s_numbers_come_from_its_metrics():
       'distill/labeled_accuracy_after': pytest.approx(0.5),
       'distill/last_loss': pytest.approx(0.3)}
   assert stats['raised'] == 0.5
+
+
+def test_fast_clients_group_and_fuse_where_the_method_allows():
+  """`clients='fast'` (compare's default): G = ceil(K / 2) clients per call,
+  fused where the method's clients and the model allow, in turn where the
+  method only groups them; the rest, and a config that sets the runtime
+  keys itself, stay as they are."""
+  entries = experiment.study_entries(
+      ['fedavg', 'fedgen', 'dafkd'],
+      ['het:fedd3a:fedd3a.client_models=cnn;server_data.proxy=split;'
+       'server_data.proxy_size=100',
+       'own:fedprox:runtime.clients_per_call=2'])
+  config = helpers.digits_config(clients_per_round=5)
+  runtime = {r.entry.label: (r.settings.runtime.clients_per_call,
+                             r.settings.runtime.client_execution)
+             for r in experiment.plan_study(config, entries, [0])}
+  assert runtime == {'fedavg': (3, 'fused'), 'fedgen': (3, 'sequential'),
+                     'dafkd': (1, 'sequential'),
+                     'het': (1, 'sequential'), 'own': (2, 'sequential')}
+  kept = experiment.plan_study(config, entries, [0], clients='config')
+  assert {(r.settings.runtime.clients_per_call,
+           r.settings.runtime.client_execution) for r in kept
+          if r.entry.label != 'own'} == {(1, 'sequential')}

@@ -13,8 +13,11 @@ M separate rows that each step passes on without copying
 `slots_to_stack` its report), because TFF's C++ runtime keeps every step's
 accumulator until the round's aggregate is done: a [M, ...] accumulator
 rewritten per client (`stack_accumulate` / `stack_merge`, the reference
-formulation) would cost K x M x P values at once. All are plain functions
-here, so the same maths runs eagerly in tests.
+formulation) would cost K x M x P values at once. A TFF client that runs
+G clients sends their values as the rows of a `GroupRows`; its rows go into
+one slot together (`slots_accumulate_rows` / `slots_merge_rows`), and the
+report is the same `Stack`. All are plain functions here, so the same maths
+runs eagerly in tests.
 
 `example_weights` and `average_update` give the FedAvg mean of the stacked
 updates (McMahan et al., AISTATS 2017), from which the methods start their
@@ -132,11 +135,13 @@ class Slots(NamedTuple):
   A slot holds one client's value flattened: one vector per dtype of its
   leaves (in `tf.nest.flatten` order, grouped by dtype in order of first
   appearance, `_dtype_groups`), with a leading dimension of 1, or of 0 for
-  an empty slot (static shape [None, n]).
+  an empty slot (static shape [None, n]). Slots of `GroupRows` hold one
+  call's clients each, a leading dimension of 0 to G.
 
   Attributes:
-    values: A tuple of M slots, each a tuple of [0 or 1, n_d] tensors:
-      slot k holds the k-th client received; slots >= `count` are empty.
+    values: A tuple of M slots (ceil(M / G) for `GroupRows`), each a tuple
+      of [rows, n_d] tensors: slot k holds the k-th client (or call)
+      received; the filled slots come first.
     weights: [M] float32 client weights; 0 past `count`.
     count: int32 number of slots filled.
   """
@@ -169,10 +174,13 @@ def _flat(leaves: Sequence[tf.Tensor], batch_dims: int) -> tuple:
                for _, index in groups)
 
 
-def empty_slots(value_specs, num_slots: int) -> Slots:
-  """`Slots` with `num_slots` empty slots for values shaped like the specs.
+def empty_slots(value_specs, num_slots: int,
+                clients_per_value: int = 1) -> Slots:
+  """`Slots` for `num_slots` clients' values shaped like the specs.
 
   An empty slot is [0, n_d]: the zero accumulator holds no rows at all.
+  With `clients_per_value` G > 1 (`slots_accumulate_rows`), a slot holds
+  up to G rows, and there are ceil(num_slots / G) of them.
   """
   stack = empty_stack((), num_slots)  # Validates num_slots.
   specs = tf.nest.flatten(value_specs)
@@ -181,7 +189,8 @@ def empty_slots(value_specs, num_slots: int) -> Slots:
           tf.zeros([0, sum(specs[i].shape.num_elements() for i in index)],
                    dtype), [None, None])
       for dtype, index in _dtype_groups(value_specs))
-  return Slots(tuple(empty for _ in range(num_slots)), stack.weights,
+  count = -(-num_slots // clients_per_value)
+  return Slots(tuple(empty for _ in range(count)), stack.weights,
                stack.count)
 
 
@@ -219,6 +228,86 @@ def slots_accumulate(slots: Slots, value, weight) -> Slots:
   return Slots(values, weights, count + tf.cast(take, count.dtype))
 
 
+class GroupRows(NamedTuple):
+  """G clients' values as rows: the update of a TFF client that runs G
+  clients (`tff_kd.federated.execution.train_rows`).
+
+  Attributes:
+    values: A structure whose leaves are [G, ...]: row g is the g-th
+      client's value.
+    weights: [G] float32 client weights; 0 for a padding key or an
+      excluded client (no teacher).
+  """
+
+  values: object
+  weights: tf.Tensor
+
+
+def _slots_in_use(slots: Slots) -> tf.Tensor:
+  """The number of non-empty slots (they come first)."""
+  return tf.add_n([tf.cast(tf.shape(slot[0])[0] > 0, tf.int32)
+                   for slot in slots.values])
+
+
+def slots_accumulate_rows(slots: Slots, rows: GroupRows) -> Slots:
+  """`slots_accumulate` for G clients at once: their rows of weight > 0, in
+  order, go into the first empty slot as one [r, n_d] block.
+
+  The `Slots` are `empty_slots(..., clients_per_value=G)`'s: M rows of
+  weights, ceil(M / G) slots. A group with no row of weight > 0 takes no
+  slot. `slots_to_stack` reads the rows in order as for one client per
+  slot, so the report is the `Stack` that one client per step gives.
+
+  Raises `tf.errors.InvalidArgumentError` (at run time) if the rows do not
+  fit (more clients than M, or more groups than slots).
+  """
+  num_rows = _num_slots(slots)
+  slots_count = len(slots.values)
+  weights = tf.cast(rows.weights, tf.float32)
+  take = weights > 0
+  taken = tf.reduce_sum(tf.cast(take, tf.int32))
+  in_use = _slots_in_use(slots)
+  checks = [
+      tf.debugging.Assert(
+          slots.count + taken <= num_rows,
+          [f'more clients than the {num_rows} teacher slots this stacking '
+           'process was built for (clients_per_round)']),
+      tf.debugging.Assert(
+          tf.logical_or(taken == 0, in_use < slots_count),
+          [f'more client groups than the {slots_count} this stacking '
+           'process was built for (clients_per_round / clients_per_call)'])]
+  with tf.control_dependencies(checks):
+    count = tf.identity(slots.count)
+  flat = tuple(tf.boolean_mask(v, take) for v in _flat(
+      [tf.convert_to_tensor(l) for l in tf.nest.flatten(rows.values)], 1))
+
+  def slot(k: int, old: tuple) -> tuple:
+    return tf.cond(tf.logical_and(taken > 0, tf.equal(in_use, k)),
+                   lambda: flat,
+                   lambda: tuple(tf.identity(o) for o in old))
+
+  values = tuple(slot(k, old) for k, old in enumerate(slots.values))
+  index = tf.minimum(count + tf.range(taken), num_rows - 1)[:, tf.newaxis]
+  new_weights = tf.tensor_scatter_nd_update(
+      slots.weights, index, tf.boolean_mask(weights, take))
+  return Slots(values, new_weights, count + taken)
+
+
+def slots_merge_rows(first: Slots, second: Slots) -> Slots:
+  """`slots_merge` for `slots_accumulate_rows`' slots: every filled row of
+  first, then second's, as one block in slot 0 (the others empty).
+
+  Raises `tf.errors.InvalidArgumentError` if together they overflow.
+  """
+  merged = stack_merge(Stack((), first.weights, first.count),
+                       Stack((), second.weights, second.count))
+  rows = tuple(tf.concat([a, b], 0) for a, b in
+               zip(_filled_rows(first), _filled_rows(second)))
+  empty = tuple(r[:0] for r in rows)
+  return Slots((rows,) + tuple(empty for _ in first.values[1:]),
+               merged.weights, merged.count)
+
+
 def _filled_rows(slots: Slots) -> tuple:
   """Per dtype group, the filled slots concatenated: [count, n_d]."""
   return tuple(tf.concat(rows, 0) for rows in zip(*slots.values))
@@ -234,7 +323,7 @@ def slots_to_stack(slots: Slots, value_specs) -> Stack:
   Returns:
     The `Stack` (leaves [M, ...] in `value_specs`' structure).
   """
-  slots_count = len(slots.values)
+  slots_count = _num_slots(slots)
   specs = tf.nest.flatten(value_specs)
   leaves = [None] * len(specs)
   for rows, (_, index) in zip(_filled_rows(slots),

@@ -71,23 +71,32 @@ def build_client_work(
   bytes_down = float(tff_types.payload_bytes(weights_type))
   bytes_up = bytes_down + np.dtype(np.float32).itemsize
 
-  def one_client(model, initial_weights, dataset, lr):
-    result = local_training.train_locally(
-        model, client_optimizer, initial_weights, dataset, lr,
-        proximal_strength=proximal_strength)
-    client_result = tff.learning.templates.ClientResult(
-        update=result.weights_delta, update_weight=result.num_examples)
-    return screen_client(client_result,
-                         client_stats(result, bytes_down, bytes_up))[:2]
-
+  local_steps = execution.LocalSteps(client_optimizer, proximal_strength,
+                                     (bytes_down, bytes_up))
   client_update = execution.client_update(
-      client_execution, model_fn, element_spec, dataset_fn, one_client,
-      execution.LocalSteps(client_optimizer, proximal_strength,
-                           (bytes_down, bytes_up)))
+      client_execution, model_fn, element_spec, dataset_fn,
+      local_client(local_steps), local_steps)
   return build_scheduled_client_work(
       client_update, learning_rate=learning_rate,
       learning_rate_decay=learning_rate_decay,
       sequence_data=dataset_fn is None)
+
+
+def local_client(local_steps: execution.LocalSteps) -> execution.OneClient:
+  """One client's screened local (proximal) training, as
+  `execution.OneClient`: its update is its `weights_delta`, weighted by
+  its examples."""
+
+  def one_client(model, initial_weights, dataset, lr):
+    result = local_training.train_locally(
+        model, local_steps.optimizer, initial_weights, dataset, lr,
+        proximal_strength=local_steps.proximal_strength)
+    client_result = tff.learning.templates.ClientResult(
+        update=result.weights_delta, update_weight=result.num_examples)
+    return screen_client(client_result,
+                         client_stats(result, *local_steps.client_bytes))[:2]
+
+  return one_client
 
 
 CLIENT_STATS = tff_types.CLIENT_STATS

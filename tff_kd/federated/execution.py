@@ -55,6 +55,12 @@ class ClientExecution(NamedTuple):
   def fused(self) -> bool:
     return self.mode == 'fused'
 
+  @property
+  def grouped(self) -> bool:
+    """Whether a call takes a [G] vector of keys (and a method that stacks
+    its clients sends up a `GroupRows`): G > 1, or fused."""
+    return self.clients_per_call > 1 or self.fused
+
 
 ONE_BY_ONE = ClientExecution()
 
@@ -105,20 +111,8 @@ def client_update(execution: ClientExecution, model_fn: tff_types.ModelFn,
     ConfigError: fused clients with a model they cannot run (one line
       naming the layer).
   """
+  check_execution(execution, model_fn, dataset_fn, local_steps)
   group = execution.clients_per_call
-  if group > 1 and dataset_fn is None:
-    raise ValueError('clients_per_call > 1 needs keyed client data '
-                     '(dataset_fn)')
-  if execution.fused:
-    if not isinstance(dataset_fn, client_data.KeyedDatasets):
-      raise ValueError('fused clients need keyed file client data '
-                       '(FileClientData.dataset_fn)')
-    if local_steps is None:
-      raise ValueError('fused clients need the local training they run')
-    reason = fused.unsupported(local_training.structure_of(model_fn))
-    if reason:
-      raise errors.ConfigError(
-          f"runtime.client_execution='fused': {reason}; use 'sequential'")
   weights_type = tff_types.weights_type_of(model_fn)
   data_type = tff_types.client_data_type(element_spec, dataset_fn,
                                          clients_per_call=group)
@@ -151,6 +145,32 @@ def client_update(execution: ClientExecution, model_fn: tff_types.ModelFn,
     return one_client(model_fn(), initial_weights, dataset, lr)
 
   return single_update
+
+
+def check_execution(execution: ClientExecution, model_fn: tff_types.ModelFn,
+                    dataset_fn: Optional[tff_types.DatasetFn],
+                    local_steps: Optional[LocalSteps]) -> None:
+  """Whether `execution` can run these clients (before any compute).
+
+  Raises:
+    ValueError: grouped clients without `dataset_fn`, or fused ones without
+      `client_data.KeyedDatasets` or a `local_steps`.
+    ConfigError: fused clients with a model they cannot run (one line
+      naming the layer).
+  """
+  if execution.clients_per_call > 1 and dataset_fn is None:
+    raise ValueError('clients_per_call > 1 needs keyed client data '
+                     '(dataset_fn)')
+  if execution.fused:
+    if not isinstance(dataset_fn, client_data.KeyedDatasets):
+      raise ValueError('fused clients need keyed file client data '
+                       '(FileClientData.dataset_fn)')
+    if local_steps is None:
+      raise ValueError('fused clients need the local training they run')
+    reason = fused.unsupported(local_training.structure_of(model_fn))
+    if reason:
+      raise errors.ConfigError(
+          f"runtime.client_execution='fused': {reason}; use 'sequential'")
 
 
 def merge_clients(
@@ -204,34 +224,121 @@ def merge_clients(
           stats_sum)
 
 
-def fused_clients(
-    model: tf.keras.Model, optimizer: tff.learning.optimizers.Optimizer,
-    initial_weights: tff.learning.models.ModelWeights, keys: tf.Tensor,
-    datasets: client_data.KeyedDatasets, learning_rate: tf.Tensor, *,
-    proximal_strength: float, client_bytes: tuple[float, float]
-) -> tuple[tff.learning.templates.ClientResult, collections.OrderedDict]:
-  """G keyed clients trained as one computation, merged as `merge_clients`.
+class FusedBatches(NamedTuple):
+  """What fused clients trained on: the examples and their schedule (for a
+  method that reads the same batches again, e.g. FedD3A's projection).
 
-  Reads the G clients' arrays, draws their lockstep schedule
-  (`fused.fused_schedule`) and trains them (`fused.train_fused`); each
-  client is screened as `client_works.screen_client` screens one
-  (`fused.merge_fused`), and the result is what `merge_clients` makes of
-  G separate clients: their example-weighted mean update, their summed
-  weight, their summed stats and `num_clients`.
+  Attributes:
+    x: The G clients' examples, concatenated, plus one zero padding row.
+    y: Their int32 labels, likewise.
+    schedule: `fused.fused_schedule`'s `Schedule`: client g's batch at step
+      s is `x[schedule.indices[s, g]]` where `schedule.mask[s, g]` is 1.
+  """
+
+  x: tf.Tensor
+  y: tf.Tensor
+  schedule: fused.Schedule
+
+
+class Rows(NamedTuple):
+  """G keyed clients' results, one row each (`train_rows`): what a method
+  that stacks its clients (the KD methods' teachers) sends up for them.
+
+  Attributes:
+    values: The clients' screened updates, leaves [G, ...]; zero for a
+      padding key or an excluded client.
+    weights: [G] float32 update weights (their examples); 0 for a padding
+      key or an excluded client.
+    stats: The G clients' statistics summed (`tff_types.CLIENT_STATS`),
+      plus `num_clients`, the number of keys run.
+    batches: Fused only: the `FusedBatches` trained on; None in turn.
+  """
+
+  values: object
+  weights: tf.Tensor
+  stats: collections.OrderedDict
+  batches: Optional[FusedBatches] = None
+
+
+def train_rows(execution: ClientExecution, model: tf.keras.Model,
+               initial_weights: tff.learning.models.ModelWeights,
+               keys: tf.Tensor, datasets: tff_types.DatasetFn,
+               learning_rate: tf.Tensor, *,
+               client_of_key: Callable[[tf.Tensor], tuple[
+                   tff.learning.templates.ClientResult,
+                   collections.OrderedDict]],
+               local_steps: LocalSteps, row_specs=None) -> Rows:
+  """G keyed clients' local training as G rows, in turn or in lockstep.
+
+  Sequential: `client_of_key` for each non-empty key, in order (a graph
+  loop), its update one row. Fused: the G clients trained as one
+  computation (`fused.train_fused`), each screened as one client is
+  (`fused.merge_fused`); a row is the client's `weights_delta`. Either
+  way a padding key ('') gives a zero row of weight 0.
 
   Args:
-    model: The Keras classifier (its structure only).
-    optimizer: The client optimizer.
+    execution: How the call runs its clients.
+    model: The Keras classifier (fused: its structure).
     initial_weights: The broadcast weights.
-    keys: [G] string keys, '' for padding.
-    datasets: The keyed client data.
+    keys: [G] string keys, the real ones first, '' for padding.
+    datasets: The keyed client data (a `client_data.KeyedDatasets` when
+      fused).
     learning_rate: This round's client learning rate.
-    proximal_strength: FedProx mu.
-    client_bytes: One client's (bytes down, bytes up).
+    client_of_key: key -> (`ClientResult`, stats) of one screened client
+      (sequential), e.g. `client_works.local_client`'s on the key's data.
+    local_steps: The local training a client runs (fused).
+    row_specs: `tf.TensorSpec`s of `client_of_key`'s update, where it is
+      more than the `weights_delta`; None: the weights'.
 
   Returns:
-    (`ClientResult`, stats).
+    The `Rows`.
   """
+  num_clients = int(keys.shape[0])
+  if execution.fused:
+    return _fused_rows(model, local_steps, initial_weights, keys, datasets,
+                       learning_rate)
+  count = tf.reduce_sum(tf.cast(tf.strings.length(keys) > 0, tf.int32))
+  specs = row_specs or tf.nest.map_structure(
+      lambda t: tf.TensorSpec(t.shape, t.dtype), initial_weights)
+
+  def step(state, i):
+    rows, weights, stats_sum = state
+    result, stats = client_of_key(keys[i])
+    rows = tf.nest.map_structure(lambda a, t: a.write(i, t), rows,
+                                 result.update)
+    stats_sum = collections.OrderedDict(
+        (k, stats_sum[k] + tf.cast(stats[k], tf.float32)) for k in stats_sum)
+    return rows, weights.write(i, tf.cast(result.update_weight, tf.float32)), (
+        stats_sum)
+
+  arrays = tf.nest.map_structure(
+      lambda s: tf.TensorArray(s.dtype, 0, dynamic_size=True,
+                               element_shape=s.shape), specs)
+  rows, weights, stats = loops.fold_range(count, step, (
+      arrays, tf.TensorArray(tf.float32, 0, dynamic_size=True,
+                             element_shape=[]),
+      collections.OrderedDict((name, tf.constant(0.0))
+                              for name in tff_types.CLIENT_STATS)))
+
+  def padded(array, spec):
+    done = array.stack()
+    rest = tf.zeros(tf.concat([[num_clients - count], spec.shape], 0),
+                    spec.dtype)
+    return tf.ensure_shape(tf.concat([done, rest], 0),
+                           [num_clients, *spec.shape])
+
+  stats['num_clients'] = tf.cast(count, tf.float32)
+  return Rows(tf.nest.map_structure(padded, rows, specs),
+              padded(weights, tf.TensorSpec([], tf.float32)), stats)
+
+
+def _fused_rows(model: tf.keras.Model, local_steps: LocalSteps,
+                initial_weights: tff.learning.models.ModelWeights,
+                keys: tf.Tensor, datasets: client_data.KeyedDatasets,
+                learning_rate: tf.Tensor) -> Rows:
+  """`train_rows`' fused path: reads the G clients' arrays, draws their
+  lockstep schedule (`fused.fused_schedule`), trains them
+  (`fused.train_fused`) and screens each (`fused.merge_fused`)."""
   num_clients = int(keys.shape[0])
   image_shape = list(datasets.data.image_shape)
 
@@ -257,22 +364,58 @@ def fused_clients(
   x = tf.concat([xs.concat(), tf.zeros([1] + image_shape)], 0)
   y = tf.concat([ys.concat(), tf.zeros([1], tf.int32)], 0)
   result = fused.train_fused(
-      fused.StackedModel(model), optimizer, initial_weights, x, y, schedule,
-      learning_rate, proximal_strength=proximal_strength)
+      fused.StackedModel(model), local_steps.optimizer, initial_weights, x,
+      y, schedule, learning_rate,
+      proximal_strength=local_steps.proximal_strength)
   present = tf.strings.length(keys) > 0
   keep, per_client = fused.merge_fused(result, present)
-  weights = per_client['num_examples']
-  total = tf.reduce_sum(weights)
-
-  def mean(t):
-    kept = fused.select(keep, t, tf.zeros_like(t))
-    return tf.math.divide_no_nan(tf.tensordot(weights, kept, 1), total)
-
   count = tf.reduce_sum(tf.cast(present, tf.float32))
   sums = {name: tf.reduce_sum(value) for name, value in per_client.items()}
-  sums['bytes_down'], sums['bytes_up'] = (count * b for b in client_bytes)
-  stats = collections.OrderedDict((name, sums[name]) for name in tff_types.CLIENT_STATS)
+  sums['bytes_down'], sums['bytes_up'] = (count * b
+                                          for b in local_steps.client_bytes)
+  stats = collections.OrderedDict((name, sums[name])
+                                  for name in tff_types.CLIENT_STATS)
   stats['num_clients'] = count
+  return Rows(
+      tf.nest.map_structure(
+          lambda t: fused.select(keep, t, tf.zeros_like(t)),
+          result.weights_delta),
+      per_client['num_examples'], stats, FusedBatches(x, y, schedule))
+
+
+def fused_clients(
+    model: tf.keras.Model, optimizer: tff.learning.optimizers.Optimizer,
+    initial_weights: tff.learning.models.ModelWeights, keys: tf.Tensor,
+    datasets: client_data.KeyedDatasets, learning_rate: tf.Tensor, *,
+    proximal_strength: float, client_bytes: tuple[float, float]
+) -> tuple[tff.learning.templates.ClientResult, collections.OrderedDict]:
+  """G keyed clients trained as one computation, merged as `merge_clients`.
+
+  The clients' fused rows (`train_rows`) merged into what `merge_clients`
+  makes of G separate clients: their example-weighted mean update, their
+  summed weight, their summed stats and `num_clients`.
+
+  Args:
+    model: The Keras classifier (its structure only).
+    optimizer: The client optimizer.
+    initial_weights: The broadcast weights.
+    keys: [G] string keys, '' for padding.
+    datasets: The keyed client data.
+    learning_rate: This round's client learning rate.
+    proximal_strength: FedProx mu.
+    client_bytes: One client's (bytes down, bytes up).
+
+  Returns:
+    (`ClientResult`, stats).
+  """
+  rows = _fused_rows(model, LocalSteps(optimizer, proximal_strength,
+                                       client_bytes),
+                     initial_weights, keys, datasets, learning_rate)
+  total = tf.reduce_sum(rows.weights)
+
+  def mean(kept):
+    return tf.math.divide_no_nan(tf.tensordot(rows.weights, kept, 1), total)
+
   return (tff.learning.templates.ClientResult(
-      update=tf.nest.map_structure(mean, result.weights_delta),
-      update_weight=total), stats)
+      update=tf.nest.map_structure(mean, rows.values),
+      update_weight=total), rows.stats)

@@ -20,7 +20,9 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_kd.core import local_training
+from tff_kd.core import stacking as stacking_tf
 from tff_kd.federated import client_works
+from tff_kd.federated import execution
 from tff_kd.federated import tff_types
 from tff_kd.models import classifiers
 
@@ -52,6 +54,14 @@ def count_labels(dataset: tf.data.Dataset, num_classes: int) -> tf.Tensor:
           maxlength=num_classes, dtype=tf.float32))
 
 
+def fused_label_counts(batches: execution.FusedBatches,
+                       num_classes: int) -> tf.Tensor:
+  """[G, C] float32: `count_labels` of each fused client's batches."""
+  schedule = batches.schedule
+  labels = tf.one_hot(tf.gather(batches.y, schedule.indices), num_classes)
+  return tf.reduce_sum(labels * schedule.mask[..., tf.newaxis], axis=[0, 2])
+
+
 def build_client_work(
     classifier_fn: ClassifierFn,
     element_spec: collections.OrderedDict,
@@ -63,6 +73,7 @@ def build_client_work(
     dataset_fn: Optional[tff_types.DatasetFn] = None,
     objective: Optional[LocalObjective] = None,
     seed: int = 0,
+    client_execution: execution.ClientExecution = execution.ONE_BY_ONE,
 ) -> tff.templates.MeasuredProcess:
   """Local training that also uploads the client's label counts.
 
@@ -87,11 +98,23 @@ def build_client_work(
     objective: A method's own local training, or None.
     seed: The process seed, which seeds the dataset path's client keys (the
       keys carry it on the keyed path).
+    client_execution: How each TFF client call runs its clients (grouped
+      or fused: `dataset_fn`; fused: no `objective`). Grouped, the update
+      is a `tff_kd.core.stacking.GroupRows` of G clients' updates; fused
+      clients count the labels of the batches they trained on
+      (`fused_label_counts`).
 
   Returns:
     A `tff.templates.MeasuredProcess`; the round number comes from its
     state.
+
+  Raises:
+    ValueError: fused clients with an `objective` (its own local training,
+      which `tff_kd.core.fused` does not run).
   """
+  if client_execution.fused and objective is not None:
+    raise ValueError('fused clients run plain local training, not a '
+                     "method's own objective")
   classifier_weights = local_training.model_weights(
       local_training.structure_of(classifier_fn).model)
   if objective is None:
@@ -100,27 +123,36 @@ def build_client_work(
     weights_spec = (classifier_weights, local_training.model_weights(
         local_training.structure_of(objective.model_fn)))
   weights_type = tff_types.spec_to_type(weights_spec)
+  group = client_execution.clients_per_call
   data_type = tff_types.client_data_type(
-      element_spec, dataset_fn, with_id=objective is not None)
+      element_spec, dataset_fn, with_id=objective is not None,
+      clients_per_call=group if client_execution.grouped else 1)
   bytes_down = float(tff_types.payload_bytes(weights_type))
   # The classifier delta, the label counts and the weight go up.
   bytes_up = float(tff_types.payload_bytes(tff_types.spec_to_type(
       classifier_weights)) + (num_classes + 1) * np.dtype(np.float32).itemsize)
+  local_steps = execution.LocalSteps(client_optimizer, 0.0,
+                                     (bytes_down, bytes_up))
+  if client_execution.grouped:
+    execution.check_execution(
+        client_execution,
+        lambda: classifier_fn().model, dataset_fn, local_steps)
 
-  @tff.tensorflow.computation(weights_type, data_type, np.float32, np.int32)
-  def client_update(weights, data, lr, round_num):
+  def one_client(classifier, extra_model, weights, data, lr, round_num):
     client = tff_types.client_input(data, dataset_fn, seed=seed,
                                    round_num=round_num)
     # Cached: the counting pass and training see the very same batches.
     dataset = client.dataset.cache()
     counts = count_labels(dataset, num_classes)
-    classifier = classifier_fn()
+    # Counted first: that pass fills the cache, and training replays it.
+    with tf.control_dependencies([counts]):
+      dataset = dataset.map(lambda batch: batch)
     if objective is None:
       result = local_training.train_locally(
           classifier.model, client_optimizer, weights, dataset, lr)
     else:
       result = objective.train(
-          classifier, objective.model_fn(), client_optimizer, weights[0],
+          classifier, extra_model, client_optimizer, weights[0],
           weights[1], dataset, lr, counts, round_num,
           tf.strings.to_hash_bucket_fast(client.key, 2**62))
     update = collections.OrderedDict(delta=result.weights_delta,
@@ -130,6 +162,38 @@ def build_client_work(
             update=update, update_weight=result.num_examples),
         client_works.client_stats(result, bytes_down, bytes_up))[:2]
 
+  def extra_model():
+    return None if objective is None else objective.model_fn()
+
+  def client_update(weights, data, lr, round_num):
+    return one_client(classifier_fn(), extra_model(), weights, data, lr,
+                      round_num)
+
+  def grouped_update(weights, keys, lr, round_num):
+    classifier, extra = classifier_fn(), extra_model()
+    keys = tf.reshape(keys, [group])
+    rows = execution.train_rows(
+        client_execution, classifier.model,
+        weights if objective is None else weights[0], keys, dataset_fn, lr,
+        client_of_key=lambda key: one_client(classifier, extra, weights, key,
+                                             lr, round_num),
+        local_steps=local_steps, row_specs=collections.OrderedDict(
+            delta=tf.nest.map_structure(
+                lambda v: tf.TensorSpec(v.shape, v.dtype),
+                classifier_weights),
+            label_counts=tf.TensorSpec([num_classes], tf.float32)))
+    values = rows.values
+    if rows.batches is not None:
+      counts = fused_label_counts(rows.batches, num_classes)
+      values = collections.OrderedDict(
+          delta=values, label_counts=tf.where(
+              (rows.weights > 0)[:, tf.newaxis], counts, 0.0))
+    return tff.learning.templates.ClientResult(
+        update=stacking_tf.GroupRows(values, rows.weights),
+        update_weight=tf.reduce_sum(rows.weights)), rows.stats
+
   return client_works.build_scheduled_client_work(
-      client_update, learning_rate=learning_rate,
-      learning_rate_decay=learning_rate_decay)
+      tff.tensorflow.computation(weights_type, data_type, np.float32,
+                                 np.int32)(
+          grouped_update if client_execution.grouped else client_update),
+      learning_rate=learning_rate, learning_rate_decay=learning_rate_decay)

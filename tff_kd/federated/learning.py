@@ -52,12 +52,16 @@ class Training(NamedTuple):
     learning_rate: Client learning rate at round 0 (> 0).
     learning_rate_decay: Client lr multiplier per round, in (0, 1]: round r
       trains with `learning_rate * learning_rate_decay**r`.
+    client_execution: How each TFF client call runs its clients
+      (`tff_kd.federated.execution`: one, or G in turn or fused, with keyed
+      clients); a method whose clients cannot be grouped ignores it.
   """
 
   client_optimizer: tff.learning.optimizers.Optimizer
   server_optimizer: tff.learning.optimizers.Optimizer
   learning_rate: float
   learning_rate_decay: float = 1.0
+  client_execution: execution.ClientExecution = execution.ONE_BY_ONE
 
 
 def build_initial_weights_fn(model_fn: tff_types.ModelFn) -> tff.Computation:
@@ -77,25 +81,22 @@ def build_keras_learning_process(
     training: Training,
     proximal_strength: float = 0.0,
     dataset_fn: Optional[tff_types.DatasetFn] = None,
-    client_execution: execution.ClientExecution = execution.ONE_BY_ONE,
 ) -> tff.learning.templates.LearningProcess:
   """Composes broadcast, client work, weighted mean and finalizer.
 
   Args:
     model_fn: No-arg callable building the Keras classifier (logits).
     element_spec: Batch structure of the client datasets.
-    training: The client and server optimisers and the client learning-rate
-      schedule (`Training`).
+    training: The client and server optimisers, the client learning-rate
+      schedule and how each TFF client call runs its clients (`Training`).
     proximal_strength: FedProx mu (0 for FedAvg).
     dataset_fn: Optional key -> dataset function; see `tff_types.client_data_type`.
-    client_execution: How each TFF client call runs its clients
-      (`tff_kd.federated.execution`).
 
   Returns:
     A `tff.learning.templates.LearningProcess` whose `next` takes
     `(state, {element_spec*}@CLIENTS)`, or `(state, {str}@CLIENTS)` of keys
     when `dataset_fn` is given (`{str[G]}@CLIENTS`, `tff_types.group_keys`, with
-    `client_execution.clients_per_call` G > 1).
+    `training.client_execution.clients_per_call` G > 1).
   """
   weights_type = tff_types.weights_type_of(model_fn)
   client_work = client_works.build_client_work(
@@ -103,7 +104,7 @@ def build_keras_learning_process(
       learning_rate=training.learning_rate,
       learning_rate_decay=training.learning_rate_decay,
       proximal_strength=proximal_strength, dataset_fn=dataset_fn,
-      client_execution=client_execution)
+      client_execution=training.client_execution)
   aggregator = tff.aggregators.MeanFactory().create(
       weights_type, tff.TensorType(np.float32))
   return composer.compose_learning_process(

@@ -10,17 +10,21 @@ clients per round K, not K^2 (`build_stacking_aggregator`;
 studies/speed/results/stack_memory.md).
 """
 
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Optional
 
 import numpy as np
+import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_kd.core import stacking as stacking_tf
+from tff_kd.federated import execution
 from tff_kd.federated import tff_types
 
 
 def build_stacking_aggregator(
-    value_type: tff.Type, num_slots: int) -> tff.templates.AggregationProcess:
+    value_type: tff.Type, num_slots: int,
+    clients_per_value: Optional[int] = None
+) -> tff.templates.AggregationProcess:
   """Collects every client's value (and weight) into a [M, ...] stack.
 
   A `tff.federated_aggregate` whose accumulator is `tff_kd.core.stacking.
@@ -49,14 +53,27 @@ def build_stacking_aggregator(
   P-sized copies per client, most of them TFF's own copies of the M-row
   report).
 
+  With `clients_per_value` G (an int), each TFF client's value is a
+  `tff_kd.core.stacking.GroupRows` of G clients (a call that runs G
+  clients, `tff_kd.federated.execution.train_rows`) and its TFF weight is
+  ignored: the rows of weight > 0 go into one slot together
+  (`slots_accumulate_rows`), and the report is the `Stack` that G times
+  as many TFF clients of one row each would give.
+
   Args:
-    value_type: Unplaced type of one client's value.
+    value_type: Unplaced type of one client's value (with G > 1, of a
+      `GroupRows`).
     num_slots: M, the most clients one round may have.
+    clients_per_value: G, the clients each value holds as rows; None: one
+      client's value, not rows.
 
   Returns:
     A weighted `tff.templates.AggregationProcess` (stateless); its
     measurement is the number of clients stacked.
   """
+  if clients_per_value is not None:
+    return _federated_stack(value_type, num_slots,
+                            _grouped(clients_per_value))
   return _federated_stack(value_type, num_slots, _SLOTS)
 
 
@@ -88,6 +105,8 @@ class _Formulation(NamedTuple):
   accumulate: Callable[[Any, Any, Any], Any]
   merge: Callable[[Any, Any], Any]
   report: Callable[[Any, Any], stacking_tf.Stack]
+  # The specs of one row of the stack, from those of one client's value.
+  row_specs: Callable[[Any], Any] = lambda specs: specs
 
 
 _SLOTS = _Formulation(stacking_tf.Slots, stacking_tf.empty_slots,
@@ -98,11 +117,28 @@ _DENSE = _Formulation(stacking_tf.Stack, stacking_tf.empty_stack,
                       lambda stack, specs: stack)
 
 
+def _grouped(clients_per_value: int) -> _Formulation:
+  """The slots formulation for `GroupRows` of G clients each."""
+
+  def row_specs(specs):
+    return tf.nest.map_structure(
+        lambda s: tf.TensorSpec(s.shape[1:], s.dtype),
+        stacking_tf.GroupRows(*specs).values)
+
+  return _SLOTS._replace(
+      empty=lambda specs, n: stacking_tf.empty_slots(specs, n,
+                                                     clients_per_value),
+      accumulate=lambda slots, value, weight: (
+          stacking_tf.slots_accumulate_rows(
+              slots, stacking_tf.GroupRows(*value))),
+      merge=stacking_tf.slots_merge_rows, row_specs=row_specs)
+
+
 def _federated_stack(value_type: tff.Type, num_slots: int,
                      formulation: _Formulation
                      ) -> tff.templates.AggregationProcess:
   """The stacking process of one `_Formulation` of its accumulator."""
-  specs = tff_types.tensor_specs(value_type)
+  specs = formulation.row_specs(tff_types.tensor_specs(value_type))
   stacking_tf.empty_stack(specs, num_slots)  # Validates num_slots.
   wrap = formulation.wrap
 
@@ -162,16 +198,26 @@ def _aggregation_process(
 
 
 def build_client_stack(
-    client_work: tff.templates.MeasuredProcess, num_slots: int
+    client_work: tff.templates.MeasuredProcess, num_slots: int,
+    client_execution: execution.ClientExecution = execution.ONE_BY_ONE
 ) -> tuple[tff.templates.AggregationProcess, tff.Type]:
   """`build_stacking_aggregator` for a client work's updates.
 
+  Args:
+    client_work: The client work; where `client_execution` is grouped, its
+      update is a `GroupRows` of G clients (`execution.train_rows`).
+    num_slots: M, the most clients one round may have.
+    client_execution: How each TFF client call runs its clients.
+
   Returns:
     The aggregator and the unplaced type of the `Stack` it reports (what
-    the finalizer receives).
+    the finalizer receives; the same for any G).
   """
   update_type = client_work.next.type_signature.result.result.member.update
-  aggregator = build_stacking_aggregator(update_type, num_slots)
+  aggregator = build_stacking_aggregator(
+      update_type, num_slots,
+      client_execution.clients_per_call if client_execution.grouped
+      else None)
   return aggregator, aggregator.next.type_signature.result.result.member
 
 

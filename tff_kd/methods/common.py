@@ -91,9 +91,13 @@ class Method(NamedTuple):
       test context simulates (`tff_kd.runtime.context.set_context_for`);
       None: never.
     groups_clients: The method's clients may be grouped several to a TFF
-      client, in turn or fused (`ProcessInputs.client_execution`): its
-      aggregation is a weighted mean of updates and it keeps no per-client
-      state or stack.
+      client (`ProcessInputs.client_execution`): its aggregation is a
+      weighted mean of updates, or a stack of them that takes a call's
+      clients as rows (`tff_kd.core.stacking.GroupRows`), and it keeps no
+      per-client state.
+    fuses_clients: The grouped clients may also run fused (in lockstep,
+      `tff_kd.core.fused`): a client's local training is plain (or
+      proximal) local SGD, which `fused.train_fused` runs.
     global_model_per_architecture: The method keeps one global model per
       entry of its section's `client_models` (FedDF's heterogeneous
       prototypes); the program builds one model function and one evaluator
@@ -117,6 +121,7 @@ class Method(NamedTuple):
   distill_defaults: Mapping[str, Any] = types.MappingProxyType({})
   secure_sum: Optional[Callable[[Any], bool]] = None
   groups_clients: bool = False
+  fuses_clients: bool = False
   global_model_per_architecture: bool = False
   smoke: Mapping[str, Any] = types.MappingProxyType({})
 
@@ -142,16 +147,19 @@ def build_optimizer(optimizer: Any) -> tff.learning.optimizers.Optimizer:
   raise errors.ConfigError(
       f"optimizer {name!r} is unknown; choose one of sgd, adam")
 
-def training(settings: Settings) -> learning.Training:
+def training(settings: Settings,
+             inputs: ProcessInputs) -> learning.Training:
   """The global model's FedAvg backbone (`learning.Training`) of a run.
 
   Args:
     settings: The run's validated settings: its `client_optimizer` (also
       the client learning rate and its per-round `lr_decay`) and
       `server_optimizer` sections.
+    inputs: The builder's inputs (their `client_execution`).
   """
   return learning.Training(
       client_optimizer=build_optimizer(settings.client_optimizer),
       server_optimizer=build_optimizer(settings.server_optimizer),
       learning_rate=settings.client_optimizer.learning_rate,
-      learning_rate_decay=settings.client_optimizer.lr_decay)
+      learning_rate_decay=settings.client_optimizer.lr_decay,
+      client_execution=inputs.client_execution)

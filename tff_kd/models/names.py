@@ -324,3 +324,28 @@ def parse_weights_list(spec: str, model_spec: str, *,
   for name, entry in zip(names, entries):
     check_weights(f'{key} entry for {name!r}', entry, name)
   return entries
+
+
+def model_count(spec: str) -> int:
+  """The entries of a `client_models` list ('' is none)."""
+  return len([entry for entry in spec.split(',') if entry.strip()])
+
+
+def grouped_clients_error(what: str, clients_per_call: int,
+                          client_execution: str) -> errors.ConfigError:
+  """The one line refusing grouped or fused clients (`runtime.
+  clients_per_call` > 1 or `runtime.client_execution='fused'`) to a method
+  whose clients do not share one model (`what` says why)."""
+  return errors.ConfigError(
+      f'runtime.clients_per_call={clients_per_call}, '
+      f'client_execution={client_execution!r}: {what}, so it runs one '
+      "client per call (a call's clients share one model); use 1 and "
+      "'sequential'")
+
+
+def check_ungrouped(what: str, runtime) -> None:
+  """`grouped_clients_error` where `runtime` (the run's `runtime` section)
+  groups or fuses clients."""
+  if runtime.clients_per_call > 1 or runtime.client_execution != 'sequential':
+    raise grouped_clients_error(what, runtime.clients_per_call,
+                                runtime.client_execution)

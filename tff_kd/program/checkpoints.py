@@ -124,6 +124,25 @@ def _resume_keys(config: dict) -> dict[str, Any]:
           if compared(k)}
 
 
+# `config.json`'s key for what a reader of the run's numbers must know
+# (`run_notes`); not a config key, and never compared on resume.
+NOTES_KEY = 'notes'
+
+
+def run_notes(settings: settings_lib.Settings) -> list[str]:
+  """What a reader of this run's numbers must know that the config's
+  values do not say: today, that fused clients are another draw."""
+  notes = []
+  if (settings.runtime.client_execution == 'fused' and
+      settings.method.fuses_clients):
+    notes.append(
+        "runtime.client_execution='fused': each client draws its batch "
+        "order from its key, not from tf.data's shuffle, so this run is "
+        'another draw of the same algorithm than a sequential one, not the '
+        'same numbers (tff_kd.core.fused).')
+  return notes
+
+
 def check_resumable(settings: settings_lib.Settings, root_dir: str) -> None:
   """Refuses to resume a root_dir written by a different experiment.
 
@@ -134,8 +153,8 @@ def check_resumable(settings: settings_lib.Settings, root_dir: str) -> None:
   exists is ignored; renamed keys are compared under their new names
   (`settings.canonical_dict`). Then compares the models' architecture
   digests with those saved (`_check_architectures`). Then writes the
-  settings to the folder, as a config (`Settings.to_config`), and the
-  digests beside it.
+  settings to the folder, as a config (`Settings.to_config`, plus
+  `run_notes` under `NOTES_KEY`), and the digests beside it.
 
   Raises:
     CheckpointError: a different experiment or architecture, or an
@@ -174,8 +193,12 @@ def check_resumable(settings: settings_lib.Settings, root_dir: str) -> None:
             f'{root_dir} holds a run with a different {key!r} '
             f'({before!r} there, {now!r} now); use a new --root_dir')
   _check_architectures(settings, root_dir)
+  record = config.to_dict()
+  notes = run_notes(settings)
+  if notes:
+    record[NOTES_KEY] = notes
   with open(path, 'w') as f:
-    json.dump(config.to_dict(), f, indent=2, sort_keys=True)
+    json.dump(record, f, indent=2, sort_keys=True)
   if settings.architectures:
     with open(os.path.join(root_dir, ARCHITECTURE_FILE), 'w') as f:
       json.dump(_architecture_record(settings), f, indent=2)

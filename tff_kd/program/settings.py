@@ -399,8 +399,10 @@ class RuntimeSettings(hp.Hparams):
       FedAvg's K = 100 clients of 2 local steps cost 2.6x K = 10 of 20
       steps with 1, 2.2x with 10 (studies/scale/README.md, "Grouped
       clients"). Keep K / G at least the worker's concurrent calls.
-      FedAvg and FedProx only (a weighted mean of updates; the KD methods
-      stack every client's model).
+      Every method but DaFKD (its server keeps a discriminator per
+      client), and FedDF and FedD3A with one client model: a method that
+      stacks its clients' models gets a call's clients as rows of the same
+      stack (`tff_kd.core.stacking.GroupRows`).
     client_execution: How each call runs its clients
       (`tff_kd.federated.execution`): 'sequential' (in turn) | 'fused' (in
       lockstep, as one batched computation over their stacked weights,
@@ -410,10 +412,13 @@ class RuntimeSettings(hp.Hparams):
       layer. Each client computes what it would from the same batches,
       but draws its batch order from its key statelessly instead of by
       `tf.data`'s shuffle, so a fused run is another draw of the same
-      algorithm (studies/scale/README.md, "Fused clients"). FedAvg and
-      FedProx, keyed client data (the `train` binary's; a process whose
-      clients take datasets, `build_dataset_process`, trains them one by
-      one, as with `clients_per_call`), and functional
+      algorithm (studies/scale/README.md, "Fused clients"). The methods
+      whose clients train plain (or proximal) local SGD: FedAvg, FedProx,
+      FedDF, FedD3A and FedFTG (FedD3A's P and FedFTG's label counts come
+      from the batches each client trained on); keyed client data (the
+      `train` binary's; a process whose clients take datasets,
+      `build_dataset_process`, trains them one by one, as with
+      `clients_per_call`), and functional
       Keras models of Conv2D, Dense, BatchNormalization and
       GroupNormalization layers plus weightless, non-random ones (the
       process build names any other layer). Old name: `fuse_clients`
@@ -468,11 +473,22 @@ class RuntimeSettings(hp.Hparams):
         ('client_execution', self.client_execution, 'sequential')):
       if value != default and not method.groups_clients:
         raise errors.ConfigError(
-            f'runtime.{key}={value!r}: {method.name} keeps every client\'s '
-            'model apart (a stack of teachers or per-client state); only '
-            + ' and '.join(m.name for m in registry.METHODS.values()
-                           if m.groups_clients)
+            f'runtime.{key}={value!r}: {method.name} keeps per-client state '
+            '(a model or discriminator per client); only '
+            + _names(m for m in registry.METHODS.values() if m.groups_clients)
             + f' group clients. Use {default!r}')
+    if self.client_execution == 'fused' and not method.fuses_clients:
+      raise errors.ConfigError(
+          f"runtime.client_execution='fused': {method.name}'s clients train "
+          'with a term of their own, which fused clients do not run; only '
+          + _names(m for m in registry.METHODS.values() if m.fuses_clients)
+          + " fuse clients. Use 'sequential' (clients_per_call > 1 groups "
+          'them in turn)')
+
+
+def _names(methods) -> str:
+  names = [m.name for m in methods]
+  return ', '.join(names[:-1]) + ' and ' + names[-1]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,7 +11,6 @@ from typing import Optional
 
 import tensorflow_federated as tff
 
-from tff_kd.federated import execution
 from tff_kd.federated import learning
 from tff_kd.federated import schedules
 from tff_kd.federated import tff_types
@@ -24,7 +23,6 @@ def build_fedavg_process(
     *,
     training: learning.Training,
     dataset_fn: Optional[tff_types.DatasetFn] = None,
-    client_execution: execution.ClientExecution = execution.ONE_BY_ONE,
 ) -> tff.learning.templates.LearningProcess:
   """Builds FedAvg with example-weighted averaging.
 
@@ -32,13 +30,12 @@ def build_fedavg_process(
     model_fn: No-arg callable building the Keras classifier (logits).
     element_spec: Batch structure of the client datasets.
     training: The client and server optimisers (a server
-      `build_sgdm(1.0)` is plain FedAvg) and the client learning-rate
-      schedule (`learning.Training`).
+      `build_sgdm(1.0)` is plain FedAvg), the client learning-rate
+      schedule and how each TFF client call runs its clients, with
+      `dataset_fn` (`learning.Training`; with G > 1 clients per call,
+      `next` takes [G] vectors of keys, `tff_types.group_keys`).
     dataset_fn: Optional key -> dataset function; clients then receive keys
       (see `tff_kd.federated.tff_types.client_data_type`).
-    client_execution: How each TFF client call runs its clients, with
-      `dataset_fn` (`tff_kd.federated.execution`): with G > 1 clients per
-      call, `next` takes [G] vectors of keys (`tff_types.group_keys`).
 
   Returns:
     A `tff.learning.templates.LearningProcess`.
@@ -46,8 +43,7 @@ def build_fedavg_process(
   schedules.check_schedule(training.learning_rate,
                            training.learning_rate_decay)
   return learning.build_keras_learning_process(
-      model_fn, element_spec, training=training, dataset_fn=dataset_fn,
-      client_execution=client_execution)
+      model_fn, element_spec, training=training, dataset_fn=dataset_fn)
 
 
 def build_from_settings(
@@ -55,11 +51,10 @@ def build_from_settings(
 ) -> tff.learning.templates.LearningProcess:
   """The registry's builder: fedavg from the run's validated settings."""
   return build_fedavg_process(inputs.model_fn, inputs.element_spec,
-                              training=common.training(settings),
-                              dataset_fn=inputs.dataset_fn,
-                              client_execution=inputs.client_execution)
+                              training=common.training(settings, inputs),
+                              dataset_fn=inputs.dataset_fn)
 
 
 METHOD = common.Method(
     'fedavg', build_from_settings, 'FedAvg (McMahan et al., 2017)',
-    server_step=False, groups_clients=True, smoke={})
+    server_step=False, groups_clients=True, fuses_clients=True, smoke={})

@@ -79,6 +79,7 @@ from tff_kd.core import diagnostics as core_diagnostics
 from tff_kd.core import distill_hparams
 from tff_kd.core import distillation
 from tff_kd.core import local_training
+from tff_kd.core import loops
 from tff_kd.core import teachers as teachers_tf
 from tff_kd.methods.fedd3a import hparams as hparams_lib
 from tff_kd.methods.fedd3a import projection_tf as projection
@@ -170,6 +171,61 @@ def client_projection(classifier: models.Classifier,
   means = projection.dataset_batch_means(
       classifier.features, batches, feature_dim=classifier.feature_dim)
   return projection.recursive_projection(means, alpha), tf.shape(means)[0]
+
+
+def fused_projections(classifier: models.Classifier,
+                      global_weights: ModelWeights, x: tf.Tensor,
+                      indices: tf.Tensor, mask: tf.Tensor, *, alpha: float,
+                      projection_batches: int = 0) -> tf.Tensor:
+  """`client_projection` of G fused clients, from the batches they trained
+  on (`tff_kd.federated.execution.FusedBatches`).
+
+  Client g's batch at step s is `x[indices[s, g]]` where `mask[s, g]` is 1
+  (`tff_kd.core.fused.fused_schedule`); its batches are the first steps.
+  Every step's G batches go through the received backbone at once (it is
+  the same for every client; BatchNorm in inference mode, as
+  `projection.dataset_batch_means`); each client's batch means then give
+  its P (eq. 5). Loads `global_weights` into `classifier`, as
+  `client_projection` does.
+
+  Args:
+    classifier: A built `Classifier`.
+    global_weights: The received global `ModelWeights`.
+    x: The clients' examples plus the zero padding row.
+    indices: [S, G, B] int32 rows of `x`.
+    mask: [S, G, B] float32, 1 for a real example.
+    alpha: Ridge of eq. 5, > 0.
+    projection_batches: Cap on the batches P is built from; 0 = all.
+
+  Returns:
+    [G, d, d]: each client's P (zero for a client with no batch).
+  """
+  loads = tf.nest.flatten(tf.nest.map_structure(
+      lambda v, w: v.assign(w),
+      local_training.model_weights(classifier.model), global_weights))
+  steps = tf.shape(indices)[0]
+  if projection_batches:
+    steps = tf.minimum(steps, projection_batches)
+  g, b = int(indices.shape[1]), int(indices.shape[2])
+  d = int(classifier.feature_dim)
+
+  def step(means, s):
+    features = projection.extract(
+        classifier.features, tf.gather(x, tf.reshape(indices[s], [-1])))
+    features = tf.reshape(tf.cast(features, tf.float32), [g, b, d])
+    weight = mask[s][..., tf.newaxis]
+    return means.write(s, tf.math.divide_no_nan(
+        tf.reduce_sum(weight * features, axis=1),
+        tf.reduce_sum(weight, axis=1)))
+
+  with tf.control_dependencies(loads):  # Read what was loaded.
+    means = loops.fold_range(steps, step, tf.TensorArray(
+        tf.float32, steps, element_shape=[g, d])).stack()
+  has_batch = tf.reduce_sum(mask[:steps], axis=2) > 0
+  return tf.stack([
+      projection.recursive_projection(
+          tf.boolean_mask(means[:, k], has_batch[:, k]), alpha)
+      for k in range(g)])
 
 
 def global_kd_regularizer(teacher: tf.keras.Model, *, weight: float,

@@ -60,12 +60,14 @@ from tff_kd import errors
 from tff_kd import models
 from tff_kd.core import distill_hparams
 from tff_kd.core import distillation as distillation_lib
+from tff_kd.core import fused
 from tff_kd.core import local_training
 from tff_kd.core import stacking as stacking_tf
 from tff_kd.core import teachers as teachers_tf
 from tff_kd.federated import client_store
 from tff_kd.federated import client_works
 from tff_kd.federated import composer
+from tff_kd.federated import execution
 from tff_kd.federated import finalizers
 from tff_kd.federated import learning
 from tff_kd.federated import schedules
@@ -75,6 +77,7 @@ from tff_kd.federated import tff_types
 from tff_kd.methods import common
 from tff_kd.methods.fedd3a import fedd3a_tf
 from tff_kd.methods.fedd3a import hparams as hparams_lib
+from tff_kd.models import names as model_names
 
 ClassifierFn = Callable[[], models.Classifier]
 ModelWeights = tff.learning.models.ModelWeights
@@ -114,11 +117,16 @@ def build_client_work(
     learning_rate: float,
     learning_rate_decay: float = 1.0,
     dataset_fn: Optional[tff_types.DatasetFn] = None,
+    client_execution: execution.ClientExecution = execution.ONE_BY_ONE,
 ) -> tff.templates.MeasuredProcess:
   """FedD3A's client work: local SGD, and P with the received backbone.
 
   Same schedule, state and measurements as
   `tff_kd.federated.client_works.build_client_work`; `bytes_up` includes P.
+  Grouped or fused clients (`client_execution`, keyed clients): the update
+  is a `tff_kd.core.stacking.GroupRows` of G clients' updates; fused
+  clients build P from the batches they trained on
+  (`fedd3a_tf.fused_projections`).
 
   Args:
     classifier_fn: Builds the global `Classifier` (model, features, head).
@@ -129,24 +137,33 @@ def build_client_work(
     learning_rate: Client learning rate at round 0.
     learning_rate_decay: Multiplicative decay per round.
     dataset_fn: Key -> dataset function; None: clients receive sequences.
+    client_execution: How each TFF client call runs its clients (grouped
+      or fused: `dataset_fn`).
 
   Returns:
     A `tff.templates.MeasuredProcess` (a `ClientWorkProcess` for sequences).
   """
   weights_specs, d, _ = classifier_specs(classifier_fn)
   weights_type = tff_types.spec_to_type(weights_specs)
-  data_type = tff_types.client_data_type(element_spec, dataset_fn)
+  group = client_execution.clients_per_call
+  data_type = tff_types.client_data_type(
+      element_spec, dataset_fn,
+      clients_per_call=group if client_execution.grouped else 1)
   itemsize = np.dtype(np.float32).itemsize
   bytes_down = float(tff_types.payload_bytes(weights_type))
   # Up: the delta, P, the client id and the weight.
   bytes_up = bytes_down + d * d * itemsize + 2 * itemsize
+  local_steps = execution.LocalSteps(client_optimizer, 0.0,
+                                     (bytes_down, bytes_up))
+  if client_execution.grouped:
+    execution.check_execution(client_execution, model_fn_of(classifier_fn),
+                              dataset_fn, local_steps)
 
-  @tff.tensorflow.computation(weights_type, data_type, np.float32)
-  def client_update(weights, data, lr):
+  def one_client(classifier, weights, data, lr):
     client = tff_types.client_input(data, dataset_fn)
     dataset, client_id = client.dataset, client.client_id
     result = fedd3a_tf.client_round(
-        classifier_fn(), client_optimizer, weights, dataset, lr,
+        classifier, client_optimizer, weights, dataset, lr,
         alpha=float(hparams.alpha),
         projection_batches=hparams.projection_batches,
         projection_dataset=_second_pass(data, dataset_fn))
@@ -158,8 +175,40 @@ def build_client_work(
             update=update, update_weight=result.local.num_examples),
         client_works.client_stats(result.local, bytes_down, bytes_up))[:2]
 
+  def client_update(weights, data, lr):
+    return one_client(classifier_fn(), weights, data, lr)
+
+  def grouped_update(weights, keys, lr):
+    classifier = classifier_fn()
+    keys = tf.reshape(keys, [group])
+    rows = execution.train_rows(
+        client_execution, classifier.model, weights, keys, dataset_fn, lr,
+        client_of_key=lambda key: one_client(classifier, weights, key, lr),
+        local_steps=local_steps, row_specs=collections.OrderedDict(
+            delta=weights_specs, projection=tf.TensorSpec([d, d]),
+            client_id=tf.TensorSpec([], tf.int32)))
+    values = rows.values
+    if rows.batches is not None:
+      present = rows.weights > 0
+      projections = fedd3a_tf.fused_projections(
+          classifier, weights, rows.batches.x, rows.batches.schedule.indices,
+          rows.batches.schedule.mask, alpha=float(hparams.alpha),
+          projection_batches=hparams.projection_batches)
+      ids = tff_types.client_id_of_key(tf.where(
+          tf.strings.length(keys) > 0, keys, '-1'))
+      values = collections.OrderedDict(
+          delta=values,
+          projection=fused.select(present, projections,
+                                  tf.zeros_like(projections)),
+          client_id=tf.where(present, ids, 0))
+    return tff.learning.templates.ClientResult(
+        update=stacking_tf.GroupRows(values, rows.weights),
+        update_weight=tf.reduce_sum(rows.weights)), rows.stats
+
   return client_works.build_scheduled_client_work(
-      client_update, learning_rate=learning_rate,
+      tff.tensorflow.computation(weights_type, data_type, np.float32)(
+          grouped_update if client_execution.grouped else client_update),
+      learning_rate=learning_rate,
       learning_rate_decay=learning_rate_decay,
       sequence_data=dataset_fn is None)
 
@@ -556,6 +605,11 @@ def build_fedd3a_process(
     raise errors.ConfigError(f'num_clients must be >= 0, got {num_clients!r}')
   model_fn = model_fn_of(classifier_fn)
   client_model_fns = tuple(client_model_fns)
+  client_execution = training.client_execution
+  if client_model_fns and client_execution.grouped:
+    raise model_names.grouped_clients_error(
+        hparams_lib.HETERO_UNGROUPED, client_execution.clients_per_call,
+        client_execution.mode)
   if client_model_fns:
     if num_clients < len(client_model_fns):
       raise errors.ConfigError(
@@ -577,9 +631,9 @@ def build_fedd3a_process(
         classifier_fn, element_spec, training.client_optimizer, hparams,
         learning_rate=training.learning_rate,
         learning_rate_decay=training.learning_rate_decay,
-        dataset_fn=dataset_fn)
+        dataset_fn=dataset_fn, client_execution=client_execution)
   aggregator, stack_type = stacking.build_client_stack(
-      client_work, clients_per_round)
+      client_work, clients_per_round, client_execution)
   if client_model_fns:
     finalizer = build_hetero_finalizer(
         classifier_fn, client_model_fns, hparams, stack_type,
@@ -646,7 +700,7 @@ def build_from_settings(
           optimizer=tff.learning.optimizers.build_adam(
               learning_rate=settings.distill.learning_rate),
           config=settings.distill),
-      training=common.training(settings), hparams=f,
+      training=common.training(settings, inputs), hparams=f,
       num_clients=inputs.num_clients, dataset_fn=inputs.dataset_fn,
       client_model_fns=client_model_fns)
 
@@ -655,7 +709,7 @@ METHOD = common.Method(
     'fedd3a', build_from_settings,
     'FedD3A domain-aware distillation (Su et al., 2023)',
     needs_server_data=True, hparams=hparams_lib.FedD3AHparams,
-    uses_distill=True,
+    uses_distill=True, groups_clients=True, fuses_clients=True,
     smoke={'fedd3a.variant': 'paper',
            'server_data.proxy': 'split', 'server_data.proxy_size': 100,
            'distill.steps': 5, 'distill.batch_size': 32,

@@ -5,7 +5,7 @@ Defaults, documentation and checks in one place (`tff_kd.hparams`).
 
 import dataclasses
 import types
-from typing import ClassVar, Mapping
+from typing import Any, ClassVar, Mapping
 
 from tff_kd import hparams as hp
 from tff_kd.models import names as model_names
@@ -93,3 +93,12 @@ class FedD3AHparams(hp.Hparams):
   def _check_combinations(self) -> None:
     model_names.parse_weights_list(self.client_weights, self.client_models,
                                    key=self.key('client_weights'))
+
+  def check_settings(self, settings: Any) -> None:
+    if self.client_models:
+      model_names.check_ungrouped(HETERO_UNGROUPED, settings.runtime)
+
+
+# Why heterogeneous FedD3A's clients are not grouped (`check_ungrouped`).
+HETERO_UNGROUPED = 'fedd3a with client_models keeps each client its own model'
+

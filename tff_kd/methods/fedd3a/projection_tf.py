@@ -112,8 +112,10 @@ def batch_mean_features(features: tf.Tensor, batch_size: int) -> tf.Tensor:
   return tf.math.segment_mean(features, segment_ids)
 
 
-def _extract(extractor: Callable[..., tf.Tensor],
-             images: tf.Tensor) -> tf.Tensor:
+def extract(extractor: Callable[..., tf.Tensor],
+            images: tf.Tensor) -> tf.Tensor:
+  """`extractor`'s features of `images`: a Keras layer or model in
+  inference mode (`training=False`), any other callable as is."""
   if isinstance(extractor, tf.keras.layers.Layer):
     return extractor(images, training=False)
   return extractor(images)
@@ -163,7 +165,7 @@ def dataset_batch_means(extractor: Callable[..., tf.Tensor],
       images = batch[0]
     else:
       images = batch
-    features = _extract(extractor, images)
+    features = extract(extractor, images)
     means = means.write(means.size(),
                         tf.cast(tf.reduce_mean(features, axis=0), dtype))
   return means.stack()

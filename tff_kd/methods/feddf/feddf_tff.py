@@ -60,6 +60,7 @@ from tff_kd.core import stacking as stacking_tf
 from tff_kd.core import teachers as teachers_tf
 from tff_kd.federated import client_works
 from tff_kd.federated import composer
+from tff_kd.federated import execution
 from tff_kd.federated import finalizers
 from tff_kd.federated import learning
 from tff_kd.federated import schedules
@@ -69,6 +70,7 @@ from tff_kd.federated import tff_types
 from tff_kd.methods import common
 from tff_kd.methods.feddf import feddf_tf
 from tff_kd.methods.feddf import hparams as hparams_lib
+from tff_kd.models import names as model_names
 
 ModelFn = tff_types.ModelFn
 
@@ -98,13 +100,17 @@ def build_prototype_client_work(
     learning_rate: float,
     learning_rate_decay: float = 1.0,
     dataset_fn: Optional[tff_types.DatasetFn] = None,
+    client_execution: execution.ClientExecution = execution.ONE_BY_ONE,
 ) -> tff.templates.MeasuredProcess:
   """Local training of each client's own prototype.
 
   Same schedule, measurements and state (the round number) as
   `tff_kd.federated.client_works.build_client_work`. The update is
   `{'deltas': (ModelWeights,) * P, 'prototype': int32}`; the deltas of the
-  prototypes a client does not train are zero.
+  prototypes a client does not train are zero. With G > 1 clients per
+  call (`client_execution`, one prototype, keyed clients), it is a
+  `tff_kd.core.stacking.GroupRows` of G such updates, trained in turn or
+  fused (`execution.train_rows`).
 
   Args:
     model_fns: One model builder per prototype.
@@ -116,12 +122,26 @@ def build_prototype_client_work(
       clients receive sequences (P = 1), or with several prototypes
       `OrderedDict(client_id=int32, data=<dataset>)`: a client trains
       prototype `client_id % P`.
+    client_execution: How each TFF client call runs its clients (grouped
+      or fused: P = 1 and `dataset_fn`).
 
   Returns:
     A `tff.templates.MeasuredProcess`.
+
+  Raises:
+    ConfigError: grouped or fused clients with several prototypes.
   """
   num_prototypes = len(model_fns)
   weights_type = prototypes_weights_type(model_fns)
+  if client_execution.grouped:
+    if num_prototypes > 1:
+      raise model_names.grouped_clients_error(
+          f'feddf trains {num_prototypes} prototypes',
+          client_execution.clients_per_call, client_execution.mode)
+    return _grouped_client_work(
+        model_fns[0], element_spec, client_optimizer,
+        learning_rate=learning_rate, learning_rate_decay=learning_rate_decay,
+        dataset_fn=dataset_fn, client_execution=client_execution)
   data_type = tff_types.client_data_type(element_spec, dataset_fn,
                                         with_id=num_prototypes > 1)
   # What a real client moves: its own prototype down; it, its weight and its
@@ -153,6 +173,48 @@ def build_prototype_client_work(
         tff.learning.templates.ClientResult(
             update=update, update_weight=num_examples),
         client_works.client_stats(total, model_bytes, model_bytes + extra_up))[:2]
+
+  return client_works.build_scheduled_client_work(
+      client_update, learning_rate=learning_rate,
+      learning_rate_decay=learning_rate_decay)
+
+
+def _grouped_client_work(
+    model_fn: ModelFn, element_spec: collections.OrderedDict,
+    client_optimizer: tff.learning.optimizers.Optimizer, *,
+    learning_rate: float, learning_rate_decay: float,
+    dataset_fn: Optional[tff_types.DatasetFn],
+    client_execution: execution.ClientExecution
+) -> tff.templates.MeasuredProcess:
+  """`build_prototype_client_work` of one prototype with G clients per
+  call: their updates are the rows of a `GroupRows`, with the same bytes
+  per client."""
+  group = client_execution.clients_per_call
+  weights_type = prototypes_weights_type((model_fn,))
+  data_type = tff_types.client_data_type(element_spec, dataset_fn,
+                                        clients_per_call=group)
+  model_bytes = float(tff_types.payload_bytes(weights_type[0]))
+  local_steps = execution.LocalSteps(
+      client_optimizer, 0.0,
+      (model_bytes, model_bytes + 2 * np.dtype(np.float32).itemsize))
+  execution.check_execution(client_execution, model_fn, dataset_fn,
+                            local_steps)
+
+  @tff.tensorflow.computation(weights_type, data_type, np.float32)
+  def client_update(weights, keys, lr):
+    model = model_fn()
+    one_client = client_works.local_client(local_steps)
+    rows = execution.train_rows(
+        client_execution, model, weights[0], tf.reshape(keys, [group]),
+        dataset_fn, lr, local_steps=local_steps,
+        client_of_key=lambda key: one_client(model, weights[0],
+                                             dataset_fn(key), lr))
+    update = stacking_tf.GroupRows(
+        collections.OrderedDict(deltas=(rows.values,),
+                                prototype=tf.zeros([group], tf.int32)),
+        rows.weights)
+    return tff.learning.templates.ClientResult(
+        update=update, update_weight=tf.reduce_sum(rows.weights)), rows.stats
 
   return client_works.build_scheduled_client_work(
       client_update, learning_rate=learning_rate,
@@ -329,9 +391,10 @@ def build_feddf_process(
   client_work = build_prototype_client_work(
       model_fns, element_spec, training.client_optimizer,
       learning_rate=training.learning_rate,
-      learning_rate_decay=training.learning_rate_decay, dataset_fn=dataset_fn)
+      learning_rate_decay=training.learning_rate_decay, dataset_fn=dataset_fn,
+      client_execution=training.client_execution)
   aggregator, stack_type = stacking.build_client_stack(
-      client_work, clients_per_round)
+      client_work, clients_per_round, training.client_execution)
   finalizer = build_fusion_finalizer(
       model_fns, stack_type, training.server_optimizer,
       distillation.optimizer, server_data, distillation.config,
@@ -385,7 +448,7 @@ def build_from_settings(
           optimizer=tff.learning.optimizers.build_adam(
               learning_rate=settings.distill.learning_rate),
           config=settings.distill),
-      training=common.training(settings), hparams=settings.hparams,
+      training=common.training(settings, inputs), hparams=settings.hparams,
       dataset_fn=inputs.dataset_fn)
 
 
@@ -394,7 +457,8 @@ METHOD = common.Method(
     'FedDF ensemble distillation (Lin et al., 2020)', needs_server_data=True,
     hparams=hparams_lib.FedDFHparams, uses_distill=True,
     distill_defaults=hparams_lib.DISTILL_DEFAULTS,
-    global_model_per_architecture=True,
+    global_model_per_architecture=True, groups_clients=True,
+    fuses_clients=True,
     smoke={'server_data.proxy': 'split', 'server_data.proxy_size': 100,
            'distill.steps': 5, 'distill.batch_size': 32,
            'distill.val_fraction': 0.0})

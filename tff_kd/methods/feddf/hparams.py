@@ -48,6 +48,10 @@ class FedDFHparams(hp.Hparams):
                                    key=self.key('client_weights'))
 
   def check_settings(self, settings: Any) -> None:
+    prototypes = model_names.model_count(self.client_models)
+    if prototypes > 1:
+      model_names.check_ungrouped(
+          f'feddf trains {prototypes} prototypes', settings.runtime)
     if self.drop_worst and settings.server_data.val_size < 1:
       raise errors.ConfigError(
           'feddf.drop_worst needs server_data.val_size >= 1 (a labeled '

@@ -447,9 +447,10 @@ def build_fedftg_process(
   client_work = label_counts.build_client_work(
       classifier_fn, element_spec, training.client_optimizer,
       num_classes=num_classes, learning_rate=training.learning_rate,
-      learning_rate_decay=training.learning_rate_decay, dataset_fn=dataset_fn)
+      learning_rate_decay=training.learning_rate_decay, dataset_fn=dataset_fn,
+      client_execution=training.client_execution)
   aggregator, stack_type = stacking.build_client_stack(
-      client_work, clients_per_round)
+      client_work, clients_per_round, training.client_execution)
   finalizer = build_fine_tune_finalizer(
       model_fn, stack_type, training.server_optimizer,
       FineTuning(
@@ -490,7 +491,7 @@ def build_from_settings(
           optimizer=tff.learning.optimizers.build_sgdm(
               learning_rate=f.student_learning_rate),
           config=settings.distill),
-      hparams=f, seed=settings.run.seed, training=common.training(settings),
+      hparams=f, seed=settings.run.seed, training=common.training(settings, inputs),
       dataset_fn=inputs.dataset_fn, server_data=inputs.server_data)
 
 
@@ -498,6 +499,7 @@ METHOD = common.Method(
     'fedftg', build_from_settings,
     'FedFTG data-free server fine-tuning (Zhang et al., 2022)',
     hparams=hparams_lib.FedFTGHparams, uses_distill=True,
+    groups_clients=True, fuses_clients=True,
     distill_keys=hparams_lib.DISTILL_KEYS,
     distill_defaults=hparams_lib.DISTILL_DEFAULTS,
     smoke={'fedftg.iterations': 2, 'distill.batch_size': 16,

@@ -54,6 +54,7 @@ from tff_kd.core import local_training
 from tff_kd.core import stacking as stacking_tf
 from tff_kd.core import teachers as teachers_tf
 from tff_kd.federated import composer
+from tff_kd.federated import execution
 from tff_kd.federated import finalizers
 from tff_kd.federated import learning
 from tff_kd.federated import label_counts
@@ -122,6 +123,7 @@ def build_client_work(
     learning_rate_decay: float = 1.0,
     dataset_fn: Optional[tff_types.DatasetFn] = None,
     seed: int = 0,
+    client_execution: execution.ClientExecution = execution.ONE_BY_ONE,
 ) -> tff.templates.MeasuredProcess:
   """FedGen's clients: label counts, and local training regularised by G.
 
@@ -142,6 +144,9 @@ def build_client_work(
     dataset_fn: Key -> dataset function (the fast path), or None.
     seed: The process seed, which seeds the dataset path's noise (the keys
       carry it on the keyed path).
+    client_execution: How each TFF client call runs its clients: one, or
+      G in turn (keyed clients); not fused (the regulariser is FedGen's
+      own local training).
 
   Returns:
     A `tff.templates.MeasuredProcess`. The round number (which decays the
@@ -150,7 +155,7 @@ def build_client_work(
   return label_counts.build_client_work(
       classifier_fn, element_spec, client_optimizer, num_classes=num_classes,
       learning_rate=learning_rate, learning_rate_decay=learning_rate_decay,
-      dataset_fn=dataset_fn, seed=seed,
+      dataset_fn=dataset_fn, seed=seed, client_execution=client_execution,
       objective=label_counts.LocalObjective(
           regularizer.generator_fn, _regularized_training(regularizer)))
 
@@ -496,9 +501,10 @@ def build_fedgen_process(
       classifier_fn, element_spec, training.client_optimizer,
       num_classes=num_classes, learning_rate=training.learning_rate,
       learning_rate_decay=training.learning_rate_decay,
-      dataset_fn=dataset_fn, regularizer=regularizer, seed=seed)
+      dataset_fn=dataset_fn, regularizer=regularizer, seed=seed,
+      client_execution=training.client_execution)
   aggregator, stack_type = stacking.build_client_stack(
-      client_work, clients_per_round)
+      client_work, clients_per_round, training.client_execution)
   finalizer = build_generator_finalizer(
       classifier_fn, stack_type, training.server_optimizer,
       GeneratorTraining(generator_fn, generator_optimizer, h, seed),
@@ -543,12 +549,12 @@ def build_from_settings(
       generator_optimizer=tff.learning.optimizers.build_adam(
           learning_rate=f.generator_learning_rate),
       local_batch_size=settings.local.batch_size, hparams=f,
-      seed=settings.run.seed, training=common.training(settings),
+      seed=settings.run.seed, training=common.training(settings, inputs),
       dataset_fn=inputs.dataset_fn, server_data=inputs.server_data)
 
 
 METHOD = common.Method(
     'fedgen', build_from_settings,
     'FedGen data-free feature-generator KD (Zhu et al., 2021)',
-    hparams=hparams_lib.FedGenHparams,
+    hparams=hparams_lib.FedGenHparams, groups_clients=True,
     smoke={'fedgen.generator_steps': 3, 'fedgen.hidden': 16})

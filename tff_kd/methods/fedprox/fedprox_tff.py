@@ -11,7 +11,6 @@ from typing import Optional
 
 import tensorflow_federated as tff
 
-from tff_kd.federated import execution
 from tff_kd.federated import learning
 from tff_kd.federated import schedules
 from tff_kd.federated import tff_types
@@ -26,7 +25,6 @@ def build_fedprox_process(
     hparams: hparams_lib.FedProxHparams = hparams_lib.FedProxHparams(),
     training: learning.Training,
     dataset_fn: Optional[tff_types.DatasetFn] = None,
-    client_execution: execution.ClientExecution = execution.ONE_BY_ONE,
 ) -> tff.learning.templates.LearningProcess:
   """Builds FedProx: FedAvg whose clients add mu/2 ||w - w_global||^2.
 
@@ -34,13 +32,12 @@ def build_fedprox_process(
     model_fn: No-arg callable building the Keras classifier (logits).
     element_spec: Batch structure of the client datasets.
     hparams: `config.fedprox` (mu, the proximal strength).
-    training: The client and server optimisers and the client
-      learning-rate schedule (`learning.Training`).
+    training: The client and server optimisers, the client learning-rate
+      schedule and how each TFF client call runs its clients, with
+      `dataset_fn` (`learning.Training`; with G > 1 clients per call,
+      `next` takes [G] vectors of keys, `tff_types.group_keys`).
     dataset_fn: Optional key -> dataset function; clients then receive keys
       (see `tff_kd.federated.tff_types.client_data_type`).
-    client_execution: How each TFF client call runs its clients, with
-      `dataset_fn` (`tff_kd.federated.execution`): with G > 1 clients per
-      call, `next` takes [G] vectors of keys (`tff_types.group_keys`).
 
   Returns:
     A `tff.learning.templates.LearningProcess`.
@@ -52,8 +49,7 @@ def build_fedprox_process(
                            training.learning_rate_decay)
   return learning.build_keras_learning_process(
       model_fn, element_spec, training=training,
-      proximal_strength=hparams.mu, dataset_fn=dataset_fn,
-      client_execution=client_execution)
+      proximal_strength=hparams.mu, dataset_fn=dataset_fn)
 
 
 def build_from_settings(
@@ -62,10 +58,11 @@ def build_from_settings(
   """The registry's builder: fedprox from the run's validated settings."""
   return build_fedprox_process(
       inputs.model_fn, inputs.element_spec,
-      hparams=settings.hparams, training=common.training(settings),
-      dataset_fn=inputs.dataset_fn, client_execution=inputs.client_execution)
+      hparams=settings.hparams, training=common.training(settings, inputs),
+      dataset_fn=inputs.dataset_fn)
 
 
 METHOD = common.Method(
     'fedprox', build_from_settings, 'FedProx (Li et al., 2020)',
-    server_step=False, groups_clients=True, hparams=hparams_lib.FedProxHparams, smoke={})
+    server_step=False, groups_clients=True, fuses_clients=True,
+    hparams=hparams_lib.FedProxHparams, smoke={})
