@@ -161,6 +161,10 @@ def test_fused_stacks_the_per_client_teachers_of_its_batches(tmp_path,
       per_client.initialize(), weights), list(datasets))
   assert out.metrics['finalizer']['num_teachers'] == 5.0
   _assert_same_round(exp.process, out, per_client, ref, atol=1e-4)
+  if method == 'fedd3a':  # Each row carries its client's id.
+    reported = {k for k in range(8)
+                if out.metrics['finalizer'][f'client_weight_{k}'] > 0}
+    assert reported == set(_CLIENTS)
 
 
 @pytest.mark.parametrize('method', ['feddf', 'fedd3a', 'fedftg', 'fedgen'])

@@ -99,6 +99,15 @@ def client_id_of_key(key: tf.Tensor) -> tf.Tensor:
   return tf.strings.to_number(tf.strings.split(key, '|')[0], tf.int32)
 
 
+def client_ids_of_keys(keys: tf.Tensor) -> tf.Tensor:
+  """[G] int32 client ids of a [G] vector of keys (`client_id_of_key`
+  each); -1 for a padding key ('')."""
+  first = tf.strings.split(keys, '|').to_tensor(default_value='')[:, 0]
+  present = tf.strings.length(first) > 0
+  return tf.where(present, tf.strings.to_number(
+      tf.where(present, first, '-1'), tf.int32), -1)
+
+
 def client_input(data, dataset_fn: Optional[DatasetFn], *, seed: int = 0,
                  round_num: Optional[tf.Tensor] = None) -> ClientInput:
   """Unpacks a client's data (see `client_data_type`) inside its TF code.

@@ -194,8 +194,7 @@ def build_client_work(
           classifier, weights, rows.batches.x, rows.batches.schedule.indices,
           rows.batches.schedule.mask, alpha=float(hparams.alpha),
           projection_batches=hparams.projection_batches)
-      ids = tff_types.client_id_of_key(tf.where(
-          tf.strings.length(keys) > 0, keys, '-1'))
+      ids = tff_types.client_ids_of_keys(keys)
       values = collections.OrderedDict(
           delta=values,
           projection=fused.select(present, projections,
