@@ -324,12 +324,18 @@ def plot(records: list[dict], path: str) -> None:
     lines.setdefault(label, []).append((r['clients_per_round'],
                                         r['seconds_per_round']))
   figure, axes = pyplot.subplots(figsize=(7, 4.5))
+  methods = list(dict.fromkeys(label.split(' (')[0] for label in lines))
+  colours = pyplot.get_cmap('tab10')
   for label, points in lines.items():
     ks, seconds = zip(*sorted(points))
-    axes.plot(ks, seconds, marker='o', label=label)
+    method = label.split(' (')[0]
+    axes.plot(ks, seconds, marker='o', label=label,
+              color=colours(methods.index(method) % 10),
+              linestyle='-' if label.endswith('(G = 1)') else '--')
   axes.set_xlabel('clients per round K (the same 6,400 local examples)')
-  axes.set_ylabel('seconds per round (median)')
+  axes.set_ylabel('seconds per round (median, log scale)')
   axes.set_xscale('log')
+  axes.set_yscale('log')
   axes.grid(alpha=0.3)
   axes.legend(fontsize=7)
   figure.tight_layout()
