@@ -32,6 +32,7 @@ from tff_kd import errors
 from tff_kd.core import fused
 from tff_kd.core import local_training
 from tff_kd.core import loops
+from tff_kd.core import stacking as stacking_tf
 from tff_kd.federated import client_data
 from tff_kd.federated import tff_types
 
@@ -200,8 +201,6 @@ def merge_clients(
     (`ClientResult`, stats).
   """
   count = tf.reduce_sum(tf.cast(tf.strings.length(keys) > 0, tf.int32))
-  stats_like = collections.OrderedDict(
-      (name, tf.constant(0.0)) for name in tff_types.CLIENT_STATS)
 
   def step(state, i):
     weighted_sum, weight_sum, stats_sum = state
@@ -209,19 +208,30 @@ def merge_clients(
     weight = tf.cast(result.update_weight, tf.float32)
     weighted_sum = tf.nest.map_structure(lambda s, u: s + weight * u,
                                          weighted_sum, result.update)
-    stats_sum = collections.OrderedDict(
-        (k, stats_sum[k] + tf.cast(stats[k], tf.float32)) for k in stats_sum)
-    return weighted_sum, weight_sum + weight, stats_sum
+    return weighted_sum, weight_sum + weight, _add_stats(stats_sum, stats)
 
   zeros = tf.nest.map_structure(tf.zeros_like, weights_like)
   weighted_sum, weight_sum, stats_sum = loops.fold_range(
-      count, step, (zeros, tf.constant(0.0), stats_like))
+      count, step, (zeros, tf.constant(0.0), _no_stats()))
   update = tf.nest.map_structure(lambda s: tf.math.divide_no_nan(s, weight_sum),
                                  weighted_sum)
   stats_sum['num_clients'] = tf.cast(count, tf.float32)
   return (tff.learning.templates.ClientResult(update=update,
                                               update_weight=weight_sum),
           stats_sum)
+
+
+def _no_stats() -> collections.OrderedDict:
+  """Zero `tff_types.CLIENT_STATS`, to sum clients' stats into."""
+  return collections.OrderedDict(
+      (name, tf.constant(0.0)) for name in tff_types.CLIENT_STATS)
+
+
+def _add_stats(stats_sum: collections.OrderedDict,
+               stats: collections.OrderedDict) -> collections.OrderedDict:
+  """`stats_sum` plus one client's stats."""
+  return collections.OrderedDict(
+      (k, stats_sum[k] + tf.cast(stats[k], tf.float32)) for k in stats_sum)
 
 
 class FusedBatches(NamedTuple):
@@ -258,6 +268,16 @@ class Rows(NamedTuple):
   weights: tf.Tensor
   stats: collections.OrderedDict
   batches: Optional[FusedBatches] = None
+
+  def client_result(self, values=None) -> tuple[
+      tff.learning.templates.ClientResult, collections.OrderedDict]:
+    """The call's (`ClientResult`, stats) for a stacking aggregator: a
+    `GroupRows` of `values` (default: these rows' own; a method's rows
+    built from them) with these weights, weighted by their sum."""
+    values = self.values if values is None else values
+    return tff.learning.templates.ClientResult(
+        update=stacking_tf.GroupRows(values, self.weights),
+        update_weight=tf.reduce_sum(self.weights)), self.stats
 
 
 def train_rows(execution: ClientExecution, model: tf.keras.Model,
@@ -306,19 +326,15 @@ def train_rows(execution: ClientExecution, model: tf.keras.Model,
     result, stats = client_of_key(keys[i])
     rows = tf.nest.map_structure(lambda a, t: a.write(i, t), rows,
                                  result.update)
-    stats_sum = collections.OrderedDict(
-        (k, stats_sum[k] + tf.cast(stats[k], tf.float32)) for k in stats_sum)
     return rows, weights.write(i, tf.cast(result.update_weight, tf.float32)), (
-        stats_sum)
+        _add_stats(stats_sum, stats))
 
   arrays = tf.nest.map_structure(
       lambda s: tf.TensorArray(s.dtype, 0, dynamic_size=True,
                                element_shape=s.shape), specs)
   rows, weights, stats = loops.fold_range(count, step, (
       arrays, tf.TensorArray(tf.float32, 0, dynamic_size=True,
-                             element_shape=[]),
-      collections.OrderedDict((name, tf.constant(0.0))
-                              for name in tff_types.CLIENT_STATS)))
+                             element_shape=[]), _no_stats()))
 
   def padded(array, spec):
     done = array.stack()

@@ -20,7 +20,6 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_kd.core import local_training
-from tff_kd.core import stacking as stacking_tf
 from tff_kd.federated import client_works
 from tff_kd.federated import execution
 from tff_kd.federated import tff_types
@@ -188,9 +187,7 @@ def build_client_work(
       values = collections.OrderedDict(
           delta=values, label_counts=tf.where(
               (rows.weights > 0)[:, tf.newaxis], counts, 0.0))
-    return tff.learning.templates.ClientResult(
-        update=stacking_tf.GroupRows(values, rows.weights),
-        update_weight=tf.reduce_sum(rows.weights)), rows.stats
+    return rows.client_result(values)
 
   return client_works.build_scheduled_client_work(
       tff.tensorflow.computation(weights_type, data_type, np.float32,

@@ -200,9 +200,7 @@ def build_client_work(
           projection=fused.select(present, projections,
                                   tf.zeros_like(projections)),
           client_id=tf.where(present, ids, 0))
-    return tff.learning.templates.ClientResult(
-        update=stacking_tf.GroupRows(values, rows.weights),
-        update_weight=tf.reduce_sum(rows.weights)), rows.stats
+    return rows.client_result(values)
 
   return client_works.build_scheduled_client_work(
       tff.tensorflow.computation(weights_type, data_type, np.float32)(

@@ -209,12 +209,8 @@ def _grouped_client_work(
         dataset_fn, lr, local_steps=local_steps,
         client_of_key=lambda key: one_client(model, weights[0],
                                              dataset_fn(key), lr))
-    update = stacking_tf.GroupRows(
-        collections.OrderedDict(deltas=(rows.values,),
-                                prototype=tf.zeros([group], tf.int32)),
-        rows.weights)
-    return tff.learning.templates.ClientResult(
-        update=update, update_weight=tf.reduce_sum(rows.weights)), rows.stats
+    return rows.client_result(collections.OrderedDict(
+        deltas=(rows.values,), prototype=tf.zeros([group], tf.int32)))
 
   return client_works.build_scheduled_client_work(
       client_update, learning_rate=learning_rate,
