@@ -69,7 +69,7 @@ _ROUNDS = flags.DEFINE_integer('rounds', None,
                                "Rounds of every run (default: the config's).")
 _PROGRESS = flags.DEFINE_bool('progress', True, 'Show a progress bar.')
 _CLIENTS = flags.DEFINE_enum(
-    'clients', 'fast', ['fast', 'config'],
+    'clients', 'fast', list(experiment.CLIENTS),
     "How each run's clients run: 'fast' groups them, up to 10 per TFF "
     'call, and fuses them where the method and model allow (another draw '
     "of the same algorithm; experiment.fast_clients); 'config': as the "

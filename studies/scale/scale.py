@@ -190,8 +190,8 @@ def run_setting(method: str, n: int, k: int, root: str,
 # (`runtime.clients_per_call`; `Method.groups_clients`, which `train`
 # checks: this driver does not import the library), and fused
 # (`Method.fuses_clients`).
-_FUSES = ('fedavg', 'fedprox', 'feddf', 'fedd3a', 'fedftg')
-_GROUPS = _FUSES + ('fedgen',)
+_FUSES = ('fedavg', 'fedprox', 'feddf', 'fedd3a', 'fedftg', 'fedgen')
+_GROUPS = _FUSES
 
 # The metrics that time a method's server step, summed per round.
 _SERVER_STEP_KEYS = (('distill/server_seconds',),

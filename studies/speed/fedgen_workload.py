@@ -83,10 +83,10 @@ _INTRA_OP_THREADS = flags.DEFINE_integer(
     'default, every core).')
 _CLIENTS_PER_CALL = flags.DEFINE_integer(
     'clients_per_call', 1, 'runtime.clients_per_call (FedAvg and FedGen: '
-    'G clients per TFF call, FedGen in turn).')
+    'G clients per TFF call).')
 _FUSE_CLIENTS = flags.DEFINE_bool(
-    'fuse_clients', False, "runtime.client_execution='fused' (FedAvg): "
-    "each call's clients trained as one batched computation.")
+    'fuse_clients', False, "runtime.client_execution='fused' (FedAvg and "
+    "FedGen): each call's clients trained as one batched computation.")
 _OUT = flags.DEFINE_string(
     'out', '', 'Result file (default: results/fedgen_workload.json for '
     'fedavg, results/fedgen_workload_fedgen.json for fedgen).')

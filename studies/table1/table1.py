@@ -114,7 +114,7 @@ _ROUNDS = flags.DEFINE_integer('rounds', None, 'Rounds (default: the '
 _OVERRIDES = flags.DEFINE_list('overrides', [], 'key=value config overrides '
                                'for every run (e.g. the smoke test\'s).')
 _CLIENTS = flags.DEFINE_enum(
-    'clients', 'fast', ['fast', 'config'],
+    'clients', 'fast', list(experiment.CLIENTS),
     "compare's --clients: 'fast' (grouped, fused where the method allows: "
     "another draw of the same algorithm) or 'config'. The committed rows "
     "ran with 'config' (one client per call).")

@@ -10,6 +10,7 @@ import pytest
 
 from tests import helpers
 from tff_kd import errors
+from tff_kd.methods import registry
 from tff_kd.program import compare
 from tff_kd.program import experiment
 
@@ -111,7 +112,7 @@ def test_a_run_s_numbers_come_from_its_metrics():
   assert stats['raised'] == 0.5
 
 
-def test_fast_clients_group_and_fuse_where_the_method_allows():
+def test_fast_clients_group_and_fuse_where_the_method_allows(monkeypatch):
   """`clients='fast'` (compare's default): G = ceil(K / 2) clients per call,
   fused where the method's clients and the model allow, in turn where the
   method only groups them; the rest, and a config that sets the runtime
@@ -125,10 +126,21 @@ def test_fast_clients_group_and_fuse_where_the_method_allows():
   runtime = {r.entry.label: (r.settings.runtime.clients_per_call,
                              r.settings.runtime.client_execution)
              for r in experiment.plan_study(config, entries, [0])}
-  assert runtime == {'fedavg': (3, 'fused'), 'fedgen': (3, 'sequential'),
+  assert runtime == {'fedavg': (3, 'fused'), 'fedgen': (3, 'fused'),
                      'dafkd': (1, 'sequential'),
                      'het': (1, 'sequential'), 'own': (2, 'sequential')}
+  # A method that groups its clients but does not fuse them (none is
+  # registered so now) runs them in turn.
+  monkeypatch.setitem(registry.METHODS, 'fedgen', registry.METHODS[
+      'fedgen']._replace(fuses_clients=False))
+  (only,) = experiment.plan_study(config, entries[1:2], [0])
+  assert (only.settings.runtime.clients_per_call,
+          only.settings.runtime.client_execution) == (3, 'sequential')
   kept = experiment.plan_study(config, entries, [0], clients='config')
   assert {(r.settings.runtime.clients_per_call,
            r.settings.runtime.client_execution) for r in kept
           if r.entry.label != 'own'} == {(1, 'sequential')}
+  with pytest.raises(errors.ConfigError,
+                     match=r"clients='fused' is unknown; choose one of "
+                     'fast, config'):
+    experiment.plan_study(config, entries, [0], clients='fused')

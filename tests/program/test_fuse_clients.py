@@ -32,6 +32,7 @@ from tff_kd.core import fused
 from tff_kd.federated import client_works
 from tff_kd.federated import execution
 from tff_kd.federated import tff_types
+from tff_kd.methods import registry
 from tff_kd.program import checkpoints
 from tff_kd.program import experiment
 from tff_kd.program import settings as settings_lib
@@ -167,6 +168,32 @@ def test_fused_stacks_the_per_client_teachers_of_its_batches(tmp_path,
     assert reported == set(_CLIENTS)
 
 
+@pytest.mark.parametrize('local_beta', [10.0, 0.0])
+def test_fused_fedgen_is_the_per_client_regularised_round(tmp_path,
+                                                          local_beta):
+  """FedGen's fused clients add its generator regulariser in lockstep: on
+  the same batches, with the regulariser on from round 0 and its
+  coefficients scaled per client (reference_steps=2, so clients of
+  different steps get different scales), the round is the per-client
+  round: the student, the generator, the server's measurements, the
+  counts. With and without the latent KL term."""
+  exp = _stacked('fedgen', tmp_path, **{
+      'runtime.clients_per_call': 3, 'runtime.client_execution': 'fused',
+      'fedgen.start_round': 0, 'fedgen.reference_steps': 2,
+      'fedgen.local_beta': local_beta})
+  keys = exp.client_data.keys(_CLIENTS, seed=0, round_num=0)
+  state = exp.process.initialize()
+  out = exp.process.next(state, tff_types.group_keys(keys, 3))
+
+  per_client = experiment.build_dataset_process(exp)
+  datasets, steps = zip(*(_client_batches(exp, k) for k in keys))
+  assert len(set(steps)) > 1 and max(steps) > 2
+  ref = per_client.next(per_client.initialize(), [
+      collections.OrderedDict(client_id=np.int32(k.split('|')[0]), data=d)
+      for k, d in zip(keys, datasets)])
+  _assert_same_round(exp.process, out, per_client, ref, atol=1e-4)
+
+
 @pytest.mark.parametrize('method', ['feddf', 'fedd3a', 'fedftg', 'fedgen'])
 def test_clients_in_turn_are_the_one_by_one_round(tmp_path, method):
   """Grouped in turn (calls of 2, a padded last call): the round of one
@@ -195,7 +222,13 @@ def test_heterogeneous_clients_refuse_grouping(case, why):
 @pytest.mark.parametrize('key,value', [
     ('runtime.client_execution', 'fused'),
     ('runtime.fuse_clients', True)])  # Its old name.
-def test_a_method_with_its_own_local_term_refuses_fusing(key, value):
+def test_a_method_with_its_own_local_term_refuses_fusing(monkeypatch, key,
+                                                         value):
+  """Every registered method that groups its clients fuses them now; one
+  registered with a term fused clients do not run (`Method.fuses_clients`
+  False, here FedGen marked so) is refused in one line."""
+  monkeypatch.setitem(registry.METHODS, 'fedgen', registry.METHODS[
+      'fedgen']._replace(fuses_clients=False))
   with pytest.raises(errors.ConfigError,
                      match=r"runtime.client_execution='fused': fedgen's "
                      'clients train with a term of their own'):

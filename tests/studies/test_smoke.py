@@ -9,12 +9,16 @@ made from. The speed study's other scripts are in test_smoke_speed.py
 installed here), the DaFKD and FedD3A studies' in test_smoke_research.py.
 """
 
+import ast
 import json
 import os
+import pathlib
 import subprocess
 import sys
 
 import pytest
+
+from tff_kd.methods import registry
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
@@ -99,6 +103,22 @@ def test_scale(tmp_path):
   result = _json(out / 'scale.json')
   assert result['records'] and 'command' in result['meta']
   assert (out / 'scale.md').read_text().startswith('# Cost at scale')
+
+
+def test_scale_knows_which_methods_group_and_fuse():
+  """The scale driver does not import the library, so it keeps its own
+  lists of the methods that group and fuse clients: they must be the
+  registry's."""
+  path = pathlib.Path(ROOT, 'studies', 'scale', 'scale.py')
+  tree = ast.parse(path.read_text(), str(path))
+  lists = {node.targets[0].id: node.value for node in tree.body
+           if isinstance(node, ast.Assign) and len(node.targets) == 1 and
+           isinstance(node.targets[0], ast.Name)}
+  fuses = set(ast.literal_eval(lists['_FUSES']))
+  assert fuses == {m.name for m in registry.METHODS.values()
+                   if m.fuses_clients}
+  groups = {m.name for m in registry.METHODS.values() if m.groups_clients}
+  assert ast.unparse(lists['_GROUPS']) == '_FUSES' and groups == fuses
 
 
 def test_table1_and_its_decomposition(tmp_path):

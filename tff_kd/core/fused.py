@@ -17,8 +17,9 @@ in lockstep as one computation instead:
   it with each client's own weights (a grouped convolution, a batched
   matmul, per-client BatchNorm statistics);
 * the loss is the sum over clients of each client's mean batch loss (plus
-  its proximal term), so each client's slice of the gradient is exactly its
-  own gradient: the clients do not interact;
+  its proximal term, or a method's own `Term`, e.g. FedGen's generator
+  regulariser), so each client's slice of the gradient is exactly its own
+  gradient: the clients do not interact;
 * clients with fewer steps (`local.unit='epochs'`, unequal data) are masked:
   padded examples have weight 0 in the loss and in BatchNorm's statistics,
   and a client's weights stop changing after its last step.
@@ -38,7 +39,7 @@ every Keras layer does). `unsupported` names the first layer it cannot run.
 """
 
 import collections
-from typing import NamedTuple, Optional, Sequence
+from typing import Callable, NamedTuple, Optional, Sequence
 
 import tensorflow as tf
 import tensorflow_federated as tff
@@ -440,6 +441,27 @@ def fused_schedule(num_examples: tf.Tensor, seeds: tf.Tensor, *, unit: str,
   return Schedule(indices, mask)
 
 
+class Term(NamedTuple):
+  """A method's own term of each client's local loss, in lockstep.
+
+  The lockstep form of `local_training.Regularizer`.
+
+  Attributes:
+    loss: `loss(trainable, logits, y, mask, step)` -> [G] float32, client
+      g's extra loss at lockstep step `step` (the step index of every client
+      that is still training): `trainable` the stacked weights, `logits`
+      [G, B, ...] the model's training-mode logits on the batch, `y` [G, B]
+      its labels, `mask` [G, B] 1 for a real example. Row g must depend on
+      client g's weights only, so the clients stay independent.
+    after: Ops the term's reads must follow (loading a broadcast model into
+      its variables: a TFF computation's graph orders nothing by itself).
+  """
+
+  loss: Callable[[list, tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor],
+                 tf.Tensor]
+  after: Sequence[tf.Operation] = ()
+
+
 class FusedResult(NamedTuple):
   """G clients' local training (`local_training.LocalResult`, per client).
 
@@ -476,14 +498,16 @@ def train_fused(stacked: StackedModel,
                 initial_weights: tff.learning.models.ModelWeights,
                 x: tf.Tensor, y: tf.Tensor, schedule: Schedule,
                 learning_rate: tf.Tensor, *,
-                proximal_strength: float = 0.0) -> FusedResult:
+                proximal_strength: float = 0.0,
+                term: Optional[Term] = None) -> FusedResult:
   """G clients' local (proximal) training in lockstep (graph code).
 
   Client g takes, at step s, the examples `schedule.indices[s, g]` of
   `x`/`y` whose mask is 1, and does what `train_locally` does with that
   batch: one optimiser step on its mean cross-entropy (plus FedProx's
-  `mu / 2 * ||w - w_global||^2`), in training mode. A client with no
-  real example at step s (its steps are over) keeps its weights.
+  `mu / 2 * ||w - w_global||^2`, plus `term`'s row g where `train_locally`
+  has a regulariser), in training mode. A client with no real example at
+  step s (its steps are over) keeps its weights.
 
   Args:
     stacked: The model.
@@ -496,6 +520,7 @@ def train_fused(stacked: StackedModel,
     schedule: `fused_schedule`'s.
     learning_rate: This round's client learning rate.
     proximal_strength: FedProx mu (0: FedAvg).
+    term: A method's own term of the loss, or None.
 
   Returns:
     A `FusedResult`.
@@ -515,18 +540,21 @@ def train_fused(stacked: StackedModel,
     count = tf.reduce_sum(mask, axis=1)
     active = count > 0
     index = schedule.indices[s]
+    labels = tf.gather(y, index)
     with tf.GradientTape() as tape:
       tape.watch(trainable)
       logits, new_non_trainable = stacked(
           trainable, non_trainable, tf.gather(x, index), mask)
       cross_entropy = tf.nn.sparse_softmax_cross_entropy_with_logits(
-          labels=tf.gather(y, index), logits=logits)
+          labels=labels, logits=logits)
       task = tf.reduce_sum(mask * cross_entropy, axis=1)
       loss = tf.reduce_sum(tf.math.divide_no_nan(task, count))
       if proximal_strength > 0:
         loss += 0.5 * proximal_strength * tf.add_n([
             tf.reduce_sum(tf.square(w - w0))
             for w, w0 in zip(trainable, start.trainable)])
+      if term is not None:
+        loss += tf.reduce_sum(term.loss(trainable, logits, labels, mask, s))
     grads = tape.gradient(loss, trainable)
     opt_state, updated = optimizer.next(opt_state, tuple(trainable),
                                         tuple(grads))
@@ -537,10 +565,12 @@ def train_fused(stacked: StackedModel,
             loss_sum + tf.where(active, task, 0.0),
             steps + tf.cast(active, tf.int32))
 
-  trainable, non_trainable, _, examples, loss_sum, steps = loops.fold_range(
-      tf.shape(schedule.indices)[0], step,
-      (list(start.trainable), list(start.non_trainable), opt_state, zeros,
-       zeros, tf.zeros([g], tf.int32)))
+  with tf.control_dependencies(list(term.after) if term else []):
+    trainable, non_trainable, _, examples, loss_sum, steps = (
+        loops.fold_range(
+            tf.shape(schedule.indices)[0], step,
+            (list(start.trainable), list(start.non_trainable), opt_state,
+             zeros, zeros, tf.zeros([g], tf.int32))))
   delta = tff.learning.models.ModelWeights(
       trainable=[w - w0 for w, w0 in zip(trainable, start.trainable)],
       non_trainable=non_trainable)

@@ -68,17 +68,23 @@ ONE_BY_ONE = ClientExecution()
 
 class LocalSteps(NamedTuple):
   """What a fused call needs of the per-client step: local (proximal)
-  training with this optimiser, and each client's payload.
+  training with this optimiser, a method's own term, and each client's
+  payload.
 
   Attributes:
     optimizer: The client optimiser.
     proximal_strength: FedProx mu (0: FedAvg's local training).
     client_bytes: One client's (bytes down, bytes up).
+    term: `term(batches, keys)` -> the `fused.Term` of the call's clients
+      (built inside the call, from the `FusedBatches` they will train on
+      and their [G] keys), for a method whose clients add a term of their
+      own to the loss (FedGen's regulariser); None: none.
   """
 
   optimizer: tff.learning.optimizers.Optimizer
   proximal_strength: float
   client_bytes: tuple[float, float]
+  term: Optional[Callable[['FusedBatches', tf.Tensor], fused.Term]] = None
 
 
 OneClient = Callable[..., tuple[tff.learning.templates.ClientResult,
@@ -354,7 +360,8 @@ def _fused_rows(model: tf.keras.Model, local_steps: LocalSteps,
                 learning_rate: tf.Tensor) -> Rows:
   """`train_rows`' fused path: reads the G clients' arrays, draws their
   lockstep schedule (`fused.fused_schedule`), trains them
-  (`fused.train_fused`) and screens each (`fused.merge_fused`)."""
+  (`fused.train_fused`, with `local_steps.term` where there is one) and
+  screens each (`fused.merge_fused`)."""
   num_clients = int(keys.shape[0])
   image_shape = list(datasets.data.image_shape)
 
@@ -379,10 +386,12 @@ def _fused_rows(model: tf.keras.Model, local_steps: LocalSteps,
       batch_size=local.batch_size)
   x = tf.concat([xs.concat(), tf.zeros([1] + image_shape)], 0)
   y = tf.concat([ys.concat(), tf.zeros([1], tf.int32)], 0)
+  batches = FusedBatches(x, y, schedule)
   result = fused.train_fused(
       fused.StackedModel(model), local_steps.optimizer, initial_weights, x,
       y, schedule, learning_rate,
-      proximal_strength=local_steps.proximal_strength)
+      proximal_strength=local_steps.proximal_strength,
+      term=local_steps.term and local_steps.term(batches, keys))
   present = tf.strings.length(keys) > 0
   keep, per_client = fused.merge_fused(result, present)
   count = tf.reduce_sum(tf.cast(present, tf.float32))
@@ -396,7 +405,7 @@ def _fused_rows(model: tf.keras.Model, local_steps: LocalSteps,
       tf.nest.map_structure(
           lambda t: fused.select(keep, t, tf.zeros_like(t)),
           result.weights_delta),
-      per_client['num_examples'], stats, FusedBatches(x, y, schedule))
+      per_client['num_examples'], stats, batches)
 
 
 def fused_clients(

@@ -19,6 +19,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_kd.core import fused
 from tff_kd.core import local_training
 from tff_kd.federated import client_works
 from tff_kd.federated import execution
@@ -38,10 +39,17 @@ class LocalObjective(NamedTuple):
       extra_weights, dataset, lr, label_counts, round_num, key_hash)`
       returning a `local_training.train_locally` result; `key_hash` is an
       int64 hash of the client's key, to seed the client's own noise.
+    fused_term: The same objective for fused clients: `fused_term(
+      classifier, extra_model, extra_weights, batches, key_hashes,
+      label_counts, round_num)` -> the `tff_kd.core.fused.Term` that
+      `train`'s training adds to plain local training, for the G clients
+      of `batches` (`execution.FusedBatches`), with their [G] key hashes
+      and [G, C] label counts; None: the objective does not fuse.
   """
 
   model_fn: Callable[[], tf.keras.Model]
   train: Callable[..., local_training.LocalResult]
+  fused_term: Optional[Callable[..., fused.Term]] = None
 
 
 def count_labels(dataset: tf.data.Dataset, num_classes: int) -> tf.Tensor:
@@ -98,22 +106,23 @@ def build_client_work(
     seed: The process seed, which seeds the dataset path's client keys (the
       keys carry it on the keyed path).
     client_execution: How each TFF client call runs its clients (grouped
-      or fused: `dataset_fn`; fused: no `objective`). Grouped, the update
-      is a `tff_kd.core.stacking.GroupRows` of G clients' updates; fused
-      clients count the labels of the batches they trained on
-      (`fused_label_counts`).
+      or fused: `dataset_fn`; fused: an `objective` with a `fused_term`, or
+      none). Grouped, the update is a `tff_kd.core.stacking.GroupRows` of
+      G clients' updates; fused clients count the labels of the batches
+      they train on (`fused_label_counts`) before training.
 
   Returns:
     A `tff.templates.MeasuredProcess`; the round number comes from its
     state.
 
   Raises:
-    ValueError: fused clients with an `objective` (its own local training,
-      which `tff_kd.core.fused` does not run).
+    ValueError: fused clients with an `objective` that has no
+      `fused_term`.
   """
-  if client_execution.fused and objective is not None:
-    raise ValueError('fused clients run plain local training, not a '
-                     "method's own objective")
+  if (client_execution.fused and objective is not None and
+      objective.fused_term is None):
+    raise ValueError("fused clients need the method's objective in "
+                     'lockstep form (LocalObjective.fused_term)')
   classifier_weights = local_training.model_weights(
       local_training.structure_of(classifier_fn).model)
   if objective is None:
@@ -171,12 +180,19 @@ def build_client_work(
   def grouped_update(weights, keys, lr, round_num):
     classifier, extra = classifier_fn(), extra_model()
     keys = tf.reshape(keys, [group])
+    steps = local_steps
+    if objective is not None and client_execution.fused:
+      steps = local_steps._replace(term=lambda batches, keys: (
+          objective.fused_term(
+              classifier, extra, weights[1], batches,
+              tf.strings.to_hash_bucket_fast(keys, 2**62),
+              fused_label_counts(batches, num_classes), round_num)))
     rows = execution.train_rows(
         client_execution, classifier.model,
         weights if objective is None else weights[0], keys, dataset_fn, lr,
         client_of_key=lambda key: one_client(classifier, extra, weights, key,
                                              lr, round_num),
-        local_steps=local_steps, row_specs=collections.OrderedDict(
+        local_steps=steps, row_specs=collections.OrderedDict(
             delta=tf.nest.map_structure(
                 lambda v: tf.TensorSpec(v.shape, v.dtype),
                 classifier_weights),

@@ -401,8 +401,12 @@ def plan_study(config: ml_collections.ConfigDict,
     The runs, entry by entry, seed by seed.
 
   Raises:
-    ConfigError: naming the entry, the seed and the first bad key.
+    ConfigError: naming the entry, the seed and the first bad key; an
+      unknown `clients`.
   """
+  if clients not in CLIENTS:
+    raise errors.ConfigError(
+        f"clients={clients!r} is unknown; choose one of {', '.join(CLIENTS)}")
   plan = []
   for entry in entries:
     for seed in seeds:

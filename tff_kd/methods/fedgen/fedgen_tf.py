@@ -350,6 +350,43 @@ class Coefficients(NamedTuple):
   beta: float | tf.Tensor = 0.0
 
 
+class _Draws(NamedTuple):
+  """One client step's random draws for its regulariser.
+
+  Attributes:
+    sampled: [B'] int32 labels y_hat of the generated features.
+    eps: [B', noise_dim] their noise.
+    eps_y: [B, noise_dim] the noise of the real batch's latent targets, or
+      None without the latent term.
+  """
+
+  sampled: tf.Tensor
+  eps: tf.Tensor
+  eps_y: tf.Tensor | None
+
+
+def _local_draws(seed, label_probs: tf.Tensor, batch_size,
+                 hparams: 'hparams_lib.FedGenHparams',
+                 latent: bool) -> _Draws:
+  """The draws of one client step from its stateless `seed` (split in 3)."""
+  noise_dim, noise = hparams.noise_dim, hparams.noise
+  seeds = tf.random.experimental.stateless_split(
+      generators._as_seed(seed), 3)  # pylint: disable=protected-access
+  sampled = data_free.sample_labels(label_probs,
+                                    hparams.local_gen_batch_size, seeds[0])
+  eps = generators.sample_noise([hparams.local_gen_batch_size, noise_dim],
+                                noise, seeds[1])
+  eps_y = (generators.sample_noise([batch_size, noise_dim], noise, seeds[2])
+           if latent else None)
+  return _Draws(sampled, eps, eps_y)
+
+
+def _has_latent(beta) -> bool:
+  """False for a Python 0 beta, which keeps the latent term out of the
+  graph."""
+  return not (isinstance(beta, (int, float)) and beta == 0)
+
+
 @tf.autograph.experimental.do_not_convert
 def regularized_local_loss(classifier: classifiers.Classifier,
                            generator: tf.keras.Model,
@@ -386,32 +423,104 @@ def regularized_local_loss(classifier: classifiers.Classifier,
   """
   x, y = batch['x'], batch['y']
   alpha, beta = coefficients
-  noise_dim, noise = hparams.noise_dim, hparams.noise
-  seeds = tf.random.experimental.stateless_split(
-      generators._as_seed(seed), 3)  # pylint: disable=protected-access
   y = tf.cast(y, tf.int32)
-  batch_size = tf.shape(y)[0]
-  gen_batch = hparams.local_gen_batch_size
+  draws = _local_draws(seed, label_probs, tf.shape(y)[0], hparams,
+                       _has_latent(beta))
   if logits is None:
     logits = classifier.model(x, training=training)
   ce = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
       labels=y, logits=logits))
 
-  sampled = data_free.sample_labels(label_probs, gen_batch, seeds[0])
-  eps = generators.sample_noise([gen_batch, noise_dim], noise, seeds[1])
-  gen_features = tf.stop_gradient(generator([eps, sampled], training=False))
+  gen_features = tf.stop_gradient(
+      generator([draws.eps, draws.sampled], training=False))
   gen_logits = classifier.head(gen_features, training=training)
   teacher = alpha * tf.reduce_mean(
-      tf.nn.sparse_softmax_cross_entropy_with_logits(labels=sampled,
+      tf.nn.sparse_softmax_cross_entropy_with_logits(labels=draws.sampled,
                                                      logits=gen_logits))
 
-  if isinstance(beta, (int, float)) and beta == 0:
+  if draws.eps_y is None:
     latent = tf.constant(0.0)
   else:
-    eps_y = generators.sample_noise([batch_size, noise_dim], noise,
-                                   seeds[2])
-    z_y = tf.stop_gradient(generator([eps_y, y], training=False))
+    z_y = tf.stop_gradient(generator([draws.eps_y, y], training=False))
     target = tf.stop_gradient(tf.nn.softmax(
         classifier.head(z_y, training=training)))
     latent = beta * distillation.kd_loss(logits, target, 1.0)
   return LocalLoss(ce + teacher + latent, ce, teacher, latent)
+
+
+@tf.autograph.experimental.do_not_convert
+def fused_regularizer(heads_fn: Callable[[tf.Tensor], tf.Tensor],
+                      generator: tf.keras.Model,
+                      logits: tf.Tensor,
+                      labels: tf.Tensor,
+                      mask: tf.Tensor,
+                      *,
+                      label_probs: tf.Tensor,
+                      seeds: tf.Tensor,
+                      coefficients: Coefficients,
+                      hparams: 'hparams_lib.FedGenHparams') -> tf.Tensor:
+  """`regularized_local_loss`'s generator terms for G clients in lockstep.
+
+  Client g's row is what `regularized_local_loss` gives its batch (the
+  real examples of `labels[g]`, `mask[g]`), with its own seed, labels to
+  draw and coefficients, and its own head: the same draws (each client
+  draws its noise for its real examples only), the generator run once on
+  every client's samples (inference mode, so each sample's features are
+  its own), the latent KL averaged over the client's real examples.
+
+  Args:
+    heads_fn: [G, N, d] features -> [G, N, C] logits, client g's head on
+      row g.
+    generator: The broadcast generator, loaded.
+    logits: [G, B, C] the clients' training-mode logits on their batches.
+    labels: [G, B] int32 labels.
+    mask: [G, B] float32, 1 for a real example (real ones first).
+    label_probs: [G, C] each client's weights of the labels to draw.
+    seeds: [G, 2] int64, each client's seed of this step.
+    coefficients: `Coefficients` whose alpha (and beta, unless a Python 0)
+      are [G].
+    hparams: As in `regularized_local_loss`.
+
+  Returns:
+    [G] float32: each client's teacher + latent term, weights applied.
+  """
+  alpha, beta = coefficients
+  latent = _has_latent(beta)
+  g = int(labels.shape[0])
+  batch = tf.shape(labels)[1]
+  count = tf.reduce_sum(mask, axis=1)
+  noise_dim = hparams.noise_dim
+
+  def draw(args):
+    probs, seed, n = args
+    d = _local_draws(seed, probs, n, hparams, latent)
+    eps_y = (tf.zeros([0, noise_dim]) if d.eps_y is None else d.eps_y)
+    return d.sampled, d.eps, tf.pad(eps_y, [[0, batch - tf.shape(eps_y)[0]],
+                                            [0, 0]])
+
+  sampled, eps, eps_y = tf.map_fn(
+      draw, (label_probs, seeds, tf.cast(count, tf.int32)),
+      fn_output_signature=(tf.int32, tf.float32, tf.float32))
+  gen_batch = hparams.local_gen_batch_size
+  noise_in = [tf.reshape(eps, [-1, noise_dim])]
+  labels_in = [tf.reshape(sampled, [-1])]
+  if latent:
+    noise_in.append(tf.reshape(eps_y, [-1, noise_dim]))
+    labels_in.append(tf.reshape(tf.cast(labels, tf.int32), [-1]))
+  features = tf.stop_gradient(generator(
+      [tf.concat(noise_in, 0), tf.concat(labels_in, 0)], training=False))
+  # Client-major within each part: [G * B'] generated, then [G * B] latent.
+  d = features.shape[-1]
+  head_logits = heads_fn(tf.reshape(features[:g * gen_batch],
+                                    [g, gen_batch, d]))
+  teacher = alpha * tf.reduce_mean(
+      tf.nn.sparse_softmax_cross_entropy_with_logits(
+          labels=sampled, logits=head_logits), axis=1)
+  if not latent:
+    return teacher
+  latent_logits = heads_fn(tf.reshape(features[g * gen_batch:],
+                                      [g, batch, d]))
+  target = tf.stop_gradient(tf.nn.softmax(latent_logits))
+  kl = distillation.kl_per_example(logits, target, 1.0)
+  return teacher + beta * tf.math.divide_no_nan(
+      tf.reduce_sum(mask * kl, axis=1), count)

@@ -49,6 +49,7 @@ import tensorflow_federated as tff
 
 from tff_kd import errors
 from tff_kd.core import diagnostics as core_diagnostics
+from tff_kd.core import fused
 from tff_kd.core import links
 from tff_kd.core import local_training
 from tff_kd.core import stacking as stacking_tf
@@ -144,9 +145,9 @@ def build_client_work(
     dataset_fn: Key -> dataset function (the fast path), or None.
     seed: The process seed, which seeds the dataset path's noise (the keys
       carry it on the keyed path).
-    client_execution: How each TFF client call runs its clients: one, or
-      G in turn (keyed clients); not fused (the regulariser is FedGen's
-      own local training).
+    client_execution: How each TFF client call runs its clients: one, G
+      in turn, or G fused (keyed clients; fused, the regulariser runs in
+      lockstep, `fedgen_tf.fused_regularizer`).
 
   Returns:
     A `tff.templates.MeasuredProcess`. The round number (which decays the
@@ -157,7 +158,32 @@ def build_client_work(
       learning_rate=learning_rate, learning_rate_decay=learning_rate_decay,
       dataset_fn=dataset_fn, seed=seed, client_execution=client_execution,
       objective=label_counts.LocalObjective(
-          regularizer.generator_fn, _regularized_training(regularizer)))
+          regularizer.generator_fn, _regularized_training(regularizer),
+          _fused_term(regularizer)))
+
+
+def _coefficients(reg: LocalRegularizer, round_num: tf.Tensor,
+                  steps: tf.Tensor) -> fedgen_tf.Coefficients:
+  """This round's alpha_t and beta_t of a client that takes `steps` local
+  steps (a scalar, or [G] for fused clients; negative: unknown, no
+  scaling)."""
+  h = reg.hparams
+  active = tf.cast(round_num >= h.start_round, tf.float32)
+  alpha = active * fedgen_tf.decayed_coefficient(
+      h.local_alpha, round_num, decay=h.coefficient_decay,
+      floor=reg.floor) * (h.local_gen_batch_size / reg.batch_size)
+  beta = 0.0 if h.local_beta == 0 else (
+      active * fedgen_tf.decayed_coefficient(
+          h.local_beta, round_num, decay=h.coefficient_decay,
+          floor=reg.floor))
+  if h.reference_steps:
+    scale = tf.where(steps > h.reference_steps,
+                     h.reference_steps / tf.maximum(steps, 1.0), 1.0)
+    alpha *= scale
+    # A Python 0 keeps the latent term out of the graph.
+    if h.local_beta != 0:
+      beta *= scale
+  return fedgen_tf.Coefficients(alpha, beta)
 
 
 def _regularized_training(
@@ -171,31 +197,16 @@ def _regularized_training(
     tf.nest.map_structure(lambda v, t: v.assign(t),
                           local_training.model_weights(generator),
                           generator_weights)
-    h = reg.hparams
-    active = tf.cast(round_num >= h.start_round, tf.float32)
-    alpha = active * fedgen_tf.decayed_coefficient(
-        h.local_alpha, round_num, decay=h.coefficient_decay,
-        floor=reg.floor) * (h.local_gen_batch_size / reg.batch_size)
-    beta = 0.0 if h.local_beta == 0 else (
-        active * fedgen_tf.decayed_coefficient(
-            h.local_beta, round_num, decay=h.coefficient_decay,
-            floor=reg.floor))
-    if h.reference_steps:
-      # Unknown (-2) or infinite (-1) cardinality: no scaling.
-      steps = tf.cast(dataset.cardinality(), tf.float32)
-      scale = tf.where(steps > h.reference_steps,
-                       h.reference_steps / tf.maximum(steps, 1.0), 1.0)
-      alpha *= scale
-      # A Python 0 keeps the latent term out of the graph.
-      if h.local_beta != 0:
-        beta *= scale
+    # Unknown (-2) or infinite (-1) cardinality: no scaling.
+    coefficients = _coefficients(
+        reg, round_num, tf.cast(dataset.cardinality(), tf.float32))
     available = tf.cast(counts > 0, tf.float32)
 
     def regularizer(batch, logits, step):
       terms = fedgen_tf.regularized_local_loss(
           classifier, generator, batch, logits=logits, label_probs=available,
           seed=tf.stack([key_hash, tf.cast(step, tf.int64)]),
-          coefficients=fedgen_tf.Coefficients(alpha, beta), hparams=h)
+          coefficients=coefficients, hparams=reg.hparams)
       return terms.teacher + terms.latent
 
     return local_training.train_locally(
@@ -203,6 +214,39 @@ def _regularized_training(
         regularizer=regularizer)
 
   return train
+
+
+def _fused_term(reg: LocalRegularizer) -> Callable[..., fused.Term]:
+  """FedGen's regulariser for fused clients:
+  `label_counts.LocalObjective.fused_term`."""
+
+  def term(classifier, generator, generator_weights, batches, key_hashes,
+           counts, round_num):
+    """G's weights loaded, then `fedgen_tf.fused_regularizer` each step,
+    with each client's own seeds, labels and coefficients."""
+    loads = tf.nest.flatten(tf.nest.map_structure(
+        lambda v, t: v.assign(t), local_training.model_weights(generator),
+        generator_weights))
+    steps = tf.reduce_sum(
+        tf.reduce_max(batches.schedule.mask, axis=2), axis=0)
+    coefficients = _coefficients(reg, round_num, steps)
+    available = tf.cast(counts > 0, tf.float32)
+    kernel, bias = head_variables(classifier)
+
+    def loss(trainable, logits, labels, mask, step):
+      def heads(features):
+        return (tf.einsum('gnd,gdc->gnc', features, trainable[kernel]) +
+                trainable[bias][:, tf.newaxis, :])
+
+      seeds = tf.stack([key_hashes, tf.fill(tf.shape(key_hashes),
+                                            tf.cast(step, tf.int64))], 1)
+      return fedgen_tf.fused_regularizer(
+          heads, generator, logits, labels, mask, label_probs=available,
+          seeds=seeds, coefficients=coefficients, hparams=reg.hparams)
+
+    return fused.Term(loss, loads)
+
+  return term
 
 
 def head_variables(classifier: classifiers.Classifier) -> tuple[int, int]:
@@ -556,5 +600,5 @@ def build_from_settings(
 METHOD = common.Method(
     'fedgen', build_from_settings,
     'FedGen data-free feature-generator KD (Zhu et al., 2021)',
-    hparams=hparams_lib.FedGenHparams, groups_clients=True,
+    hparams=hparams_lib.FedGenHparams, groups_clients=True, fuses_clients=True,
     smoke={'fedgen.generator_steps': 3, 'fedgen.hidden': 16})
