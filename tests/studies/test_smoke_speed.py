@@ -157,3 +157,22 @@ def test_sidebyside_ours_then_resummarise(tmp_path):
   for key in ('per_round_train_eval_mean', 'startup_teardown'):
     assert redone['runs'][0][key] == pytest.approx(run[key]), key
   assert 're-read' in (tmp_path / 'again.md').read_text()
+
+
+def test_worker_grappler(tmp_path):
+  """Every setting once, two teachers on a 16-image pool: the same logits
+  in the plain `tf.function` and in the worker, both compilations."""
+  out = tmp_path / 'worker_grappler'
+  _run('speed.worker_grappler', '--repeats=1', '--teachers=2', '--pool=16',
+       '--calls=1', f'--out={out}', timeout=300)
+  result = _json(f'{out}.json')
+  assert 'command' in result and 'machine' in result
+  runs = {r['mode']: r for r in result['runs']}
+  assert set(runs) == {'plain', 'plain_no_grappler', 'worker_static',
+                       'worker_grappler'}
+  sums = [r['logit_sum'] for r in runs.values()]
+  assert max(sums) - min(sums) <= 1e-3 * max(1.0, abs(sums[0]))
+  assert all(len(r['ms_per_teacher']) == 1 and r['ms_per_teacher'][0] > 0
+             for r in runs.values())
+  assert '| `worker_grappler` |' in (tmp_path / 'worker_grappler.md'
+                                     ).read_text()

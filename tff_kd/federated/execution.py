@@ -387,11 +387,21 @@ def _fused_rows(model: tf.keras.Model, local_steps: LocalSteps,
   x = tf.concat([xs.concat(), tf.zeros([1] + image_shape)], 0)
   y = tf.concat([ys.concat(), tf.zeros([1], tf.int32)], 0)
   batches = FusedBatches(x, y, schedule)
-  result = fused.train_fused(
-      fused.StackedModel(model), local_steps.optimizer, initial_weights, x,
-      y, schedule, learning_rate,
-      proximal_strength=local_steps.proximal_strength,
-      term=local_steps.term and local_steps.term(batches, keys))
+  term = local_steps.term and local_steps.term(batches, keys)
+  stacked = fused.StackedModel(model)
+
+  # One function call, so that the worker can optimise the training for
+  # its devices (`runtime.grappler='worker'`); TFF's own compilation
+  # inlines it. The term's loads come before the call.
+  @tf.function(autograph=False)
+  def train(initial_weights, x, y, schedule, learning_rate):
+    return fused.train_fused(
+        stacked, local_steps.optimizer, initial_weights, x, y, schedule,
+        learning_rate, proximal_strength=local_steps.proximal_strength,
+        term=term and term._replace(after=()))
+
+  with tf.control_dependencies(list(term.after) if term else []):
+    result = train(initial_weights, x, y, schedule, learning_rate)
   present = tf.strings.length(keys) > 0
   keep, per_client = fused.merge_fused(result, present)
   count = tf.reduce_sum(tf.cast(present, tf.float32))

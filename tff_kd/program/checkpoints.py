@@ -36,7 +36,8 @@ ARCHITECTURE_FILE = 'architecture.json'
 _RESUMABLE_KEYS = ('rounds', 'eval_every', 'checkpoint_every', 'export',
                    'keep_checkpoints', 'runtime.workers',
                    'runtime.worker_timeout_s', 'runtime.server_device',
-                   'runtime.concurrent_clients', 'runtime.intra_op_threads')
+                   'runtime.concurrent_clients', 'runtime.intra_op_threads',
+                   'runtime.grappler')
 _PREFIX = 'program_state_'  # TFF's default, which older run folders use.
 
 

@@ -519,7 +519,8 @@ def _use_context(settings: settings_lib.Settings) -> None:
   global _context_in_use
   rt = settings.runtime
   key = (tuple(rt.worker_addresses), settings.needs_secure_sum,
-         rt.concurrent_clients, rt.intra_op_threads, rt.worker_timeout_s)
+         rt.concurrent_clients, rt.intra_op_threads, rt.grappler,
+         rt.worker_timeout_s)
   if key == _context_in_use:
     return
   if _context_in_use is not None:

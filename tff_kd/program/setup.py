@@ -580,7 +580,8 @@ def set_context(settings: settings_lib.Settings) -> None:
     context.set_context_for(
         settings.needs_secure_sum,
         concurrent_clients=settings.runtime.concurrent_clients,
-        intra_op_threads=settings.runtime.intra_op_threads)
+        intra_op_threads=settings.runtime.intra_op_threads,
+        grappler=settings.runtime.grappler)
 
 
 def build_dataset_process(
