@@ -10,13 +10,6 @@ from tests.conftest import live_workers
 from tff_kd.runtime import context
 
 
-@pytest.fixture
-def restore_context():
-  yield
-  context.shutdown()
-  context.set_local_context()  # The session's (tests/conftest.py).
-
-
 def _mean():
   @tff.federated_computation(tff.FederatedType(np.float32, tff.CLIENTS))
   def mean(x):

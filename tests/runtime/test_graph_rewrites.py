@@ -24,13 +24,6 @@ from tff_kd.runtime import graph_rewrites
 _CALL_OPS = ('PartitionedCall', 'StatefulPartitionedCall')
 
 
-@pytest.fixture
-def restore_context():
-  yield
-  context.shutdown()
-  context.set_local_context()  # The session's (tests/conftest.py).
-
-
 def _forward():
   """A computation whose work is a Keras CNN inside a `tf.function`."""
 
