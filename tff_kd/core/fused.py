@@ -454,7 +454,8 @@ class Term(NamedTuple):
       its labels, `mask` [G, B] 1 for a real example. Row g must depend on
       client g's weights only, so the clients stay independent.
     after: Ops the term's reads must follow (loading a broadcast model into
-      its variables: a TFF computation's graph orders nothing by itself).
+      its variables: a TFF computation's graph orders nothing by itself);
+      the caller runs `train_fused` after them.
   """
 
   loss: Callable[[list, tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor],
@@ -520,7 +521,8 @@ def train_fused(stacked: StackedModel,
     schedule: `fused_schedule`'s.
     learning_rate: This round's client learning rate.
     proximal_strength: FedProx mu (0: FedAvg).
-    term: A method's own term of the loss, or None.
+    term: A method's own term of the loss, or None (run this after its
+      `after` ops).
 
   Returns:
     A `FusedResult`.
@@ -565,12 +567,10 @@ def train_fused(stacked: StackedModel,
             loss_sum + tf.where(active, task, 0.0),
             steps + tf.cast(active, tf.int32))
 
-  with tf.control_dependencies(list(term.after) if term else []):
-    trainable, non_trainable, _, examples, loss_sum, steps = (
-        loops.fold_range(
-            tf.shape(schedule.indices)[0], step,
-            (list(start.trainable), list(start.non_trainable), opt_state,
-             zeros, zeros, tf.zeros([g], tf.int32))))
+  trainable, non_trainable, _, examples, loss_sum, steps = loops.fold_range(
+      tf.shape(schedule.indices)[0], step,
+      (list(start.trainable), list(start.non_trainable), opt_state, zeros,
+       zeros, tf.zeros([g], tf.int32)))
   delta = tff.learning.models.ModelWeights(
       trainable=[w - w0 for w, w0 in zip(trainable, start.trainable)],
       non_trainable=non_trainable)

@@ -398,7 +398,7 @@ def _fused_rows(model: tf.keras.Model, local_steps: LocalSteps,
     return fused.train_fused(
         stacked, local_steps.optimizer, initial_weights, x, y, schedule,
         learning_rate, proximal_strength=local_steps.proximal_strength,
-        term=term and term._replace(after=()))
+        term=term)
 
   with tf.control_dependencies(list(term.after) if term else []):
     result = train(initial_weights, x, y, schedule, learning_rate)

@@ -162,7 +162,7 @@ def build_client_work(
       result = objective.train(
           classifier, extra_model, client_optimizer, weights[0],
           weights[1], dataset, lr, counts, round_num,
-          tf.strings.to_hash_bucket_fast(client.key, 2**62))
+          tff_types.key_seed(client.key))
     update = collections.OrderedDict(delta=result.weights_delta,
                                      label_counts=counts)
     return client_works.screen_client(
@@ -185,7 +185,7 @@ def build_client_work(
       steps = local_steps._replace(term=lambda batches, keys: (
           objective.fused_term(
               classifier, extra, weights[1], batches,
-              tf.strings.to_hash_bucket_fast(keys, 2**62),
+              tff_types.key_seed(keys),
               fused_label_counts(batches, num_classes), round_num)))
     rows = execution.train_rows(
         client_execution, classifier.model,

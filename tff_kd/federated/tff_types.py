@@ -69,7 +69,7 @@ class ClientInput(NamedTuple):
     key: `"<client_id>|<seed>|<round>"`: the data key itself on the keyed
       path, the same string rebuilt from (id, the process seed, the round
       from the server state) on the dataset path, so both paths derive the
-      same per-client seeds (e.g. `tf.strings.to_hash_bucket_fast(key, ..)`).
+      same per-client seeds (`key_seed`).
   """
 
   dataset: tf.data.Dataset
@@ -92,6 +92,13 @@ def group_keys(keys: Sequence[str], clients_per_call: int
                    [''] * max(0, i + clients_per_call - len(keys)),
                    dtype=object)
           for i in range(0, len(keys), clients_per_call)]
+
+
+def key_seed(keys: tf.Tensor) -> tf.Tensor:
+  """int64 seed words of client keys (a key, or a [G] vector of them):
+  unique per client and round, the same on the keyed and dataset paths
+  (`ClientInput.key`)."""
+  return tf.strings.to_hash_bucket_fast(keys, 2**62)
 
 
 def client_id_of_key(key: tf.Tensor) -> tf.Tensor:

@@ -20,6 +20,7 @@ from tff_kd import errors
 from tff_kd import models
 from tff_kd.core import distill_hparams
 from tff_kd.federated import client_data
+from tff_kd.federated import tff_types
 from tff_kd.methods import common
 from tff_kd.methods import registry
 from tff_kd.methods.dafkd import dafkd_tf
@@ -142,7 +143,7 @@ def _eager_joint_loss(data, state, key):
     v.assign(rows[client])
   batch = next(iter(data.dataset_fn(LOCAL)(tf.constant(key))))
   seeds = tf.random.experimental.stateless_split(
-      dafkd_tf.step_seed(dafkd_tf.key_seed(tf.constant(key)), 0), 3)
+      dafkd_tf.step_seed(tff_types.key_seed(tf.constant(key)), 0), 3)
   x_fake, _, _ = gan.generate(gen, tf.shape(batch['x'])[0], noise_dim=NOISE,
                               num_classes=NUM_CLASSES, seed=seeds[0],
                               training=True)

@@ -38,8 +38,9 @@ classifier, which is averaged), or the whole separate discriminator
 (trainable and BatchNorm statistics) in the "no sharing" ablation.
 
 Seeds are stateless: a client's step seeds come from its data key
-(`key_seed`), the pool's from (config seed, round) (`pool_seed`), so clients
-and server can draw the same pool (appendix B) and runs are reproducible.
+(`tff_kd.federated.tff_types.key_seed`), the pool's from (config seed,
+round) (`pool_seed`), so clients and server can draw the same pool
+(appendix B) and runs are reproducible.
 """
 
 import collections
@@ -58,14 +59,6 @@ from tff_kd.models import classifiers
 from tff_kd.models import generators
 
 ModelWeights = tff.learning.models.ModelWeights
-_HASH_BUCKETS = 2**62
-
-
-def key_seed(key: tf.Tensor) -> tf.Tensor:
-  """An int64 seed word from a client's data key (unique per client/round)."""
-  return tf.strings.to_hash_bucket_fast(key, _HASH_BUCKETS)
-
-
 def step_seed(base: tf.Tensor, step: tf.Tensor) -> tf.Tensor:
   """Shape-[2] stateless seed of local step `step` of a client round."""
   return tf.stack([tf.cast(base, tf.int64), tf.cast(step, tf.int64)])
@@ -294,7 +287,8 @@ def client_round(models: gan.GanModels,
     dataset: Batches `{'x', 'y'}`.
     optimizers: `gan.GanOptimizers` of eq. (9) and eq. (3).
     learning_rate: This round's joint learning rate.
-    seed: int64 seed word of this client round (`key_seed`).
+    seed: int64 seed word of this client round
+      (`tff_kd.federated.tff_types.key_seed`).
     settings: `gan.GanSettings`.
     private_pool: Appendix B: after training, draw the round's pool with the
       broadcast generator and compute `gan.private_teacher_terms` with the

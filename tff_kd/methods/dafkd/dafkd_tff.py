@@ -271,7 +271,7 @@ def build_client_work(
           private.temperature, private.correlation)
     r = dafkd_tf.client_round(
         spec.build(), weights, row, client.dataset, optimizers, lr,
-        dafkd_tf.key_seed(client.key), spec.settings,
+        tff_types.key_seed(client.key), spec.settings,
         private_pool=private_pool,
         negatives_pool=None if negatives_fn is None else negatives_fn())
     update = collections.OrderedDict(classifier=r.classifier_delta,

@@ -494,18 +494,21 @@ def fused_regularizer(heads_fn: Callable[[tf.Tensor], tf.Tensor],
   def draw(args):
     probs, seed, n = args
     d = _local_draws(seed, probs, n, hparams, latent)
-    eps_y = (tf.zeros([0, noise_dim]) if d.eps_y is None else d.eps_y)
-    return d.sampled, d.eps, tf.pad(eps_y, [[0, batch - tf.shape(eps_y)[0]],
-                                            [0, 0]])
+    if not latent:
+      return d.sampled, d.eps
+    return d.sampled, d.eps, tf.pad(
+        d.eps_y, [[0, batch - tf.shape(d.eps_y)[0]], [0, 0]])
 
-  sampled, eps, eps_y = tf.map_fn(
+  drawn = tf.map_fn(
       draw, (label_probs, seeds, tf.cast(count, tf.int32)),
-      fn_output_signature=(tf.int32, tf.float32, tf.float32))
+      fn_output_signature=(tf.int32, tf.float32) + (
+          (tf.float32,) if latent else ()))
+  sampled, eps = drawn[:2]
   gen_batch = hparams.local_gen_batch_size
   noise_in = [tf.reshape(eps, [-1, noise_dim])]
   labels_in = [tf.reshape(sampled, [-1])]
   if latent:
-    noise_in.append(tf.reshape(eps_y, [-1, noise_dim]))
+    noise_in.append(tf.reshape(drawn[2], [-1, noise_dim]))
     labels_in.append(tf.reshape(tf.cast(labels, tf.int32), [-1]))
   features = tf.stop_gradient(generator(
       [tf.concat(noise_in, 0), tf.concat(labels_in, 0)], training=False))
