@@ -7,6 +7,10 @@ of the process state (global weights; client-work, aggregator and finalizer
 state such as DaFKD's generator and per-client discriminator store, FedGen's
 and FedFTG's generators, their Adam state and round counters, heterogeneous
 FedD3A's per-client model store) and every logged per-round training loss.
+
+The straight run and the first two rounds share one prepared experiment
+(`experiment.run_experiment`; a build is most of a short run's cost); the
+resume builds its own, as a restarted run does.
 """
 
 import csv
@@ -35,13 +39,15 @@ def logged_losses(root: str) -> dict[int, list[float]]:
 
 @pytest.mark.parametrize('case', CASES)
 def test_two_plus_two_rounds_equal_four(tmp_path, case):
-  def config(rounds):
-    return helpers.smoke_config(case, rounds=rounds)
-
   straight, resumed = str(tmp_path / 'straight'), str(tmp_path / 'resumed')
-  experiment.run(config(4), straight, progress=False)
-  experiment.run(config(2), resumed, progress=False)
-  experiment.run(config(4), resumed, progress=False)
+  four = experiment.prepare(helpers.smoke_config(case, rounds=4), straight)
+  settings = four.settings
+  two = four._replace(settings=settings.replace(
+      run=settings.run.replace(rounds=2)))
+  experiment.run_experiment(four, straight, progress=False)
+  experiment.run_experiment(two, resumed, progress=False)
+  experiment.run(helpers.smoke_config(case, rounds=4), resumed,
+                 progress=False)
   # The saved states, read without building the process a fourth time.
   round_a, leaves_a = helpers.saved_leaves(straight)
   round_b, leaves_b = helpers.saved_leaves(resumed)

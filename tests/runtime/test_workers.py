@@ -54,19 +54,19 @@ def test_two_workers_give_the_one_worker_model(tmp_path, workers, method):
     experiment.with_overrides(config, {'distill.learning_rate': 1e-3,
                                        'distill.temperature': 1.0})
   addresses = [a for a, _ in workers]
-  roots = {}
+  roots = {name: str(tmp_path / name) for name in ('one', 'two', 'local')}
+  # One build runs in every runtime and reads every run's state: the
+  # process is the same computation wherever it runs (a build is most of a
+  # short run's cost).
+  exp = experiment.prepare(config, roots['one'])
   for name, group in (('one', addresses[:1]), ('two', addresses[1:])):
-    roots[name] = str(tmp_path / name)
     with tff.framework.get_context_stack().install(
         workers_lib.remote_context(group, timeout_s=30)):
-      experiment.run(config, roots[name], progress=False)
+      experiment.run_experiment(exp, roots[name], progress=False)
   checks = [('two', 1e-4 if method == 'fedavg' else 1e-3)]
   if method == 'fedavg':  # The local runtime once; it is the slow part.
-    roots['local'] = str(tmp_path / 'local')
-    experiment.run(config, roots['local'], progress=False)
+    experiment.run_experiment(exp, roots['local'], progress=False)
     checks.append(('local', 1e-6))
-  # One process reads every run's state (one build, not one per run).
-  exp = experiment.prepare(config, roots['one'])
   one = _global_weights(exp, roots['one'])
   # Two workers: partial sums grouped otherwise, and each worker's TF
   # kernels run in another process and thread layout (oneDNN reductions are

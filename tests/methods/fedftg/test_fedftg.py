@@ -21,7 +21,9 @@ from tests.methods import toy_kd
 from tff_kd import errors
 from tff_kd.core import distill_hparams
 from tff_kd.core import distillation
+from tff_kd.core import fused
 from tff_kd.core import links
+from tff_kd.core import local_training
 from tff_kd.federated import learning
 from tff_kd.federated import server_data as server_data_lib
 from tff_kd.methods import registry
@@ -29,6 +31,7 @@ from tff_kd.methods.fedftg import fedftg_tf
 from tff_kd.methods.fedftg import fedftg_tff
 from tff_kd.methods.fedftg import fedftg_tff as fedftg
 from tff_kd.methods.fedftg import hparams as fedftg_hparams
+from tff_kd.models import classifiers
 from tff_kd.models import generators
 from tff_kd.program import experiment
 
@@ -39,11 +42,12 @@ DISTILL_KW = dict(fedftg_hparams.DISTILL_DEFAULTS, batch_size=8,
                   temperature=2.0)
 
 
-def _build(data, server_data=None, **overrides):
+def _build(data, server_data=None, classifier_fn=toy_kd.classifier_fn,
+           **overrides):
   distill = {k: v for k, v in overrides.items() if k in DISTILL_KW}
   own = {k: v for k, v in overrides.items() if k not in DISTILL_KW}
   return fedftg.build_fedftg_process(
-      toy_kd.classifier_fn, data.element_spec,
+      classifier_fn, data.element_spec,
       clients_per_round=3,
       training=learning.Training(
           client_optimizer=tff.learning.optimizers.build_sgdm(toy_kd.LR),
@@ -410,3 +414,96 @@ def test_link_table_probs_ensemble_and_an_empty_slot_match_numpy():
 def test_labeled_images_of_another_shape_are_refused(tmp_path):
   link_checks.assert_labeled_images_of_another_shape_are_refused(
       _build, tmp_path)
+
+
+def _norm_classifier_fn():
+  """A toy classifier with BatchNorm (moving statistics per teacher)."""
+  seeds = classifiers.InitSeeds(5)
+  inputs = tf.keras.Input((2,))
+  x = tf.keras.layers.Dense(4, kernel_initializer=seeds('glorot'))(inputs)
+  x = tf.keras.layers.BatchNormalization()(x)
+  x = tf.keras.layers.ReLU()(x)
+  outputs = tf.keras.layers.Dense(
+      3, kernel_initializer=seeds('glorot'))(x)
+  return tf.keras.Model(inputs, outputs)
+
+
+def test_stacked_teachers_give_the_models_round():
+  """`teachers='stacked'` runs `_server_round` as the K Keras models do.
+
+  Three slots, the last empty: its uploaded non-trainable rows are NaN, so
+  a stacked row that read them instead of the global statistics (as the
+  per-model path does) would turn the masked logits into NaN. Each filled
+  teacher has its own weights and BatchNorm statistics; the labeled set
+  runs the link table's batched teacher pass (2 batches).
+  """
+  rng = np.random.default_rng(0)
+  structure = _norm_classifier_fn()
+  weights = local_training.model_weights(structure)
+  global_weights = ModelWeights(
+      [v.numpy() for v in weights.trainable],
+      [np.abs(v.numpy()) + 0.5 for v in weights.non_trainable])
+  filled = np.array([True, True, False])
+
+  def rows(values, empty):
+    out = []
+    for v in values:
+      d = (0.2 * rng.normal(size=(3,) + v.shape)).astype(np.float32)
+      d[2] = empty
+      out.append(d)
+    return out
+
+  deltas = ModelWeights(
+      rows(global_weights.trainable, 0.0),
+      # Whole statistics (not deltas): positive, the empty row NaN.
+      [np.abs(d) + 0.5 for d in rows(global_weights.non_trainable, np.nan)])
+  counts = np.array([[5.0, 1.0, 0.0], [0.0, 4.0, 6.0], [0.0, 0.0, 0.0]],
+                    np.float32)
+  uploads = fedftg_tff._Uploads(  # pylint: disable=protected-access
+      deltas, tf.constant(filled), tf.constant(counts))
+  labeled = (tf.constant(rng.normal(size=(300, 2)), tf.float32),
+             tf.constant(rng.integers(0, 3, size=300), tf.int32))
+  tuning = _tuning()._replace(iterations=2)
+  gen_weights = local_training.model_weights(_generator_fn())
+  gen_state = tuning.generator_optimizer.initialize(tuple(
+      tf.TensorSpec(v.shape, v.dtype) for v in gen_weights.trainable))
+  results = {}
+  for mode in ('models', 'stacked'):
+    teachers = (fused.StackedModel(_norm_classifier_fn()) if mode == 'stacked'
+                else [_norm_classifier_fn() for _ in range(3)])
+    results[mode] = tf.nest.map_structure(
+        np.asarray, fedftg_tff._server_round(  # pylint: disable=protected-access
+            fedftg_tf.FineTuneModels(_norm_classifier_fn(), teachers,
+                                     _generator_fn()),
+            global_weights, global_weights, uploads, gen_weights, gen_state,
+            tf.constant(0), tuning, labeled=labeled))
+  models, stacked = results['models'], results['stacked']
+  for part in (0, 1, 3):  # The result, the student, the link table.
+    for a, b in zip(tf.nest.flatten(models[part]),
+                    tf.nest.flatten(stacked[part])):
+      assert np.all(np.isfinite(b)), part
+      np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5, err_msg=part)
+  # The generator's biases that feed BatchNorm get rounding-noise gradients
+  # that Adam magnifies to steps of its learning rate's size (as in
+  # `test_server_fine_tuning_matches_eager_core`): loosely.
+  for a, b in zip(tf.nest.flatten(models[2]), tf.nest.flatten(stacked[2])):
+    np.testing.assert_allclose(b, a, rtol=1e-4, atol=2e-3)
+  table = models[3]
+  assert 0.0 <= table['teacher_labeled_accuracy'] <= 1.0
+  # The student moved: the comparison is of a real round.
+  assert max(np.abs(s - g).max() for s, g in zip(
+      models[1].trainable, global_weights.trainable)) > 1e-4
+
+
+def test_stacked_teachers_need_an_architecture_fused_clients_run(tmp_path):
+  def classifier_fn():
+    inputs = tf.keras.Input((2,))
+    x = tf.keras.layers.LayerNormalization()(inputs)
+    model = tf.keras.Model(inputs, tf.keras.layers.Dense(3)(x))
+    return classifiers.Classifier(model, model, model, 3)
+
+  data = toy_kd.make_data(str(tmp_path))
+  with pytest.raises(errors.ConfigError,
+                     match="fedftg teachers='stacked' runs the teachers as "
+                     'one stacked model: .*LayerNormalization'):
+    _build(data, classifier_fn=classifier_fn, teachers='stacked')

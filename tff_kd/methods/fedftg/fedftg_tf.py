@@ -45,9 +45,16 @@ from the FedAvg model, `iterations` times (reference: 10)
      class-level ensemble target D_T(x') at temperature T; 5 student steps
      (reference) on it through the shared `distillation.distill`, whose
      optimiser state carries on across the iterations.
+
+The K teachers are either K built Keras models, each called in turn, or
+one `StackedTeachers`: their weights stacked [K, ...] and run as one
+stacked model (`tff_kd.core.fused.StackedModel`, grouped convolutions and
+batched matmuls) in inference mode. Both give the same logits up to float
+round-off; the stacked form builds one model instead of K and a graph whose
+size does not grow with K.
 """
 
-from typing import NamedTuple, Sequence
+from typing import NamedTuple, Sequence, Union
 
 import numpy as np
 import tensorflow as tf
@@ -57,6 +64,8 @@ from tff_kd import errors
 from tff_kd.core import data_free
 from tff_kd.core import distill_hparams
 from tff_kd.core import distillation
+from tff_kd.core import fused
+from tff_kd.core import loops
 from tff_kd.methods.fedftg import hparams as hparams_lib
 from tff_kd.models import generators
 
@@ -228,9 +237,51 @@ class FineTuneResult(NamedTuple):
   agreement_after: tf.Tensor | float = -1.0
 
 
-def _ensemble_logits(teachers: Sequence[tf.keras.Model], x: tf.Tensor,
+class StackedTeachers(NamedTuple):
+  """K teachers of one architecture as one stacked model.
+
+  Attributes:
+    model: `fused.StackedModel` of the architecture (its Keras variables
+      are only keys; they are never assigned).
+    trainable: The K teachers' trainable weights, [K, ...] each, in Keras
+      order.
+    non_trainable: Their non-trainable weights (BatchNorm's moving
+      statistics), [K, ...] each.
+  """
+
+  model: fused.StackedModel
+  trainable: Sequence[tf.Tensor]
+  non_trainable: Sequence[tf.Tensor]
+
+  @property
+  def num_teachers(self) -> int:
+    return int(self.trainable[0].shape[0])
+
+  def logits(self, x: tf.Tensor) -> tf.Tensor:
+    """[K, B, C] inference-mode logits of every teacher on the batch x."""
+    k = self.num_teachers
+    xs = tf.broadcast_to(x[tf.newaxis], tf.concat([[k], tf.shape(x)], 0))
+    outputs, _ = self.model(self.trainable, self.non_trainable, xs,
+                            tf.ones(tf.stack([k, tf.shape(x)[0]])),
+                            training=False)
+    return tf.cast(outputs, tf.float32)
+
+
+Teachers = Union[Sequence[tf.keras.Model], StackedTeachers]
+
+
+def num_teachers(teachers: Teachers) -> int:
+  """K, of built models or of `StackedTeachers`."""
+  if isinstance(teachers, StackedTeachers):
+    return teachers.num_teachers
+  return len(teachers)
+
+
+def _ensemble_logits(teachers: Teachers, x: tf.Tensor,
                      teacher_mask: tf.Tensor | None) -> tf.Tensor:
   """[K, B, C] inference-mode logits; rows of masked-out teachers are 0."""
+  if isinstance(teachers, StackedTeachers):
+    return _masked(teachers.logits(x), teacher_mask)
   return _masked(tf.stack([tf.cast(t(x, training=False), tf.float32)
                            for t in teachers]), teacher_mask)
 
@@ -242,7 +293,7 @@ def _masked(logits: tf.Tensor, teacher_mask: tf.Tensor | None) -> tf.Tensor:
   return logits * tf.reshape(tf.cast(teacher_mask, tf.float32), [-1, 1, 1])
 
 
-def teacher_logits(teachers: Sequence[tf.keras.Model], x: tf.Tensor,
+def teacher_logits(teachers: Teachers, x: tf.Tensor,
                    teacher_mask: tf.Tensor | None = None,
                    batch_size: int = 256) -> tf.Tensor:
   """[K, N, C] inference-mode logits on `x` in batches, masked rows 0.
@@ -251,14 +302,20 @@ def teacher_logits(teachers: Sequence[tf.keras.Model], x: tf.Tensor,
   any size (the server's labeled images, `fedftg_tff.link_table`).
 
   Args:
-    teachers: K built Keras classifiers.
+    teachers: K built Keras classifiers, or `StackedTeachers`.
     x: Inputs [N, ...].
     teacher_mask: Optional [K] bool/0-1, teachers taking part; the rows of
       the others are 0.
     batch_size: Examples per forward pass.
   """
-  return _masked(distillation.teacher_logits(list(teachers), x, batch_size),
-                 teacher_mask)
+  if isinstance(teachers, StackedTeachers):
+    # [N, K, C] batch by batch, then teacher-major.
+    logits = tf.transpose(loops.map_batches(
+        lambda b: tf.transpose(teachers.logits(b), [1, 0, 2]), x,
+        batch_size), [1, 0, 2])
+  else:
+    logits = distillation.teacher_logits(list(teachers), x, batch_size)
+  return _masked(logits, teacher_mask)
 
 
 class FineTuneSettings(NamedTuple):
@@ -295,13 +352,13 @@ class FineTuneModels(NamedTuple):
 
   Attributes:
     student: The FedAvg model (classifier, logits).
-    teachers: K client models.
+    teachers: K client models, or `StackedTeachers`.
     generator: Conditional generator `[noise, labels] -> images` of the
       student's input shape (trained in training mode).
   """
 
   student: tf.keras.Model
-  teachers: Sequence[tf.keras.Model]
+  teachers: Teachers
   generator: tf.keras.Model
 
 
@@ -361,7 +418,7 @@ def fine_tune(models: FineTuneModels,
     raise errors.ConfigError(
         'fedftg distills each generated batch for a fixed number of steps; '
         f'val_fraction must be 0, got {distill_config.val_fraction}')
-  if not models.teachers:
+  if not num_teachers(models.teachers):
     raise errors.ConfigError('fedftg needs at least one teacher model')
   if mask not in MASKS:
     raise errors.ConfigError(
@@ -372,7 +429,8 @@ def fine_tune(models: FineTuneModels,
   if student_learning_rate is not None:
     student_learning_rate = tf.cast(student_learning_rate, tf.float32)
   return _fine_tune(
-      models._replace(teachers=tuple(models.teachers)),
+      models._replace(teachers=models.teachers if isinstance(
+          models.teachers, StackedTeachers) else tuple(models.teachers)),
       tf.cast(label_counts, tf.float32), optimizers, states,
       settings._replace(transfer_weight=float(settings.transfer_weight),
                         diversity_weight=float(settings.diversity_weight)),
@@ -405,7 +463,7 @@ def _fine_tune(models, counts, optimizers, states, settings, seed,
 
   if generator_steps is None:
     # One step per teacher of the round (the reference code's loop).
-    generator_steps = (len(teachers) if teacher_mask is None else
+    generator_steps = (num_teachers(teachers) if teacher_mask is None else
                        tf.reduce_sum(tf.cast(tf.cast(teacher_mask, tf.bool),
                                              tf.int32)))
   generator_steps = tf.maximum(tf.cast(generator_steps, tf.int32), 1)

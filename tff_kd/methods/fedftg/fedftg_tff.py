@@ -42,6 +42,7 @@ from tff_kd import errors
 from tff_kd.core import diagnostics as core_diagnostics
 from tff_kd.core import distill_hparams
 from tff_kd.core import distillation as distillation_lib
+from tff_kd.core import fused
 from tff_kd.core import links
 from tff_kd.core import local_training
 from tff_kd.core import stacking as stacking_tf
@@ -78,6 +79,9 @@ class FineTuning(NamedTuple):
     lr_decay: Per-round factor of both learning rates (reference 0.998).
     seed: Seed of the generated labels and noise (with the round number).
     generator_steps: Generator steps per iteration (0: one per teacher).
+    teachers: 'models' (one Keras model per teacher slot) | 'stacked' (the
+      slots' weights stacked and run as one model,
+      `fedftg_tf.StackedTeachers`).
   """
 
   generator_fn: Callable[[], tf.keras.Model]
@@ -94,6 +98,7 @@ class FineTuning(NamedTuple):
   lr_decay: float
   seed: int
   generator_steps: int = 0
+  teachers: str = 'models'
 
   @property
   def settings(self) -> fedftg_tf.FineTuneSettings:
@@ -177,10 +182,13 @@ def build_fine_tune_finalizer(
     server_state, start = stacking_tf.server_update(
         server_optimizer, state['server'], g, deltas,
         stacking_tf.example_weights(stack.weights, filled))
+    if tuning.teachers == 'stacked':
+      teachers = fused.StackedModel(model_fn())
+    else:
+      teachers = [model_fn() for _ in range(num_slots)]
     result, student, generator, table = _server_round(
-        fedftg_tf.FineTuneModels(
-            model_fn(), [model_fn() for _ in range(num_slots)],
-            tuning.generator_fn()),
+        fedftg_tf.FineTuneModels(model_fn(), teachers,
+                                 tuning.generator_fn()),
         start, g, _Uploads(deltas, filled, stack.values['label_counts']),
         state['generator'], state['generator_optimizer'], state['round'],
         tuning,
@@ -272,7 +280,9 @@ def _server_round(models: fedftg_tf.FineTuneModels,
   `models` are built and overwritten: the student starts from `start` (the
   FedAvg average), teacher k is `global_weights` plus delta k, and the
   generator gets `generator_weights` (`generator_state` is its optimiser's
-  state). With `labeled` (images, labels), the link table (`link_table`)
+  state). `models.teachers` is a list of K Keras models, or one
+  `fused.StackedModel` whose K rows are made here
+  (`fedftg_tf.StackedTeachers`). With `labeled` (images, labels), the link table (`link_table`)
   is measured after the student's and the generator's weights are
   snapshotted (the hook overwrites the student), so the round's result is
   the same with it and without it; without, the table is empty.
@@ -283,12 +293,25 @@ def _server_round(models: fedftg_tf.FineTuneModels,
   tf.nest.map_structure(assign, local_training.model_weights(student), start)
   tf.nest.map_structure(assign, local_training.model_weights(generator),
                         generator_weights)
-  for k, teacher in enumerate(teachers):
+  # Teacher k: the global trainable weights plus delta k; an empty slot
+  # keeps the global statistics (finite logits, masked out).
+  if isinstance(teachers, fused.StackedModel):
+    def rows(g, d):
+      return tf.where(tf.reshape(filled, [-1] + [1] * g.shape.rank), d,
+                      g[tf.newaxis])
+    teachers = fedftg_tf.StackedTeachers(
+        teachers,
+        [g[tf.newaxis] + d for g, d in zip(global_weights.trainable,
+                                           deltas.trainable)],
+        [rows(g, d) for g, d in zip(global_weights.non_trainable,
+                                    deltas.non_trainable)])
+    models = models._replace(teachers=teachers)
+  for k, teacher in enumerate(
+      [] if isinstance(teachers, fedftg_tf.StackedTeachers) else teachers):
     variables = local_training.model_weights(teacher)
     for v, g, d in zip(variables.trainable, global_weights.trainable,
                        deltas.trainable):
       v.assign(g + d[k])
-    # An empty slot keeps the global statistics (finite logits, masked out).
     for v, g, d in zip(variables.non_trainable,
                        global_weights.non_trainable, deltas.non_trainable):
       v.assign(tf.where(filled[k], d[k], g))
@@ -433,6 +456,9 @@ def build_fedftg_process(
       temperature=d.temperature, eval_every=h.student_steps, seed=seed,
       student_training=d.student_training, kl_reduction=d.kl_reduction)
   model = local_training.structure_of(classifier_fn).model
+  if h.teachers == 'stacked' and fused.unsupported(model):
+    fail(f"teachers='stacked' runs the teachers as one stacked model: "
+         f"{fused.unsupported(model)}; use teachers='models'")
   image_shape = tuple(model.input_shape[1:])
   num_classes = int(model.output_shape[-1])
 
@@ -460,7 +486,7 @@ def build_fedftg_process(
           transfer_weight=h.transfer_weight,
           diversity_weight=h.diversity_weight, mask=h.mask,
           ensemble=h.ensemble, lr_decay=d.lr_decay, seed=seed,
-          generator_steps=h.generator_steps),
+          generator_steps=h.generator_steps, teachers=h.teachers),
       server_data=server_data)
   initial = learning.build_initial_weights_fn(model_fn)
   return composer.compose_learning_process(

@@ -19,6 +19,8 @@ from tff_kd.models import names as model_names
 # `fedftg_tf.hard_sample_generator_loss`): 'agree' (those the student still
 # agrees on) | 'none' (all).
 MASKS = ('agree', 'none')
+# How the server holds the round's teachers (`FedFTGHparams.teachers`).
+TEACHERS = ('models', 'stacked')
 
 
 # The presets of `fedftg.variant` (docs/variants.md).
@@ -74,6 +76,15 @@ class FedFTGHparams(hp.Hparams):
     ensemble: Class-level ensemble of 'logits' | 'probs'.
     generator_steps: Generator steps per iteration (0: one per teacher,
       the reference's).
+    teachers: How the server holds the round's K client models: 'models'
+      (one Keras model per client slot, each called in turn) | 'stacked'
+      (their weights stacked [K, ...] and run as one model of grouped
+      convolutions and batched matmuls, `fedftg_tf.StackedTeachers`; the
+      same logits up to float round-off, so another draw of the same
+      rounds). 'stacked' builds one model, not K, and its graph does not
+      grow with K (start-up, memory and round times at K = 10 to 100:
+      studies/scale/README.md, "FedFTG's teachers"); it needs an
+      architecture that fused clients run (`runtime.client_execution`).
   """
 
   SECTION: ClassVar[str] = 'fedftg'
@@ -100,6 +111,7 @@ class FedFTGHparams(hp.Hparams):
   mask: str = hp.field('agree', hp.one_of(*MASKS))
   ensemble: str = hp.field('logits', hp.one_of('logits', 'probs'))
   generator_steps: int = hp.field(0, hp.non_negative_int)
+  teachers: str = hp.field('models', hp.one_of(*TEACHERS))
 
 
 # FedFTG's recipe of the shared `distill` keys it reads: the reference's
