@@ -36,6 +36,13 @@ layer without weights and without randomness (activations, pooling,
 flattening, reshaping, merging, padding; such a layer is called on the G
 clients' batches merged into one, so it must treat axis 0 as the batch, as
 every Keras layer does). `unsupported` names the first layer it cannot run.
+
+`StackedModel.infer_shared` is the inference-mode forward pass of the G
+models on one batch that all of them read (a server's teachers on one
+generated batch, `tff_kd.methods.fedftg.fedftg_tf.StackedTeachers`): the
+batch is not copied G times, and convolutional feature maps stay in one
+[B, ..., G*C] tensor (`_Merged`) from one grouped convolution to the next.
+It is differentiable with respect to the batch.
 """
 
 import collections
@@ -123,13 +130,14 @@ class _Run:
   """One call of `StackedModel`: the stacked weights, read and updated."""
 
   def __init__(self, index: dict, trainable: Sequence[tf.Tensor],
-               non_trainable: Sequence[tf.Tensor], mask: tf.Tensor,
-               training: bool):
+               non_trainable: Sequence[tf.Tensor], mask: Optional[tf.Tensor],
+               training: bool, num_clients: Optional[int] = None):
     self.index = index
     self.values = {'t': list(trainable), 'n': list(non_trainable)}
     self.mask = mask
     self.training = training
-    self.num_clients = int(mask.shape[0])
+    self.num_clients = (int(mask.shape[0]) if num_clients is None else
+                        num_clients)
 
   def read(self, variable: tf.Variable) -> tf.Tensor:
     kind, i = self.index[variable.ref()]
@@ -267,6 +275,28 @@ def _merged_call(layer: tf.keras.layers.Layer, args: list, kwargs: dict,
   return tf.nest.map_structure(split, outputs)
 
 
+def _walk(model: tf.keras.Model, x, call_layer: Callable):
+  """Keras' own walk of a functional model's nodes
+  (`Functional._run_internal_graph`), each layer call replaced by
+  `call_layer(layer, args, kwargs)`."""
+  usage = model._tensor_usage_count  # pylint: disable=protected-access
+  tensors = {}
+  x_id = str(id(model.inputs[0]))
+  tensors[x_id] = [x] * usage[x_id]
+  nodes_by_depth = model._nodes_by_depth  # pylint: disable=protected-access
+  for depth in sorted(nodes_by_depth, reverse=True):
+    for node in nodes_by_depth[depth]:
+      if node.is_input or any(t not in tensors for t in node.flat_input_ids):
+        continue
+      args, kwargs = node.map_arguments(tensors)
+      outputs = call_layer(node.layer, args, kwargs)
+      for out_id, y in zip(node.flat_output_ids, tf.nest.flatten(outputs)):
+        tensors[out_id] = [y] * usage[out_id]
+  outputs = [tensors[str(id(t))].pop() for t in model.outputs]
+  return tf.nest.pack_sequence_as(
+      model._nested_outputs, outputs)  # pylint: disable=protected-access
+
+
 class StackedModel:
   """A functional Keras model run on G clients at once, each its own weights.
 
@@ -316,27 +346,9 @@ class StackedModel:
 
   def _run_model(self, model: tf.keras.Model, x: tf.Tensor,
                  run: _Run) -> tf.Tensor:
-    # Keras' own walk of a functional model's nodes
-    # (`Functional._run_internal_graph`), each layer call replaced by its
-    # stacked form.
-    usage = model._tensor_usage_count  # pylint: disable=protected-access
-    tensors = {}
-    x_id = str(id(model.inputs[0]))
-    tensors[x_id] = [x] * usage[x_id]
-    nodes_by_depth = model._nodes_by_depth  # pylint: disable=protected-access
-    for depth in sorted(nodes_by_depth, reverse=True):
-      for node in nodes_by_depth[depth]:
-        if node.is_input or any(t not in tensors
-                                for t in node.flat_input_ids):
-          continue
-        args, kwargs = node.map_arguments(tensors)
-        outputs = self._call_layer(node.layer, args, kwargs, run)
-        for out_id, y in zip(node.flat_output_ids,
-                             tf.nest.flatten(outputs)):
-          tensors[out_id] = [y] * usage[out_id]
-    outputs = [tensors[str(id(t))].pop() for t in model.outputs]
-    return tf.nest.pack_sequence_as(
-        model._nested_outputs, outputs)  # pylint: disable=protected-access
+    return _walk(model, x,
+                 lambda layer, args, kwargs: self._call_layer(
+                     layer, args, kwargs, run))
 
   def _call_layer(self, layer: tf.keras.layers.Layer, args: list,
                   kwargs: dict, run: _Run):
@@ -353,6 +365,261 @@ class StackedModel:
     if getattr(layer, '_expects_training_arg', False):
       kwargs['training'] = training
     return _merged_call(layer, args, kwargs, run.num_clients)
+
+  def infer_shared(self, trainable: Sequence[tf.Tensor],
+                   non_trainable: Sequence[tf.Tensor],
+                   x: tf.Tensor) -> tf.Tensor:
+    """The G models, in inference mode, on one batch that all of them read.
+
+    Computes what `__call__(trainable, non_trainable, x_g, mask,
+    training=False)` computes with `x_g` = `x` for every g (each model
+    with its own weights and BatchNorm moving statistics), up to float
+    round-off, in fewer operations:
+
+    * a tensor every model sees alike (`_Shared`: the input, and any
+      weightless layer's output on it) is kept once, [B, ...];
+    * a convolution on it is one ordinary convolution with the G kernels
+      side by side, [kh, kw, C, G*O]; on the G models' feature maps, one
+      grouped convolution; both give a `_Merged` [B, ..., G*O] tensor
+      (model g's channels g*O to (g+1)*O - 1), which BatchNorm and
+      GroupNorm (per-channel weights), elementwise activations, pooling,
+      padding and elementwise merging layers take as it is (BatchNorm with
+      Keras' own kernel, `fused_batch_norm`, where Keras uses it);
+    * every other layer gets the usual [G, B, ...] tensor.
+
+    Args:
+      trainable: Stacked trainable weights, [G, ...] each, in Keras order.
+      non_trainable: Stacked non-trainable weights.
+      x: The batch, [B, ...].
+
+    Returns:
+      The outputs, [G, B, ...] (a nest as the model's outputs).
+    """
+    weights = list(trainable) + list(non_trainable)
+    if not weights:
+      raise ValueError('infer_shared needs at least one weight to stack')
+    run = _Run(self._index, trainable, non_trainable, None, False,
+               num_clients=int(weights[0].shape[0]))
+    outputs = self._infer_model(self.model, _Shared(x), run)
+    return tf.nest.map_structure(lambda t: _stacked(t, run.num_clients),
+                                 outputs)
+
+  def _infer_model(self, model: tf.keras.Model, x, run: _Run):
+    # The values are tensors (stacked) or `_Shared` / `_Merged` ones.
+    return _walk(model, x,
+                 lambda layer, args, kwargs: self._infer_layer(
+                     layer, args, kwargs, run))
+
+  def _infer_layer(self, layer: tf.keras.layers.Layer, args: list,
+                   kwargs: dict, run: _Run):
+    kwargs = dict(kwargs)
+    kwargs.pop('training', None)
+    g = run.num_clients
+    if _is_graph_model(layer):
+      return self._infer_model(layer, args[0], run)
+    kind = type(layer)
+    if kind in _WEIGHTED:
+      x = args[0]
+      if kind is tf.keras.layers.Conv2D:
+        return _infer_conv2d(layer, x, run)
+      if kind is tf.keras.layers.Dense and isinstance(x, _Shared):
+        return _infer_dense_shared(layer, x.value, run)
+      if kind is not tf.keras.layers.Dense:  # BatchNorm, GroupNorm
+        return _infer_norm(layer, _merged(x, g), run)
+      return _dense(layer, _stacked(x, g), run, False)
+    flat = tf.nest.flatten((args, kwargs))
+    inputs = [t for t in flat if _is_value(t)]
+    if all(isinstance(t, _Shared) for t in inputs):
+      layout, convert = _Shared, lambda t: t.value
+    elif (_channelwise(layer) and
+          any(isinstance(t, _Merged) for t in inputs) and
+          all(_model_rank(t) >= 2 for t in inputs)):
+      layout, convert = _Merged, lambda t: _merged(t, g).value
+    else:
+      layout, convert = None, lambda t: _stacked(t, g)
+    args, kwargs = tf.nest.pack_sequence_as(
+        (args, kwargs), [convert(t) if _is_value(t) else t for t in flat])
+    if getattr(layer, '_expects_training_arg', False):
+      kwargs['training'] = False
+    if layout is None:
+      return _merged_call(layer, args, kwargs, g)
+    return tf.nest.map_structure(layout, layer(*args, **kwargs))
+
+
+class _Shared:
+  """`infer_shared`: one tensor [B, ...] that every model sees alike."""
+
+  __slots__ = ('value',)
+
+  def __init__(self, value: tf.Tensor):
+    self.value = value
+
+
+class _Merged:
+  """`infer_shared`: G models' tensors as one [B, ..., G*C], model-major."""
+
+  __slots__ = ('value',)
+
+  def __init__(self, value: tf.Tensor):
+    self.value = value
+
+
+_LAYOUTS = (_Shared, _Merged)
+
+
+def _is_value(t) -> bool:
+  """Whether a layer argument is a model tensor, in any layout."""
+  return isinstance(t, _LAYOUTS) or tf.is_tensor(t)
+
+
+def _model_rank(t) -> int:
+  """One model's rank of a value in any layout (with the batch axis)."""
+  if isinstance(t, _LAYOUTS):
+    return t.value.shape.rank
+  return t.shape.rank - 1
+
+
+def _stacked(t, num_clients: int) -> tf.Tensor:
+  """Any layout as the usual stacked [G, B, ..., C]."""
+  if isinstance(t, _Shared):
+    v = t.value
+    return tf.tile(v[tf.newaxis], [num_clients] + [1] * v.shape.rank)
+  if isinstance(t, _Merged):
+    v = t.value
+    shape = tf.shape(v)
+    channels = v.shape[-1] // num_clients
+    # A 3-D transpose, [B*..., G, C] -> [G, B*..., C].
+    v = tf.transpose(tf.reshape(v, [-1, num_clients, channels]), [1, 0, 2])
+    return tf.reshape(v, tf.concat([[num_clients], shape[:-1], [channels]],
+                                   0))
+  return t
+
+
+def _merged(t, num_clients: int) -> _Merged:
+  """Any layout as `_Merged` [B, ..., G*C]."""
+  if isinstance(t, _Merged):
+    return t
+  if isinstance(t, _Shared):
+    v = t.value
+    return _Merged(tf.tile(v, [1] * (v.shape.rank - 1) + [num_clients]))
+  shape = tf.shape(t)  # [G, B, ..., C]
+  channels = t.shape[-1]
+  # A 3-D transpose, [G, B*..., C] -> [B*..., G, C].
+  v = tf.transpose(tf.reshape(t, [num_clients, -1, channels]), [1, 0, 2])
+  return _Merged(tf.reshape(v, tf.concat(
+      [shape[1:-1], [num_clients * channels]], 0)))
+
+
+def _flat(value: tf.Tensor) -> tf.Tensor:
+  """A stacked [G, C] per-channel weight as [G*C] (model-major)."""
+  return tf.reshape(value, [-1])
+
+
+def _softmax_like(activation) -> bool:
+  return getattr(activation, '__name__', '') in ('softmax', 'log_softmax')
+
+
+def _infer_conv2d(layer: tf.keras.layers.Conv2D, x, run: _Run):
+  """One convolution of the G kernels side by side, to `_Merged`.
+
+  On a `_Shared` input an ordinary convolution [kh, kw, C, G*O]; on the
+  models' own feature maps the grouped one (G groups of C channels).
+  """
+  g = run.num_clients
+  kernel = run.read(layer.kernel)  # [G, kh, kw, C, O]
+  _, kh, kw, c, o = kernel.shape
+  kernel = tf.reshape(tf.transpose(kernel, [1, 2, 3, 0, 4]),
+                      [kh, kw, c, g * o])
+  value = x.value if isinstance(x, _Shared) else _merged(x, g).value
+  y = tf.nn.conv2d(value, kernel, strides=layer.strides,
+                   padding=layer.padding.upper(),
+                   dilations=layer.dilation_rate)
+  if layer.use_bias:
+    y = tf.nn.bias_add(y, _flat(run.read(layer.bias)))
+  if _softmax_like(layer.activation):
+    return layer.activation(_stacked(_Merged(y), g))
+  return _Merged(layer.activation(y))
+
+
+def _infer_dense_shared(layer: tf.keras.layers.Dense, x: tf.Tensor,
+                        run: _Run) -> tf.Tensor:
+  """A dense layer on a `_Shared` [B, ..., I]: one matmul, [I, G*O]."""
+  g = run.num_clients
+  kernel = run.read(layer.kernel)  # [G, I, O]
+  _, i, o = kernel.shape
+  shape = tf.shape(x)
+  y = tf.matmul(tf.reshape(x, [-1, i]),
+                tf.reshape(tf.transpose(kernel, [1, 0, 2]), [i, g * o]))
+  if layer.use_bias:
+    y = tf.nn.bias_add(y, _flat(run.read(layer.bias)))
+  y = tf.transpose(tf.reshape(y, [-1, g, o]), [1, 0, 2])
+  y = tf.reshape(y, tf.concat([[g], shape[:-1], [o]], 0))
+  return layer.activation(y)
+
+
+def _infer_norm(layer: tf.keras.layers.Layer, x: _Merged,
+                run: _Run) -> _Merged:
+  """Inference BatchNorm or GroupNorm on `_Merged` [B, ..., G*C]."""
+  v = x.value
+  channels = v.shape[-1]
+  ones = tf.ones([channels], v.dtype)
+  gamma = _flat(run.read(layer.gamma)) if layer.scale else ones
+  beta = _flat(run.read(layer.beta)) if layer.center else 0.0 * ones
+  if isinstance(layer, tf.keras.layers.BatchNormalization):
+    mean = _flat(run.read(layer.moving_mean))
+    variance = _flat(run.read(layer.moving_variance))
+    if layer.fused and v.shape.rank == 4:
+      # Keras' own inference kernel for 4-D inputs.
+      y, _, _ = tf.compat.v1.nn.fused_batch_norm(
+          v, gamma, beta, mean=mean, variance=variance,
+          epsilon=layer.epsilon, is_training=False)
+      return _Merged(y)
+    return _Merged(tf.nn.batch_normalization(v, mean, variance, beta, gamma,
+                                             layer.epsilon))
+  # GroupNorm: statistics per example and (model, group) over the other
+  # axes, as Keras' (tf.nn.moments, then tf.nn.batch_normalization).
+  rank = v.shape.rank
+  shape = tf.shape(v)
+  grouped = tf.reshape(v, tf.concat(
+      [shape[:-1], [run.num_clients * layer.groups,
+                    channels // (run.num_clients * layer.groups)]], 0))
+  axes = list(range(1, rank - 1)) + [rank]
+  mean, variance = tf.nn.moments(grouped, axes, keepdims=True)
+  y = tf.reshape((grouped - mean) * tf.math.rsqrt(variance + layer.epsilon),
+                 shape)
+  return _Merged(y * gamma + beta)
+
+
+# Weightless layers that act on each channel alone (or elementwise on
+# several inputs of the same shape), so a `_Merged` tensor goes through
+# them as it is (channels_last only).
+_CHANNELWISE = (
+    tf.keras.layers.ReLU, tf.keras.layers.LeakyReLU, tf.keras.layers.ELU,
+    tf.keras.layers.ThresholdedReLU, tf.keras.layers.MaxPooling1D,
+    tf.keras.layers.MaxPooling2D, tf.keras.layers.MaxPooling3D,
+    tf.keras.layers.AveragePooling1D, tf.keras.layers.AveragePooling2D,
+    tf.keras.layers.AveragePooling3D, tf.keras.layers.GlobalAveragePooling1D,
+    tf.keras.layers.GlobalAveragePooling2D,
+    tf.keras.layers.GlobalAveragePooling3D,
+    tf.keras.layers.GlobalMaxPooling1D, tf.keras.layers.GlobalMaxPooling2D,
+    tf.keras.layers.GlobalMaxPooling3D, tf.keras.layers.ZeroPadding1D,
+    tf.keras.layers.ZeroPadding2D, tf.keras.layers.ZeroPadding3D,
+    tf.keras.layers.Cropping1D, tf.keras.layers.Cropping2D,
+    tf.keras.layers.Cropping3D, tf.keras.layers.UpSampling1D,
+    tf.keras.layers.UpSampling2D, tf.keras.layers.UpSampling3D,
+    tf.keras.layers.Add, tf.keras.layers.Subtract,
+    tf.keras.layers.Multiply, tf.keras.layers.Average,
+    tf.keras.layers.Maximum, tf.keras.layers.Minimum)
+
+
+def _channelwise(layer: tf.keras.layers.Layer) -> bool:
+  """Whether `layer` may run on `_Merged` tensors (`_CHANNELWISE`)."""
+  kind = type(layer)
+  if kind not in _CHANNELWISE and not (
+      kind is tf.keras.layers.Activation and
+      not _softmax_like(layer.activation)):
+    return False
+  return getattr(layer, 'data_format', 'channels_last') == 'channels_last'
 
 
 class Schedule(NamedTuple):

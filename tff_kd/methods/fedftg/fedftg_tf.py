@@ -258,13 +258,12 @@ class StackedTeachers(NamedTuple):
     return int(self.trainable[0].shape[0])
 
   def logits(self, x: tf.Tensor) -> tf.Tensor:
-    """[K, B, C] inference-mode logits of every teacher on the batch x."""
-    k = self.num_teachers
-    xs = tf.broadcast_to(x[tf.newaxis], tf.concat([[k], tf.shape(x)], 0))
-    outputs, _ = self.model(self.trainable, self.non_trainable, xs,
-                            tf.ones(tf.stack([k, tf.shape(x)[0]])),
-                            training=False)
-    return tf.cast(outputs, tf.float32)
+    """[K, B, C] inference-mode logits of every teacher on the batch x
+    (`fused.StackedModel.infer_shared`: x is read once, not copied K
+    times)."""
+    return tf.cast(self.model.infer_shared(self.trainable,
+                                           self.non_trainable, x),
+                   tf.float32)
 
 
 Teachers = Union[Sequence[tf.keras.Model], StackedTeachers]
