@@ -282,8 +282,8 @@ def _server_round(models: fedftg_tf.FineTuneModels,
   generator gets `generator_weights` (`generator_state` is its optimiser's
   state). `models.teachers` is a list of K Keras models, or one
   `fused.StackedModel` whose K rows are made here
-  (`fedftg_tf.StackedTeachers`). With `labeled` (images, labels), the link table (`link_table`)
-  is measured after the student's and the generator's weights are
+  (`fedftg_tf.StackedTeachers`). With `labeled` (images, labels), the link
+  table (`link_table`) is measured after the student's and the generator's weights are
   snapshotted (the hook overwrites the student), so the round's result is
   the same with it and without it; without, the table is empty.
   """
@@ -295,26 +295,24 @@ def _server_round(models: fedftg_tf.FineTuneModels,
                         generator_weights)
   # Teacher k: the global trainable weights plus delta k; an empty slot
   # keeps the global statistics (finite logits, masked out).
+  def statistics(g, d):
+    return tf.where(tf.reshape(filled, [-1] + [1] * g.shape.rank), d,
+                    g[tf.newaxis])
+
+  rows = tff.learning.models.ModelWeights(
+      [g[tf.newaxis] + d for g, d in zip(global_weights.trainable,
+                                         deltas.trainable)],
+      [statistics(g, d) for g, d in zip(global_weights.non_trainable,
+                                        deltas.non_trainable)])
   if isinstance(teachers, fused.StackedModel):
-    def rows(g, d):
-      return tf.where(tf.reshape(filled, [-1] + [1] * g.shape.rank), d,
-                      g[tf.newaxis])
-    teachers = fedftg_tf.StackedTeachers(
-        teachers,
-        [g[tf.newaxis] + d for g, d in zip(global_weights.trainable,
-                                           deltas.trainable)],
-        [rows(g, d) for g, d in zip(global_weights.non_trainable,
-                                    deltas.non_trainable)])
+    teachers = fedftg_tf.StackedTeachers(teachers, rows.trainable,
+                                         rows.non_trainable)
     models = models._replace(teachers=teachers)
-  for k, teacher in enumerate(
-      [] if isinstance(teachers, fedftg_tf.StackedTeachers) else teachers):
-    variables = local_training.model_weights(teacher)
-    for v, g, d in zip(variables.trainable, global_weights.trainable,
-                       deltas.trainable):
-      v.assign(g + d[k])
-    for v, g, d in zip(variables.non_trainable,
-                       global_weights.non_trainable, deltas.non_trainable):
-      v.assign(tf.where(filled[k], d[k], g))
+  else:
+    for k, teacher in enumerate(teachers):
+      for v, row in zip(tf.nest.flatten(local_training.model_weights(teacher)),
+                        tf.nest.flatten(rows)):
+        v.assign(row[k])
   result = round_fine_tune(student, teachers, uploads.label_counts,
                            generator, generator_state, round_num, tuning,
                            teacher_mask=filled)
@@ -456,9 +454,10 @@ def build_fedftg_process(
       temperature=d.temperature, eval_every=h.student_steps, seed=seed,
       student_training=d.student_training, kl_reduction=d.kl_reduction)
   model = local_training.structure_of(classifier_fn).model
-  if h.teachers == 'stacked' and fused.unsupported(model):
+  unsupported = h.teachers == 'stacked' and fused.unsupported(model)
+  if unsupported:
     fail(f"teachers='stacked' runs the teachers as one stacked model: "
-         f"{fused.unsupported(model)}; use teachers='models'")
+         f"{unsupported}; use teachers='models'")
   image_shape = tuple(model.input_shape[1:])
   num_classes = int(model.output_shape[-1])
 
