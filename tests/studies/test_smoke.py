@@ -146,3 +146,16 @@ def test_import_cost(tmp_path):
   text = (tmp_path / 'imports.md').read_text()
   assert '| tensorflow | ' in text
   assert "| the library's own modules (tff_kd, binaries, configs) | " in text
+
+
+def test_build_cost(tmp_path):
+  """One fresh process builds FedAvg on digits: the build's time, and the
+  AutoGraph conversions it made (the hook on TensorFlow's conversion entry
+  point still sees them)."""
+  _run('speed.build_cost', '--methods=fedavg', '--repeats=1', '--top=3',
+       f'--out={tmp_path / "build"}')
+  (row,) = _json(tmp_path / 'build.json')['rows']
+  assert row['method'] == 'fedavg' and row['conversions'] >= 1
+  assert 0.0 < row['autograph_s'] < row['prepare_s']
+  assert 1 <= len(row['slowest']) <= 3
+  assert '| fedavg | ' in (tmp_path / 'build.md').read_text()

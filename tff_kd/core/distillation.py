@@ -35,7 +35,10 @@ the student inside can return them.
 
 Everything is pure TensorFlow with no TFF placement: `distill` runs eagerly
 (notebooks, tests) and inside a `tff.tensorflow.computation` body; its loop
-is a `tf.function`, so AutoGraph converts it in both cases.
+is a `tf.function`, so AutoGraph converts it in both cases. The helpers it
+calls have no control flow on tensors and are marked unconverted: a KD
+method's process build then converts neither them nor the TFF optimisers
+they call (BUILD_NOTES.md, "Start-up of the KD methods").
 """
 
 import math
@@ -162,6 +165,7 @@ def mean_entropy(probs: tf.Tensor, axis: int) -> tf.Tensor:
   return tf.reduce_mean(-tf.reduce_sum(p * logs, axis=axis))
 
 
+@tf.autograph.experimental.do_not_convert
 def weighted_ensemble(teacher_logits: tf.Tensor,
                       weights: tf.Tensor,
                       *,
@@ -349,6 +353,7 @@ class DistillResult(NamedTuple):
   accepted: tf.Tensor | float = 1.0
 
 
+@tf.autograph.experimental.do_not_convert
 def validation_split(num_examples: tf.Tensor, val_fraction: float,
                      seed: int) -> tuple[tf.Tensor, tf.Tensor]:
   """Seeded split of pool indices into (train, validation) index vectors.
@@ -375,6 +380,7 @@ def validation_split(num_examples: tf.Tensor, val_fraction: float,
   return perm[:n_train], perm[n_train:]
 
 
+@tf.autograph.experimental.do_not_convert
 def _permutation(n: tf.Tensor, seed) -> tf.Tensor:
   # Full-range int64 keys make ties (and so any order bias) negligible.
   keys = tf.random.stateless_uniform(
@@ -404,6 +410,7 @@ def _num_classes(model: tf.keras.Model) -> int | None:
   return None
 
 
+@tf.autograph.experimental.do_not_convert
 def _check_pool(student: tf.keras.Model, x: tf.Tensor, targets: Targets,
                 config: distill_hparams.DistillConfig) -> None:
   """Static shape checks, before any compute."""
@@ -437,6 +444,7 @@ def _check_pool(student: tf.keras.Model, x: tf.Tensor, targets: Targets,
         f'targets {t_shape} do not match the student\'s {classes} outputs')
 
 
+@tf.autograph.experimental.do_not_convert
 def distill(student: tf.keras.Model,
             optimizer: tff.learning.optimizers.Optimizer,
             x: tf.Tensor,
@@ -521,10 +529,12 @@ def distill(student: tf.keras.Model,
                   optimizer_state, labeled)
 
 
+@tf.autograph.experimental.do_not_convert
 def _values(weights: tff.learning.models.ModelWeights):
   return tf.nest.map_structure(tf.identity, weights)
 
 
+@tf.autograph.experimental.do_not_convert
 def _labeled_metrics(student: tf.keras.Model, labeled, batch_size
                      ) -> tuple[tf.Tensor, tf.Tensor]:
   """(mean cross-entropy, accuracy) of `student` on `labeled`, inference."""
@@ -538,6 +548,7 @@ def _labeled_metrics(student: tf.keras.Model, labeled, batch_size
   return loss, accuracy
 
 
+@tf.autograph.experimental.do_not_convert
 def _start_optimizer(optimizer, trainable, optimizer_state, learning_rate):
   """(optimizer state of tensors, base learning rate) at the first step."""
   if optimizer_state is None:
@@ -554,6 +565,7 @@ def _start_optimizer(optimizer, trainable, optimizer_state, learning_rate):
   return optimizer.set_hparams(opt_state, hparams), base_lr
 
 
+@tf.autograph.experimental.do_not_convert
 def _student_step(student, optimizer, opt_state, x_batch, target_batch, step,
                   base_lr, config):
   """One optimiser step of the student on eq. (KD); (state, loss)."""

@@ -63,8 +63,8 @@ class ClientStore:
 
     Args:
       row_fn: No-arg callable returning one row's initial values (tensors or
-        variables, e.g. a freshly built model's); called in throwaway graphs
-        and inside the initial TF computation, so it may build Keras models.
+        variables, e.g. a freshly built model's); called once, inside the
+        initial TF computation, so it may build Keras models.
       num_rows: R >= 1.
       what: Names the rows in the out-of-range error message.
 
@@ -75,13 +75,7 @@ class ClientStore:
       raise ValueError(f'a client store needs >= 1 row, got {num_rows!r}')
     self.num_rows = int(num_rows)
     self._what = what
-    with tf.Graph().as_default():
-      self.row_specs = tuple(tf.TensorSpec(v.shape, v.dtype)
-                             for v in row_fn())
-    self.row_type = tff_types.spec_to_type(self.row_specs)
-    self.row_bytes = float(tff_types.payload_bytes(self.row_type))
     rows = self.num_rows
-    specs = self.row_specs
 
     @tff.tensorflow.computation
     def initial():
@@ -91,6 +85,12 @@ class ClientStore:
 
     self.initial = initial
     self.store_type = initial.type_signature.result
+    # One row's leaves, read off the store's type (row_fn is built once).
+    self.row_specs = tuple(tf.TensorSpec(t.shape[1:], t.dtype)
+                           for t in self.store_type)
+    self.row_type = tff_types.spec_to_type(self.row_specs)
+    self.row_bytes = float(tff_types.payload_bytes(self.row_type))
+    specs = self.row_specs
     self.entry_type = tff.types.StructWithPythonType(
         [self.row_type, tff.TensorType(np.int32),
          tff.TensorType(np.float32)], tuple)

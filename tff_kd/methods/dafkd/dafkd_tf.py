@@ -59,11 +59,13 @@ from tff_kd.models import classifiers
 from tff_kd.models import generators
 
 ModelWeights = tff.learning.models.ModelWeights
+@tf.autograph.experimental.do_not_convert
 def step_seed(base: tf.Tensor, step: tf.Tensor) -> tf.Tensor:
   """Shape-[2] stateless seed of local step `step` of a client round."""
   return tf.stack([tf.cast(base, tf.int64), tf.cast(step, tf.int64)])
 
 
+@tf.autograph.experimental.do_not_convert
 def pool_seed(seed: int, round_num: tf.Tensor) -> tf.Tensor:
   """Shape-[2] stateless seed of round `round_num`'s pseudo pool."""
   # The offset keeps pool seeds apart from the client step seeds' streams.
@@ -71,6 +73,7 @@ def pool_seed(seed: int, round_num: tf.Tensor) -> tf.Tensor:
                    tf.cast(round_num, tf.int64)])
 
 
+@tf.autograph.experimental.do_not_convert
 def discriminator_variables(
     discriminator: generators.DiscriminatorHead) -> list:
   """The variables a client keeps between rounds (its store row)."""
@@ -79,6 +82,7 @@ def discriminator_variables(
   return list(discriminator.model.weights)
 
 
+@tf.autograph.experimental.do_not_convert
 def pseudo_pool(generator: tf.keras.Model, size: int, *, noise_dim: int,
                 num_classes: int, seed: tf.Tensor,
                 with_labels: bool = False):
@@ -141,17 +145,20 @@ MEAN_NAMES = ('joint_loss', 'ce_loss', 'disc_loss', 'generator_loss',
               'disc_real_accuracy', 'disc_fake_accuracy')
 
 
+@tf.autograph.experimental.do_not_convert
 def _assign(variables, values) -> None:
   for v, x in zip(variables, values):
     v.assign(x)
 
 
+@tf.autograph.experimental.do_not_convert
 def _delta(variables: ModelWeights, start: Sequence[tf.Tensor]) -> ModelWeights:
   return ModelWeights(
       [v - s for v, s in zip(variables.trainable, start)],
       [tf.identity(v) for v in variables.non_trainable])
 
 
+@tf.autograph.experimental.do_not_convert
 def _cross_entropy_step(classifier: classifiers.Classifier, joint_variables,
                         batch, optimizer: tff.learning.optimizers.Optimizer,
                         state) -> tuple[tf.Tensor, object]:
@@ -171,6 +178,7 @@ def _cross_entropy_step(classifier: classifiers.Classifier, joint_variables,
   return ce, state
 
 
+@tf.autograph.experimental.do_not_convert
 def _start_round(models: gan.GanModels,
                  weights: tuple[ModelWeights, ModelWeights],
                  discriminator_row: Sequence[tf.Tensor]):
@@ -190,6 +198,7 @@ def _start_round(models: gan.GanModels,
   return clf_vars, gen_vars, clf_start, gen_start
 
 
+@tf.autograph.experimental.do_not_convert
 def _gan_step(models: gan.GanModels, batch, optimizers: gan.GanOptimizers,
               states: tuple, settings: gan.GanSettings, seed: tf.Tensor,
               step: tf.Tensor, negatives_pool: Optional[tf.Tensor]):
@@ -215,6 +224,7 @@ def _gan_step(models: gan.GanModels, batch, optimizers: gan.GanOptimizers,
        r.fake_accuracy]), tf.constant(1)
 
 
+@tf.autograph.experimental.do_not_convert
 def _ce_step(classifier: classifiers.Classifier, joint_variables, batch,
              optimizer: tff.learning.optimizers.Optimizer, states: tuple):
   """A plain cross-entropy step, with `_gan_step`'s outputs (0 for 1)."""
@@ -225,6 +235,7 @@ def _ce_step(classifier: classifiers.Classifier, joint_variables, batch,
       tf.constant(0))
 
 
+@tf.autograph.experimental.do_not_convert
 def _first_gan_step(dataset: tf.data.Dataset,
                     settings: gan.GanSettings) -> tf.Tensor:
   """The first local step of the GAN window (int64)."""
@@ -236,6 +247,7 @@ def _first_gan_step(dataset: tf.data.Dataset,
   return first_gan_step
 
 
+@tf.autograph.experimental.do_not_convert
 def _private_terms(models: gan.GanModels, gen_vars: ModelWeights,
                    broadcast_generator: ModelWeights, pool: PrivatePool,
                    settings: gan.GanSettings) -> tuple[tf.Tensor, tf.Tensor]:
@@ -428,6 +440,7 @@ def teacher_outputs(classifier: classifiers.Classifier,
   return logits_out.stack(), scores_out.stack()
 
 
+@tf.autograph.experimental.do_not_convert
 def teacher_weights(scores: tf.Tensor, valid: tf.Tensor, *,
                     correlation: bool = True,
                     eps: float = 1e-12) -> tf.Tensor:
@@ -443,6 +456,7 @@ def teacher_weights(scores: tf.Tensor, valid: tf.Tensor, *,
                                         mask=tf.cast(valid, tf.float32))
 
 
+@tf.autograph.experimental.do_not_convert
 def mean_update(global_weights: ModelWeights, deltas: ModelWeights,
                 valid: tf.Tensor,
                 example_weights: Optional[tf.Tensor] = None) -> ModelWeights:
@@ -563,6 +577,7 @@ class ServerRoundResult(NamedTuple):
   seconds: tf.Tensor
 
 
+@tf.autograph.experimental.do_not_convert
 def _round_pool(generator: tf.keras.Model,
                 generators_: tuple[ModelWeights, ModelWeights],
                 settings: ServerSettings, seed: tf.Tensor,

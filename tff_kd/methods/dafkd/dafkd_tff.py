@@ -169,16 +169,21 @@ class PrivateSettings(NamedTuple):
   correlation: bool
 
 
-def _model_values(spec: ModelSpec):
-  classifier, _, generator = spec.build()
-  return (local_training.model_weights(classifier.model),
-          local_training.model_weights(generator))
+def _model_values(spec: ModelSpec, build: Callable = lambda fn: fn()):
+  """(classifier, generator) `ModelWeights` of the models `build` makes
+  from the spec's two builders (the discriminator is not built)."""
+  return (local_training.model_weights(build(spec.classifier_fn).model),
+          local_training.model_weights(build(spec.generator_fn)))
 
 
 def models_type(spec: ModelSpec) -> tff.Type:
-  """TFF type of the server model: (classifier, generator) `ModelWeights`."""
-  with tf.Graph().as_default():
-    return tff_types.spec_to_type(_model_values(spec))
+  """TFF type of the server model: (classifier, generator) `ModelWeights`.
+
+  Read off `local_training.structure_of`'s builds, which `model_spec`
+  already made: no model is built for it.
+  """
+  return tff_types.spec_to_type(
+      _model_values(spec, local_training.structure_of))
 
 
 def build_initial_weights_fn(spec: ModelSpec) -> tff.Computation:

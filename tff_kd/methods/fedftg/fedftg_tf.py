@@ -79,6 +79,7 @@ _TINY = float(np.finfo(np.float32).tiny)
 class_ensemble_weights = data_free.label_weights
 
 
+@tf.autograph.experimental.do_not_convert
 def customized_label_sampling(label_counts: tf.Tensor, batch_size,
                               seed) -> tf.Tensor:
   """[batch_size] int32 labels with p(c) = sum_k n_{k,c} / sum n.
@@ -99,6 +100,7 @@ def customized_label_sampling(label_counts: tf.Tensor, batch_size,
   return data_free.sample_labels(probs, batch_size, seed)
 
 
+@tf.autograph.experimental.do_not_convert
 def class_weighted_teacher(teacher_logits: tf.Tensor,
                            labels: tf.Tensor,
                            label_counts: tf.Tensor,
@@ -132,6 +134,7 @@ class HardSampleLoss(NamedTuple):
   diversity: tf.Tensor
 
 
+@tf.autograph.experimental.do_not_convert
 def hard_sample_generator_loss(student_logits: tf.Tensor,
                                teacher_probs: tf.Tensor,
                                labels: tf.Tensor,
@@ -269,6 +272,7 @@ class StackedTeachers(NamedTuple):
 Teachers = Union[Sequence[tf.keras.Model], StackedTeachers]
 
 
+@tf.autograph.experimental.do_not_convert
 def num_teachers(teachers: Teachers) -> int:
   """K, of built models or of `StackedTeachers`."""
   if isinstance(teachers, StackedTeachers):
@@ -276,6 +280,7 @@ def num_teachers(teachers: Teachers) -> int:
   return len(teachers)
 
 
+@tf.autograph.experimental.do_not_convert
 def _ensemble_logits(teachers: Teachers, x: tf.Tensor,
                      teacher_mask: tf.Tensor | None) -> tf.Tensor:
   """[K, B, C] inference-mode logits; rows of masked-out teachers are 0."""
@@ -285,6 +290,7 @@ def _ensemble_logits(teachers: Teachers, x: tf.Tensor,
                            for t in teachers]), teacher_mask)
 
 
+@tf.autograph.experimental.do_not_convert
 def _masked(logits: tf.Tensor, teacher_mask: tf.Tensor | None) -> tf.Tensor:
   """[K, N, C] `logits` with the rows of masked-out teachers set to 0."""
   if teacher_mask is None:
@@ -292,6 +298,7 @@ def _masked(logits: tf.Tensor, teacher_mask: tf.Tensor | None) -> tf.Tensor:
   return logits * tf.reshape(tf.cast(teacher_mask, tf.float32), [-1, 1, 1])
 
 
+@tf.autograph.experimental.do_not_convert
 def teacher_logits(teachers: Teachers, x: tf.Tensor,
                    teacher_mask: tf.Tensor | None = None,
                    batch_size: int = 256) -> tf.Tensor:
@@ -368,6 +375,7 @@ class FineTuneOptimizers(NamedTuple):
   student: tff.learning.optimizers.Optimizer
 
 
+@tf.autograph.experimental.do_not_convert
 def fine_tune(models: FineTuneModels,
               label_counts: tf.Tensor,
               optimizers: FineTuneOptimizers,
@@ -523,6 +531,7 @@ def _fine_tune(models, counts, optimizers, states, settings, seed,
                         agreement_after=after)
 
 
+@tf.autograph.experimental.do_not_convert
 def _agreement(models, start_weights, counts, teacher_mask, settings, size,
                seed):
   """The (initial, final) student's argmax agreement with the class-level

@@ -219,6 +219,7 @@ def build_fine_tune_finalizer(
   return finalizers.build_server_finalizer(init_tf, finalize_tf)
 
 
+@tf.autograph.experimental.do_not_convert
 def round_fine_tune(student: tf.keras.Model, teachers, label_counts,
                     generator: tf.keras.Model, generator_state, round_num,
                     tuning: FineTuning, *, teacher_mask=None
@@ -331,6 +332,7 @@ def _server_round(models: fedftg_tf.FineTuneModels,
   return result, student_weights, new_generator, table
 
 
+@tf.autograph.experimental.do_not_convert
 def link_table(models: fedftg_tf.FineTuneModels,
                start: tff.learning.models.ModelWeights,
                tuned: tff.learning.models.ModelWeights,
