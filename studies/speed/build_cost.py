@@ -31,7 +31,10 @@ import sys
 import tempfile
 import time
 
-from absl import app
+from tff_kd.runtime import context  # pylint: disable=g-bad-import-order
+context.install()  # As `train` does, first thing: its process set-up.
+
+from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
 
 from studies import common
@@ -51,8 +54,6 @@ _OVERRIDES = common.define_overrides_flag()
 
 def _measure(method: str) -> dict:
   """`experiment.prepare` of `method` in this process, AutoGraph timed."""
-  from tff_kd.runtime import context  # pylint: disable=g-import-not-at-top
-  context.install()  # As `train` does, first: its process set-up.
   # TensorFlow's internal conversion entry point: the one place that
   # converts a function (studies may read TF's internals, not tff_kd's).
   from tensorflow.python.autograph.impl import api  # pylint: disable=g-import-not-at-top
@@ -62,12 +63,12 @@ def _measure(method: str) -> dict:
 
   def timed(entity, program_ctx):
     t0 = time.perf_counter()
-    try:
-      return convert(entity, program_ctx)
-    finally:
-      name = (f"{getattr(entity, '__module__', '?')}."
-              f"{getattr(entity, '__qualname__', repr(entity))}")
-      costs[name] = costs.get(name, 0.0) + time.perf_counter() - t0
+    converted = convert(entity, program_ctx)
+    seconds = time.perf_counter() - t0
+    name = (f"{getattr(entity, '__module__', '?')}."
+            f"{getattr(entity, '__qualname__', '?')}")
+    costs[name] = costs.get(name, 0.0) + seconds
+    return converted
 
   api._convert_actual = timed  # pylint: disable=protected-access
   config = common.config_module(_CONFIG.value).get_config()
