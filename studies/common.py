@@ -3,7 +3,9 @@
 A study's result names the command that produced it (`command`) and the
 machine it ran on (`machine`, one line that its Markdown report can quote),
 and goes to `<prefix>.json` plus, where it has one, a Markdown report
-`<prefix>.md` (`write_result`).
+`<prefix>.md` (`write_result`). A script that measures in fresh processes
+runs itself as a child (`run_child`); a failed process is reported by its
+error line (`error_line`).
 """
 
 import importlib
@@ -11,6 +13,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import subprocess
 import sys
 from typing import Any, Callable, Optional, Sequence, Union
 
@@ -83,6 +86,31 @@ def write_result(
   with open(prefix + '.md', 'w') as f:
     f.write(text)
   return text
+
+
+def error_line(stderr: str) -> str:
+  """The last line of a failed process's stderr that names an error (else
+  its last line), at most 300 characters."""
+  lines = stderr.splitlines()
+  errors = [line for line in lines if 'error' in line.lower()]
+  return (errors or lines or ['?'])[-1][:300]
+
+
+def run_child(module_name: str, *args: str) -> Any:
+  """Runs `python -m studies.<module_name> args` in a fresh process (its
+  TensorFlow logging quiet); the JSON value of its last stdout line.
+
+  Raises:
+    RuntimeError: The process failed; the message is its `error_line`.
+  """
+  proc = subprocess.run(
+      [sys.executable, '-m', f'studies.{module_name}', *args],
+      capture_output=True, text=True, check=False,
+      env={**os.environ, 'TF_CPP_MIN_LOG_LEVEL': '3'})
+  if proc.returncode != 0:
+    raise RuntimeError(f'studies.{module_name} {" ".join(args)} failed: '
+                       f'{error_line(proc.stderr)}')
+  return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def define_overrides_flag() -> flags.FlagHolder:

@@ -164,8 +164,7 @@ def run_setting(method: str, n: int, k: int, root: str,
                     proc.stderr)
   record['peak_rss_gb'] = int(match.group(1)) / 2**20 if match else None
   if proc.returncode != 0:
-    lines = [l for l in proc.stderr.splitlines() if 'error' in l.lower()]
-    record['error'] = (lines or proc.stderr.splitlines() or ['?'])[-1][:300]
+    record['error'] = common.error_line(proc.stderr)
     return record
   with open(os.path.join(root, 'metrics.csv')) as f:
     rows = list(csv.DictReader(f))

@@ -24,10 +24,7 @@ Usage (digits, no data to prepare; 10-20 s per process on 2 CPU cores):
 """
 
 import json
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 
@@ -85,18 +82,12 @@ def _measure(method: str) -> dict:
 
 
 def _child_run(method: str) -> dict:
-  """One fresh process's `_measure` (its last stdout line)."""
-  args = [sys.executable, '-m', 'studies.speed.build_cost',
-          f'--child={method}', f'--config={_CONFIG.value}',
+  """One fresh process's `_measure`."""
+  args = [f'--child={method}', f'--config={_CONFIG.value}',
           f'--top={_TOP.value}']
   if _OVERRIDES.value:
     args.append('--overrides=' + ','.join(_OVERRIDES.value))
-  proc = subprocess.run(args, capture_output=True, text=True, check=False,
-                        env={**os.environ, 'TF_CPP_MIN_LOG_LEVEL': '3'})
-  if proc.returncode != 0:
-    raise RuntimeError(f'{method}: the build failed: '
-                       f'{proc.stderr.strip().splitlines()[-1:]}')
-  return json.loads(proc.stdout.strip().splitlines()[-1])
+  return common.run_child('speed.build_cost', *args)
 
 
 def _markdown(result: dict) -> str:

@@ -25,8 +25,6 @@ Usage (about 10 s per process on 2 CPU cores):
 import json
 import os
 import statistics
-import subprocess
-import sys
 
 # One thread per op in this process and in its worker (the library's
 # default); TensorFlow and TFF are imported before absl runs `main`, as the
@@ -140,13 +138,10 @@ def main(argv) -> None:
   runs = []
   for _ in range(_REPEATS.value):
     for mode in _MODES:
-      out = subprocess.run(
-          [sys.executable, '-m', 'studies.speed.worker_grappler',
-           f'--child={mode}', f'--teachers={_TEACHERS.value}',
-           f'--pool={_POOL.value}', f'--calls={_CALLS.value}'],
-          capture_output=True, text=True, check=True,
-          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
-      runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+      runs.append(common.run_child(
+          'speed.worker_grappler', f'--child={mode}',
+          f'--teachers={_TEACHERS.value}', f'--pool={_POOL.value}',
+          f'--calls={_CALLS.value}'))
       print(mode, runs[-1]['ms_per_teacher'], flush=True)
   result = {'command': common.command('speed.worker_grappler'),
             'machine': common.machine(), 'teachers': _TEACHERS.value,

@@ -59,6 +59,8 @@ from tff_kd.models import classifiers
 from tff_kd.models import generators
 
 ModelWeights = tff.learning.models.ModelWeights
+
+
 @tf.autograph.experimental.do_not_convert
 def step_seed(base: tf.Tensor, step: tf.Tensor) -> tf.Tensor:
   """Shape-[2] stateless seed of local step `step` of a client round."""

@@ -284,9 +284,9 @@ def _server_round(models: fedftg_tf.FineTuneModels,
   state). `models.teachers` is a list of K Keras models, or one
   `fused.StackedModel` whose K rows are made here
   (`fedftg_tf.StackedTeachers`). With `labeled` (images, labels), the link
-  table (`link_table`) is measured after the student's and the generator's weights are
-  snapshotted (the hook overwrites the student), so the round's result is
-  the same with it and without it; without, the table is empty.
+  table (`link_table`) is measured after the student's and the generator's
+  weights are snapshotted (the hook overwrites the student), so the round's
+  result is the same with it and without it; without, the table is empty.
   """
   student, teachers, generator = models
   deltas, filled = uploads.deltas, uploads.filled
