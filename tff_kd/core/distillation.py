@@ -35,14 +35,14 @@ the student inside can return them.
 
 Everything is pure TensorFlow with no TFF placement: `distill` runs eagerly
 (notebooks, tests) and inside a `tff.tensorflow.computation` body; its loop
-is a `tf.function`, so AutoGraph converts it in both cases. The helpers it
-calls have no control flow on tensors and are marked unconverted: a KD
-method's process build then converts neither them nor the TFF optimisers
-they call (BUILD_NOTES.md, "Start-up of the KD methods").
+is a `tf.function` written with explicit graph loops and conditionals
+(`tff_kd.core.loops`, `tf.cond`), traced without AutoGraph, and the helpers
+it calls are marked unconverted: a KD method's process build converts no
+Python function (BUILD_NOTES.md, "Start-up of the KD methods").
 """
 
 import math
-from typing import Callable, NamedTuple, Sequence, Union
+from typing import Any, Callable, NamedTuple, Sequence, Union
 
 import numpy as np
 import tensorflow as tf
@@ -590,31 +590,53 @@ def _student_step(student, optimizer, opt_state, x_batch, target_batch, step,
   return opt_state, loss
 
 
+@tf.autograph.experimental.do_not_convert
 def _accept_or_restore(student, labeled, batch_size, config, initial_weights,
                        accuracy_before):
   """`config.accept` on the labeled set: (accuracy after, accepted 0/1)."""
-  accepted = tf.constant(1.0)
-  accuracy_after = accuracy_before
-  if labeled is not None:
-    accuracy_after = _labeled_metrics(student, labeled, batch_size)[1]
-    if config.accept == 'no_worse':
-      if accuracy_after < accuracy_before:
-        tf.nest.map_structure(lambda v, b: v.assign(b),
-                              local_training.model_weights(student),
-                              initial_weights)
-        accuracy_after = accuracy_before
-        accepted = tf.constant(0.0)
-  return accuracy_after, accepted
+  if labeled is None:
+    return accuracy_before, tf.constant(1.0)
+  accuracy_after = _labeled_metrics(student, labeled, batch_size)[1]
+  if config.accept != 'no_worse':
+    return accuracy_after, tf.constant(1.0)
+
+  def restore():
+    tf.nest.map_structure(lambda v, b: v.assign(b),
+                          local_training.model_weights(student),
+                          initial_weights)
+    return accuracy_before, tf.constant(0.0)
+
+  return tf.cond(accuracy_after < accuracy_before, restore,
+                 lambda: (accuracy_after, tf.constant(1.0)))
 
 
-@tf.function
+class _Loop(NamedTuple):
+  """The variables of `_distill`'s step loop."""
+
+  step: tf.Tensor
+  perm: tf.Tensor
+  opt_state: Any
+  first_sum: tf.Tensor
+  recent: tf.Tensor
+  steps_run: tf.Tensor
+  best_val: tf.Tensor
+  best_weights: tff.learning.models.ModelWeights
+  best_step: tf.Tensor
+  bad_evals: tf.Tensor
+  stop: tf.Tensor
+
+
+@tf.function(autograph=False)
 def _distill(student, optimizer, x, targets, config, learning_rate,
              optimizer_state, labeled) -> DistillResult:
-  """The AutoGraph-converted loop of `distill` (arguments already checked).
+  """The graph of `distill` (arguments already checked).
 
   Steps: the optimiser's start (`_start_optimizer`), the split and the
   initial validation, the loop of `_student_step`s with early stopping on
   the validation loss, the best weights back, and `_accept_or_restore`.
+  Written as explicit graph loops and conditionals (`tff_kd.core.loops`),
+  so it traces without AutoGraph: the graph AutoGraph made of the Python
+  loop (`for step in tf.range(...)` with a `break`) is the same loop.
   """
   variables = local_training.model_weights(student)
   opt_state, base_lr = _start_optimizer(optimizer, variables.trainable,
@@ -640,13 +662,17 @@ def _distill(student, optimizer, x, targets, config, learning_rate,
   def val_loss_fn(val_targets):
     if on_labeled:
       return _labeled_metrics(student, labeled, batch_size)[0]
-    total = tf.constant(0.0)
     num_val = tf.shape(val_idx)[0]
-    for start in tf.range(0, num_val, batch_size):
+
+    def add_batch(total, i):
+      start = i * batch_size
       idx = val_idx[start:start + batch_size]
       logits = student(tf.gather(x, idx), training=False)
-      total += tf.reduce_sum(kl_per_example(
+      return total + tf.reduce_sum(kl_per_example(
           logits, val_targets[start:start + batch_size], temperature))
+
+    total = loops.fold_range((num_val + batch_size - 1) // batch_size,
+                             add_batch, tf.constant(0.0))
     return total / tf.cast(num_val, tf.float32) * temperature * temperature
 
   initial_weights = _values(variables)
@@ -666,74 +692,87 @@ def _distill(student, optimizer, x, targets, config, learning_rate,
     best_weights = _values(variables)
   else:
     best_val = tf.constant(NO_VALIDATION)
-    # Never updated; defined so AutoGraph sees the same loop variables.
-    best_weights = tff.learning.models.ModelWeights([], [])
-  best_step = tf.constant(0 if use_val else -1)
-  bad_evals = tf.constant(0)
-  stop = tf.constant(False)
+    best_weights = tff.learning.models.ModelWeights([], [])  # Never updated.
 
-  perm = tf.range(n_train)
-  first_sum = tf.constant(0.0)
-  recent = tf.zeros([window])  # Ring buffer of the last `window` losses.
-  steps_run = tf.constant(0)
-  for step in tf.range(config.steps):
-    tf.autograph.experimental.set_loop_options(
-        shape_invariants=[(perm, tf.TensorShape([None]))])
+  def validate(s: _Loop) -> _Loop:
+    """A validation after step `s.steps_run`; the best student kept."""
+    val_loss = val_loss_fn(val_targets)
+    best_val, best_weights, best_step, bad_evals = tf.cond(
+        val_loss < s.best_val,
+        lambda: (val_loss, _values(variables), s.steps_run, tf.constant(0)),
+        lambda: (s.best_val, s.best_weights, s.best_step, s.bad_evals + 1))
+    return s._replace(best_val=best_val, best_weights=best_weights,
+                      best_step=best_step, bad_evals=bad_evals,
+                      stop=bad_evals >= config.patience)
+
+  def body(s: _Loop) -> tuple[_Loop]:
+    step = s.step
     position = step % batches_per_epoch
     # tf.equal, not `==`: in a TFF computation's graph `tensor == 0` is
-    # Python identity (always False), which AutoGraph takes as a static if.
-    if tf.equal(position, 0):
-      perm = _permutation(
-          n_train, [config.seed, _EPOCH_STREAM_OFFSET + step //
-                    batches_per_epoch])
+    # Python identity (always False).
+    perm = tf.cond(
+        tf.equal(position, 0),
+        lambda: _permutation(n_train, [
+            config.seed, _EPOCH_STREAM_OFFSET + step // batches_per_epoch]),
+        lambda: s.perm)
     idx = tf.gather(
         train_idx, perm[position * batch_size:(position + 1) * batch_size])
     x_batch = tf.gather(x, idx)
     target_batch = targets_for(idx, x_batch)
-    opt_state, loss = _student_step(student, optimizer, opt_state, x_batch,
+    opt_state, loss = _student_step(student, optimizer, s.opt_state, x_batch,
                                     target_batch, step, base_lr, config)
-
-    if step < window:
-      first_sum += loss
-    recent = tf.tensor_scatter_nd_update(recent, [[step % window]], [loss])
     steps_run = step + 1
-
+    s = s._replace(
+        step=steps_run, perm=perm, opt_state=opt_state,
+        first_sum=tf.cond(step < window, lambda: s.first_sum + loss,
+                          lambda: s.first_sum),
+        recent=tf.tensor_scatter_nd_update(s.recent, [[step % window]],
+                                           [loss]),
+        steps_run=steps_run)
     if use_val:
       # The last step validates too: otherwise the steps after the last
       # full window would always be dropped (all of them when steps <
       # eval_every).
-      if tf.logical_or(tf.equal(steps_run % config.eval_every, 0),
-                       tf.equal(steps_run, config.steps)):
-        val_loss = val_loss_fn(val_targets)
-        if val_loss < best_val:
-          best_val = val_loss
-          best_weights = _values(variables)
-          best_step = steps_run
-          bad_evals = tf.constant(0)
-        else:
-          bad_evals += 1
-        stop = bad_evals >= config.patience
-    if stop:
-      break
+      s = tf.cond(tf.logical_or(tf.equal(steps_run % config.eval_every, 0),
+                                tf.equal(steps_run, config.steps)),
+                  lambda: validate(s), lambda: s)
+    return (s,)
+
+  start = _Loop(
+      step=tf.constant(0), perm=tf.range(n_train), opt_state=opt_state,
+      first_sum=tf.constant(0.0),
+      recent=tf.zeros([window]),  # Ring buffer of the last `window` losses.
+      steps_run=tf.constant(0), best_val=best_val, best_weights=best_weights,
+      best_step=tf.constant(0 if use_val else -1),
+      bad_evals=tf.constant(0), stop=tf.constant(False))
+  invariants = tf.nest.map_structure(lambda t: t.shape, start)._replace(
+      perm=tf.TensorShape([None]))
+  (s,) = tf.while_loop(
+      lambda s: tf.logical_and(s.step < config.steps,
+                               tf.logical_not(s.stop)),
+      body, (start,), shape_invariants=(invariants,),
+      maximum_iterations=config.steps)
 
   if use_val:
-    tf.nest.map_structure(lambda v, b: v.assign(b), variables, best_weights)
+    tf.nest.map_structure(lambda v, b: v.assign(b), variables,
+                          s.best_weights)
   accuracy_after, accepted = _accept_or_restore(
       student, labeled, batch_size, config, initial_weights, accuracy_before)
-  filled = tf.cast(tf.minimum(steps_run, window), tf.float32)
+  filled = tf.cast(tf.minimum(s.steps_run, window), tf.float32)
   return DistillResult(
       weights=_values(local_training.model_weights(student)),
-      steps_run=steps_run,
-      first_loss=first_sum / filled,
-      last_loss=tf.reduce_sum(recent) / filled,
-      best_val_loss=best_val,
-      best_step=best_step,
-      optimizer_state=opt_state,
+      steps_run=s.steps_run,
+      first_loss=s.first_sum / filled,
+      last_loss=tf.reduce_sum(s.recent) / filled,
+      best_val_loss=s.best_val,
+      best_step=s.best_step,
+      optimizer_state=s.opt_state,
       labeled_accuracy_before=accuracy_before,
       labeled_accuracy_after=accuracy_after,
       accepted=accepted)
 
 
+@tf.autograph.experimental.do_not_convert
 def teacher_logits(models: Sequence[tf.keras.Model], x: tf.Tensor,
                    batch_size: int = 256) -> tf.Tensor:
   """Logits of several teachers on a pool, in inference mode, batched.
@@ -762,7 +801,7 @@ def teacher_logits(models: Sequence[tf.keras.Model], x: tf.Tensor,
   return _teacher_logits(tuple(models), x, int(batch_size))
 
 
-@tf.function
+@tf.function(autograph=False)
 def _teacher_logits(models, x, batch_size):
   return tf.stack([
       loops.map_batches(lambda b, m=m: m(b, training=False), x, batch_size)

@@ -59,6 +59,7 @@ class Teachers(NamedTuple):
   ensemble_fn: Optional[EnsembleFn] = None
 
 
+@tf.autograph.experimental.do_not_convert
 def uniform_ensemble(logits: tf.Tensor, valid: tf.Tensor, *,
                      ensemble: str) -> tf.Tensor:
   """The uniform average of the valid teachers: [K, N, C] -> [N, C] probs."""
@@ -67,6 +68,7 @@ def uniform_ensemble(logits: tf.Tensor, valid: tf.Tensor, *,
   return distillation.weighted_ensemble(logits, weights, ensemble=ensemble)
 
 
+@tf.autograph.experimental.do_not_convert
 def mean_entropy(probs: tf.Tensor) -> tf.Tensor:
   """Mean over rows of the entropy (nats) of [N, C] probabilities."""
   probs = tf.convert_to_tensor(probs, tf.float32)
@@ -74,6 +76,7 @@ def mean_entropy(probs: tf.Tensor) -> tf.Tensor:
   return tf.reduce_mean(-tf.reduce_sum(probs * logs, axis=-1))
 
 
+@tf.autograph.experimental.do_not_convert
 def teacher_accuracies(logits: tf.Tensor, valid: tf.Tensor,
                        labels: tf.Tensor) -> tf.Tensor:
   """Mean accuracy over the valid teachers of [K, V, C] logits."""
@@ -83,6 +86,7 @@ def teacher_accuracies(logits: tf.Tensor, valid: tf.Tensor,
       tf.reduce_sum(valid_f), 1.0)
 
 
+@tf.autograph.experimental.do_not_convert
 def link_metrics(teacher_logits: Optional[tf.Tensor], valid: tf.Tensor,
                  labels: Optional[tf.Tensor], *,
                  own_ensemble: Optional[tf.Tensor] = None,

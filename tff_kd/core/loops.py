@@ -24,6 +24,7 @@ import tensorflow as tf
 State = TypeVar('State')
 
 
+@tf.autograph.experimental.do_not_convert
 def fold_batches(dataset: tf.data.Dataset,
                  step: Callable[[State, object], State],
                  state: State) -> State:
@@ -58,6 +59,7 @@ def fold_batches(dataset: tf.data.Dataset,
   return state
 
 
+@tf.autograph.experimental.do_not_convert
 def fold_range(n: int, step: Callable[[State, tf.Tensor], State],
                state: State) -> State:
   """`for i in tf.range(n): state = step(state, i)`, as a graph.
@@ -80,6 +82,7 @@ def fold_range(n: int, step: Callable[[State, tf.Tensor], State],
   return state
 
 
+@tf.autograph.experimental.do_not_convert
 def map_batches(fn: Callable[[Any], Union[tf.Tensor, tuple[tf.Tensor, ...]]],
                 inputs: Any, batch_size: Union[int, tf.Tensor],
                 num_outputs: Optional[int] = None

@@ -14,10 +14,12 @@ import tensorflow_federated as tff
 from tff_kd import errors
 from tff_kd.core import distillation
 from tff_kd.core import local_training
+from tff_kd.core import loops
 
 ModelWeights = tff.learning.models.ModelWeights
 
 
+@tf.autograph.experimental.do_not_convert
 def stacked_logits(model: tf.keras.Model,
                    global_weights: Optional[ModelWeights],
                    deltas: ModelWeights, valid: tf.Tensor, x: tf.Tensor,
@@ -43,20 +45,25 @@ def stacked_logits(model: tf.keras.Model,
   variables = local_training.model_weights(model)
   num_slots = int(valid.shape[0])
   num_classes = int(model.output_shape[-1])
-  outputs = tf.TensorArray(tf.float32, size=num_slots,
-                           element_shape=tf.TensorShape([None, num_classes]))
   bases = (global_weights.trainable if global_weights is not None else
            [None] * len(variables.trainable))
-  for k in tf.range(num_slots):
-    if valid[k]:
-      for v, g, d in zip(variables.trainable, bases, deltas.trainable):
-        v.assign(d[k] if g is None else g + d[k])
-      for v, d in zip(variables.non_trainable, deltas.non_trainable):
-        v.assign(d[k])
-      logits = distillation.teacher_logits([model], x, batch_size)[0]
-    else:
-      logits = tf.zeros([tf.shape(x)[0], num_classes])
-    outputs = outputs.write(k, logits)
+
+  def row_logits(k):
+    for v, g, d in zip(variables.trainable, bases, deltas.trainable):
+      v.assign(d[k] if g is None else g + d[k])
+    for v, d in zip(variables.non_trainable, deltas.non_trainable):
+      v.assign(d[k])
+    return distillation.teacher_logits([model], x, batch_size)[0]
+
+  def write_row(outputs, k):
+    logits = tf.cond(valid[k], lambda: row_logits(k),
+                     lambda: tf.zeros([tf.shape(x)[0], num_classes]))
+    return outputs.write(k, logits)
+
+  outputs = loops.fold_range(
+      num_slots, write_row,
+      tf.TensorArray(tf.float32, size=num_slots,
+                     element_shape=tf.TensorShape([None, num_classes])))
   return outputs.stack()
 
 

@@ -188,6 +188,7 @@ class FileClientData:
     """
     prefix = tf.strings.join([self.directory, '/', client_id])
 
+    @tf.autograph.experimental.do_not_convert
     def parse(prefix):
       x = self._parse_x(prefix + '.x')
       y = self._parse_y(prefix + '.y')

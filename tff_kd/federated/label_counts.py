@@ -54,11 +54,14 @@ class LocalObjective(NamedTuple):
 
 def count_labels(dataset: tf.data.Dataset, num_classes: int) -> tf.Tensor:
   """[C] float32 counts of the labels of every batch of `dataset`."""
-  return dataset.reduce(
-      tf.zeros([num_classes]),
-      lambda acc, batch: acc + tf.math.bincount(
-          tf.cast(batch['y'], tf.int32), minlength=num_classes,
-          maxlength=num_classes, dtype=tf.float32))
+
+  @tf.autograph.experimental.do_not_convert
+  def add_batch(acc, batch):
+    return acc + tf.math.bincount(
+        tf.cast(batch['y'], tf.int32), minlength=num_classes,
+        maxlength=num_classes, dtype=tf.float32)
+
+  return dataset.reduce(tf.zeros([num_classes]), add_batch)
 
 
 def fused_label_counts(batches: execution.FusedBatches,
@@ -154,7 +157,8 @@ def build_client_work(
     counts = count_labels(dataset, num_classes)
     # Counted first: that pass fills the cache, and training replays it.
     with tf.control_dependencies([counts]):
-      dataset = dataset.map(lambda batch: batch)
+      dataset = dataset.map(tf.autograph.experimental.do_not_convert(
+          lambda batch: batch))
     if objective is None:
       result = local_training.train_locally(
           classifier.model, client_optimizer, weights, dataset, lr)

@@ -53,6 +53,7 @@ from tff_kd.core import diagnostics as core_diagnostics
 from tff_kd.core import distill_hparams
 from tff_kd.core import distillation
 from tff_kd.core import local_training
+from tff_kd.core import loops
 from tff_kd.core import stacking as stacking_tf
 from tff_kd.methods.dafkd import gan
 from tff_kd.models import classifiers
@@ -274,7 +275,7 @@ def _private_terms(models: gan.GanModels, gen_vars: ModelWeights,
           tf.ensure_shape(f, [pool.size]))
 
 
-@tf.function
+@tf.function(autograph=False)
 def client_round(models: gan.GanModels,
                  weights: tuple[ModelWeights, ModelWeights],
                  discriminator_row: Sequence[tf.Tensor],
@@ -321,44 +322,44 @@ def client_round(models: gan.GanModels,
                                             variables.joint, learning_rate)
   gen_state = gan.initial_optimizer_state(optimizers.generator,
                                           variables.generator)
-  num_examples = tf.constant(0.0)
-  ce_sum = tf.constant(0.0)
-  sums = tf.zeros([len(MEAN_NAMES)])
-  steps = tf.constant(0)
-  gan_count = tf.constant(0)
-  label_counts = tf.zeros([settings.num_classes])
-
-
-  def gan_step(batch, joint_state, gen_state):
-    return _gan_step(models, batch, optimizers, (joint_state, gen_state),
-                     settings, seed, steps, negatives_pool)
-
-  def ce_step(batch, joint_state, gen_state):
-    return _ce_step(models.classifier, variables.joint, batch,
-                    optimizers.joint, (joint_state, gen_state))
-
   first_gan_step = _first_gan_step(dataset, settings)
-  for batch in iter(dataset):
+
+  def local_step(state, batch):
+    (joint_state, gen_state, num_examples, ce_sum, sums, steps, gan_count,
+     label_counts) = state
+    states = (joint_state, gen_state)
+
+    def gan_step():
+      return _gan_step(models, batch, optimizers, states, settings, seed,
+                       steps, negatives_pool)
+
+    def ce_step():
+      return _ce_step(models.classifier, variables.joint, batch,
+                      optimizers.joint, states)
+
     if settings.gan_steps:
       in_window = tf.logical_and(
           tf.cast(steps, tf.int64) >= first_gan_step,
           tf.cast(steps, tf.int64) < first_gan_step + settings.gan_steps)
       joint_state, gen_state, ce, step_means, is_gan = tf.cond(
-          in_window,
-          lambda b=batch, j=joint_state, g=gen_state: gan_step(b, j, g),
-          lambda b=batch, j=joint_state, g=gen_state: ce_step(b, j, g))
+          in_window, gan_step, ce_step)
     else:
-      joint_state, gen_state, ce, step_means, is_gan = gan_step(
-          batch, joint_state, gen_state)
+      joint_state, gen_state, ce, step_means, is_gan = gan_step()
     batch_size = tf.cast(tf.shape(batch['y'])[0], tf.float32)
-    sums += step_means
-    num_examples += batch_size
-    ce_sum += ce * batch_size
-    steps += 1
-    gan_count += is_gan
-    label_counts += tf.math.bincount(
-        tf.cast(batch['y'], tf.int32), minlength=settings.num_classes,
-        maxlength=settings.num_classes, dtype=tf.float32)
+    return (joint_state, gen_state, num_examples + batch_size,
+            ce_sum + ce * batch_size, sums + step_means, steps + 1,
+            gan_count + is_gan,
+            label_counts + tf.math.bincount(
+                tf.cast(batch['y'], tf.int32),
+                minlength=settings.num_classes,
+                maxlength=settings.num_classes, dtype=tf.float32))
+
+  (_, _, num_examples, ce_sum, sums, steps, gan_count,
+   label_counts) = loops.fold_batches(
+       dataset, local_step,
+       (joint_state, gen_state, tf.constant(0.0), tf.constant(0.0),
+        tf.zeros([len(MEAN_NAMES)]), tf.constant(0), tf.constant(0),
+        tf.zeros([settings.num_classes])))
   # The GAN metrics are means over the steps that had GAN terms.
   means = sums / tf.maximum(tf.cast(gan_count, tf.float32), 1.0)
   clf_delta = _delta(clf_vars, clf_start)
@@ -376,7 +377,7 @@ def client_round(models: gan.GanModels,
       terms, label_counts)
 
 
-@tf.function
+@tf.function(autograph=False)
 def teacher_outputs(classifier: classifiers.Classifier,
                     discriminator: generators.DiscriminatorHead,
                     global_weights: ModelWeights,
@@ -417,14 +418,12 @@ def teacher_outputs(classifier: classifiers.Classifier,
   disc_vars = discriminator_variables(discriminator)
   num_slots = int(valid.shape[0])
   num_classes = int(classifier.model.output_shape[-1])
-  logits_out = tf.TensorArray(tf.float32, size=num_slots,
-                              element_shape=tf.TensorShape([None, num_classes]))
-  scores_out = tf.TensorArray(tf.float32, size=num_slots,
-                              element_shape=tf.TensorShape([None]))
   n = tf.shape(x)[0]
+
   # Every row is evaluated (no tf.cond around two nested models: a much
   # smaller graph); rows without a client are zeroed afterwards.
-  for k in tf.range(num_slots):
+  def write_row(outputs, k):
+    logits_out, scores_out = outputs
     for v, g, d in zip(variables.trainable, global_weights.trainable,
                        deltas.trainable):
       v.assign(g + d[k])
@@ -437,8 +436,14 @@ def teacher_outputs(classifier: classifiers.Classifier,
                                          features_in=features_in)
     scores = tf.reshape(scores, [n])
     keep = tf.cast(valid[k], tf.float32)
-    logits_out = logits_out.write(k, keep * logits)
-    scores_out = scores_out.write(k, keep * scores)
+    return (logits_out.write(k, keep * logits),
+            scores_out.write(k, keep * scores))
+
+  logits_out, scores_out = loops.fold_range(num_slots, write_row, (
+      tf.TensorArray(tf.float32, size=num_slots,
+                     element_shape=tf.TensorShape([None, num_classes])),
+      tf.TensorArray(tf.float32, size=num_slots,
+                     element_shape=tf.TensorShape([None]))))
   return logits_out.stack(), scores_out.stack()
 
 
@@ -602,7 +607,7 @@ def _round_pool(generator: tf.keras.Model,
                      with_labels=True)
 
 
-@tf.function
+@tf.function(autograph=False)
 def server_round(models: gan.GanModels,
                  distill_optimizer: tff.learning.optimizers.Optimizer,
                  global_weights: tuple[ModelWeights, ModelWeights],

@@ -111,7 +111,7 @@ class ClientRound(NamedTuple):
   num_batches: tf.Tensor
 
 
-@tf.function
+@tf.function(autograph=False)
 def client_round(classifier: models.Classifier,
                  optimizer: tff.learning.optimizers.Optimizer,
                  initial_weights: ModelWeights,
@@ -264,7 +264,7 @@ class HeteroClientRound(NamedTuple):
   num_batches: tf.Tensor
 
 
-@tf.function
+@tf.function(autograph=False)
 def hetero_client_round(global_classifier: models.Classifier,
                         local_models: Sequence[tf.keras.Model],
                         optimizer: tff.learning.optimizers.Optimizer,
@@ -446,7 +446,7 @@ class ServerSamples(NamedTuple):
   labeled: Optional[tuple[tf.Tensor, tf.Tensor]] = None
 
 
-@tf.function
+@tf.function(autograph=False)
 def server_round(student: models.Classifier,
                  teacher: tf.keras.Model,
                  optimizer: tff.learning.optimizers.Optimizer,
@@ -492,7 +492,7 @@ def server_round(student: models.Classifier,
       samples=samples, settings=settings, seed=seed)
 
 
-@tf.function
+@tf.function(autograph=False)
 def hetero_server_round(student: models.Classifier,
                         teachers: Sequence[tf.keras.Model],
                         optimizer: tff.learning.optimizers.Optimizer,

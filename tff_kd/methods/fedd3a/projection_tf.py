@@ -44,9 +44,10 @@ is exactly Q_i = alpha * P^_i. `recursive_projection` runs that form and
 returns I - Q_m; `recursive_inverse_gram` keeps the literal eq. 5 for
 comparison (tests show both facts above).
 
-Everything here is plain TensorFlow with no AutoGraph requirement except
-`dataset_batch_means` (a `tf.function`), so it runs eagerly, inside
-`tf.function` and inside `tff.tensorflow.computation` bodies.
+Everything here is plain TensorFlow with no AutoGraph requirement
+(`dataset_batch_means` is a `tf.function` whose loop is
+`tff_kd.core.loops.fold_batches`), so it runs eagerly, inside `tf.function`
+and inside `tff.tensorflow.computation` bodies.
 """
 
 from typing import Callable, Optional, Union
@@ -54,6 +55,7 @@ from typing import Callable, Optional, Union
 import numpy as np
 import tensorflow as tf
 
+from tff_kd.core import loops
 from tff_kd.methods.fedd3a import hparams as hparams_lib
 
 # The teacher weightings (the config's `fedd3a.weighting` choices).
@@ -129,7 +131,7 @@ def _static_feature_dim(extractor: Callable[..., tf.Tensor]) -> Optional[int]:
   return shape[-1] if shape.rank else None
 
 
-@tf.function
+@tf.function(autograph=False)
 def dataset_batch_means(extractor: Callable[..., tf.Tensor],
                         dataset: tf.data.Dataset,
                         *,
@@ -137,8 +139,8 @@ def dataset_batch_means(extractor: Callable[..., tf.Tensor],
                         dtype: tf.DType = tf.float32) -> tf.Tensor:
   """Mean feature of every batch of a dataset, in order.
 
-  A `tf.function` (the loop over `dataset` needs AutoGraph, which TFF's
-  TensorFlow computations do not apply themselves); build `extractor` outside.
+  A `tf.function` whose loop over `dataset` is built without AutoGraph
+  (`tff_kd.core.loops.fold_batches`); build `extractor` outside.
   The number of batches need not be known.
 
   Args:
@@ -158,7 +160,8 @@ def dataset_batch_means(extractor: Callable[..., tf.Tensor],
     feature_dim = _static_feature_dim(extractor)
   means = tf.TensorArray(dtype, size=0, dynamic_size=True,
                          element_shape=tf.TensorShape([feature_dim]))
-  for batch in iter(dataset):  # See local_training.train_locally.
+
+  def add_batch(means, batch):
     if isinstance(batch, dict):
       images = batch['x']
     elif isinstance(batch, (tuple, list)):
@@ -166,8 +169,10 @@ def dataset_batch_means(extractor: Callable[..., tf.Tensor],
     else:
       images = batch
     features = extract(extractor, images)
-    means = means.write(means.size(),
-                        tf.cast(tf.reduce_mean(features, axis=0), dtype))
+    return means.write(means.size(),
+                       tf.cast(tf.reduce_mean(features, axis=0), dtype))
+
+  means = loops.fold_batches(dataset, add_batch, means)
   return means.stack()
 
 

@@ -55,6 +55,7 @@ class TeacherSelection(NamedTuple):
   val_accuracy: tf.Tensor
 
 
+@tf.autograph.experimental.do_not_convert
 def select_teachers(valid: tf.Tensor, val_logits: tf.Tensor | None,
                     val_labels: tf.Tensor | None, *,
                     drop_worst: bool) -> TeacherSelection:
@@ -89,6 +90,7 @@ def select_teachers(valid: tf.Tensor, val_logits: tf.Tensor | None,
   return TeacherSelection(kept, accuracies)
 
 
+@tf.autograph.experimental.do_not_convert
 def avg_logits_target(teacher_logits: tf.Tensor, kept: tf.Tensor, *,
                       temperature: float = 1.0) -> tf.Tensor:
   """FedDF's AVGLOGITS target softmax(mean over kept teachers of logits / T).
@@ -170,6 +172,7 @@ class FusionResult(NamedTuple):
   distill_seconds: tf.Tensor
 
 
+@tf.autograph.experimental.do_not_convert
 def _all_teachers(prototypes: Sequence[Prototype], x: tf.Tensor,
                   batch_size: int) -> tf.Tensor:
   """[K, N, C] logits of every prototype's stacked teachers on `x`."""
@@ -180,7 +183,7 @@ def _all_teachers(prototypes: Sequence[Prototype], x: tf.Tensor,
   ], 0)
 
 
-@tf.function
+@tf.function(autograph=False)
 def fuse(prototypes: Sequence[Prototype],
          optimizer: tff.learning.optimizers.Optimizer, pool: tf.Tensor,
          config: distill_hparams.DistillConfig, *,

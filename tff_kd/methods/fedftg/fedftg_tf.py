@@ -445,10 +445,11 @@ def fine_tune(models: FineTuneModels,
       teacher_mask, student_learning_rate)
 
 
-@tf.function
+@tf.function(autograph=False)
 def _fine_tune(models, counts, optimizers, states, settings, seed,
                teacher_mask, student_learning_rate) -> FineTuneResult:
-  """The AutoGraph-converted loop of `fine_tune` (arguments checked)."""
+  """The graph of `fine_tune` (arguments checked), built without AutoGraph
+  (`tff_kd.core.loops`)."""
   student, teachers, generator = models
   generator_optimizer, student_optimizer = optimizers
   generator_state, student_state = states
@@ -475,37 +476,41 @@ def _fine_tune(models, counts, optimizers, states, settings, seed,
                                              tf.int32)))
   generator_steps = tf.maximum(tf.cast(generator_steps, tf.int32), 1)
   start_weights = [tf.identity(v) for v in student.weights]
-  sums = tf.zeros([6])
-  first_loss = tf.constant(0.0)
-  last_loss = tf.constant(0.0)
-  for it in tf.range(iterations):
+
+  def generator_step(state, labels, z):
+    gen_state, sums_g = state
+    with tf.GradientTape() as tape:
+      x = generator([z, labels], training=True)
+      teacher = class_weighted_teacher(
+          _ensemble_logits(teachers, x, teacher_mask), labels, counts,
+          ensemble=ensemble)
+      terms = hard_sample_generator_loss(
+          student(x, training=False), teacher, labels, noise=z, samples=x,
+          transfer_weight=settings.transfer_weight,
+          diversity_weight=settings.diversity_weight,
+          temperature=temperature, mask=settings.mask)
+    grads = tape.gradient(terms.loss, gen_vars)
+    gen_state, updated = generator_optimizer.next(
+        gen_state, tuple(gen_vars), tuple(grads))
+    for variable, value in zip(gen_vars, updated):
+      variable.assign(value)
+    accuracy = tf.reduce_mean(tf.cast(tf.equal(
+        tf.argmax(teacher, axis=-1, output_type=tf.int32), labels),
+                                      tf.float32))
+    return gen_state, sums_g + tf.stack([terms.loss, terms.fidelity,
+                                         terms.transfer, terms.diversity,
+                                         accuracy])
+
+  def iteration(state, it):
+    gen_state, s_state, sums, first_loss, _ = state
     seeds = tf.random.experimental.stateless_split(
         tf.random.experimental.stateless_fold_in(seed, it), 4)
     # 1. Generator steps: hard samples the teachers still recognise.
     labels = customized_label_sampling(counts, batch, seeds[0])
     z = generators.sample_noise([batch, noise_dim], noise, seeds[1])
-    sums_g = tf.zeros([5])
-    for _ in tf.range(generator_steps):
-      with tf.GradientTape() as tape:
-        x = generator([z, labels], training=True)
-        teacher = class_weighted_teacher(
-            _ensemble_logits(teachers, x, teacher_mask), labels, counts,
-            ensemble=ensemble)
-        terms = hard_sample_generator_loss(
-            student(x, training=False), teacher, labels, noise=z, samples=x,
-            transfer_weight=settings.transfer_weight,
-            diversity_weight=settings.diversity_weight,
-            temperature=temperature, mask=settings.mask)
-      grads = tape.gradient(terms.loss, gen_vars)
-      gen_state, updated = generator_optimizer.next(
-          gen_state, tuple(gen_vars), tuple(grads))
-      for variable, value in zip(gen_vars, updated):
-        variable.assign(value)
-      accuracy = tf.reduce_mean(tf.cast(tf.equal(
-          tf.argmax(teacher, axis=-1, output_type=tf.int32), labels),
-                                        tf.float32))
-      sums_g += tf.stack([terms.loss, terms.fidelity, terms.transfer,
-                          terms.diversity, accuracy])
+    gen_state, sums_g = loops.fold_range(
+        generator_steps, lambda g, _: generator_step(g, labels, z),
+        (gen_state, tf.zeros([5])))
     means_g = sums_g / tf.cast(generator_steps, tf.float32)
     # 2. Student steps on a fresh batch from the updated generator.
     labels = customized_label_sampling(counts, batch, seeds[2])
@@ -517,11 +522,16 @@ def _fine_tune(models, counts, optimizers, states, settings, seed,
     result = distillation.distill(student, student_optimizer, x,
                                   tf.stop_gradient(targets), config,
                                   optimizer_state=s_state)
-    s_state = result.optimizer_state
-    if tf.equal(it, 0):
-      first_loss = result.first_loss
-    last_loss = result.last_loss
-    sums += tf.concat([means_g, [result.last_loss]], 0)
+    first_loss = tf.cond(tf.equal(it, 0), lambda: result.first_loss,
+                         lambda: first_loss)
+    return (gen_state, result.optimizer_state,
+            sums + tf.concat([means_g, [result.last_loss]], 0), first_loss,
+            result.last_loss)
+
+  gen_state, s_state, sums, first_loss, last_loss = loops.fold_range(
+      iterations, iteration,
+      (gen_state, s_state, tf.zeros([6]), tf.constant(0.0),
+       tf.constant(0.0)))
   means = tf.unstack(sums / float(iterations))
   before, after = _agreement(models, start_weights, counts, teacher_mask,
                              settings, 4 * batch, seed)

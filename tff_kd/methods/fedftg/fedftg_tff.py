@@ -265,7 +265,7 @@ class _Uploads(NamedTuple):
   label_counts: tf.Tensor
 
 
-@tf.function
+@tf.function(autograph=False)
 def _server_round(models: fedftg_tf.FineTuneModels,
                   start: tff.learning.models.ModelWeights,
                   global_weights: tff.learning.models.ModelWeights,

@@ -421,7 +421,7 @@ def _generator_round(generator, weights, kernels, biases, counts,
   return result, tf.nest.map_structure(tf.identity, variables)
 
 
-@tf.function
+@tf.function(autograph=False)
 def link_table(student: classifiers.Classifier, teacher: tf.keras.Model,
                global_weights: tff.learning.models.ModelWeights,
                deltas: tff.learning.models.ModelWeights, valid: tf.Tensor,
