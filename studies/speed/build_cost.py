@@ -11,7 +11,8 @@ each method in fresh processes (`--config`, `--overrides`) and records:
 * `autograph_s` and `conversions`: the time AutoGraph spent converting
   functions, and how many it converted (TensorFlow's own conversion entry
   point, timed around each call; a conversion's own time, without what the
-  converted function later calls);
+  converted function later calls); `hook_sees_conversions` checks, after
+  the build, that the timing hook records a conversion at all;
 * the functions that cost most to convert.
 
 Each value is the median over `--repeats` processes; the slowest
@@ -75,10 +76,29 @@ def _measure(method: str) -> dict:
     t0 = time.perf_counter()
     experiment.prepare(config, root)
     prepare_s = time.perf_counter() - t0
-  slowest = sorted(costs.items(), key=lambda kv: -kv[1])[:_TOP.value]
+  build_costs = dict(costs)
+  slowest = sorted(build_costs.items(), key=lambda kv: -kv[1])[:_TOP.value]
   return dict(method=method, prepare_s=prepare_s,
-              autograph_s=sum(costs.values()), conversions=len(costs),
-              slowest=[[name, seconds] for name, seconds in slowest])
+              autograph_s=sum(build_costs.values()),
+              conversions=len(build_costs),
+              slowest=[[name, seconds] for name, seconds in slowest],
+              hook_sees_conversions=_probe_converted(costs))
+
+
+def _probe_converted(costs: dict) -> bool:
+  """Whether the hook records a conversion: a count of 0 means something
+  only if it does. Converts one function with a conditional on a tensor
+  (after the build, so the build's counts leave it out)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  @tf.function
+  def probe(x):
+    if x > 0:
+      x = -x
+    return x
+
+  probe(tf.constant(1.0))
+  return any(name.endswith('probe') for name in costs)
 
 
 def _child_run(method: str) -> dict:
@@ -96,11 +116,14 @@ def _markdown(result: dict) -> str:
       f"Command: `{result['command']}`", '',
       f"Machine: {result['machine']}. Medians over {result['repeats']} "
       'fresh processes each.', '',
-      '| method | `prepare` s | AutoGraph s | conversions |',
-      '|---|---|---|---|']
+      '| method | `prepare` s | AutoGraph s | conversions | the hook sees '
+      'a probe conversion |',
+      '|---|---|---|---|---|']
   for row in result['rows']:
+    seen = 'yes' if row['hook_sees_conversions'] else '**no**'
     lines.append(f"| {row['method']} | {row['prepare_s']:.2f} | "
-                 f"{row['autograph_s']:.2f} | {row['conversions']} |")
+                 f"{row['autograph_s']:.2f} | {row['conversions']} | "
+                 f'{seen} |')
   lines += ['', 'Slowest conversions (first process, seconds):', '']
   for row in result['rows']:
     slowest = ', '.join(f'`{name}` {seconds:.3f}'
@@ -119,6 +142,7 @@ def main(argv):
     runs = [_child_run(method) for _ in range(_REPEATS.value)]
     rows.append(dict(
         method=method, runs=runs, slowest=runs[0]['slowest'],
+        hook_sees_conversions=all(r['hook_sees_conversions'] for r in runs),
         **{key: statistics.median(r[key] for r in runs)
            for key in ('prepare_s', 'autograph_s', 'conversions')}))
   result = dict(command=common.command('speed.build_cost'),
