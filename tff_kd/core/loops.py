@@ -12,7 +12,11 @@ element, resp. over a counter), so the functions that use them are traced
 with `autograph=False` into the same graph, and compute the same numbers.
 
 Their `step` must trace as plain Python: no Python `if`, `for` or `while`
-on tensors (loops over Python lists, like the model's variables, are fine).
+on tensors (loops over Python lists, like the model's variables, are fine;
+a condition is a `tf.cond`). The helpers are marked unconverted, so a
+`step` traces as written even when their caller is converted. Every KD
+method's loops are built this way, and a process build converts no Python
+function (BUILD_NOTES.md, "Start-up of the KD methods").
 `map_batches` is `fold_range` over the batches of a pool: a model's (or
 several heads') outputs on N examples, a batch at a time.
 """
