@@ -36,9 +36,10 @@ the student inside can return them.
 Everything is pure TensorFlow with no TFF placement: `distill` runs eagerly
 (notebooks, tests) and inside a `tff.tensorflow.computation` body; its loop
 is a `tf.function` written with explicit graph loops and conditionals
-(`tff_kd.core.loops`, `tf.cond`), traced without AutoGraph, and the helpers
-it calls are marked unconverted: a KD method's process build converts no
-Python function (BUILD_NOTES.md, "Start-up of the KD methods").
+(`tff_kd.core.loops`, `tf.cond`), traced without AutoGraph, and the public
+functions are marked unconverted (a user's converted code may call them):
+a KD method's process build converts no Python function (BUILD_NOTES.md,
+"Start-up of the KD methods").
 """
 
 import math
@@ -380,7 +381,6 @@ def validation_split(num_examples: tf.Tensor, val_fraction: float,
   return perm[:n_train], perm[n_train:]
 
 
-@tf.autograph.experimental.do_not_convert
 def _permutation(n: tf.Tensor, seed) -> tf.Tensor:
   # Full-range int64 keys make ties (and so any order bias) negligible.
   keys = tf.random.stateless_uniform(
@@ -410,7 +410,6 @@ def _num_classes(model: tf.keras.Model) -> int | None:
   return None
 
 
-@tf.autograph.experimental.do_not_convert
 def _check_pool(student: tf.keras.Model, x: tf.Tensor, targets: Targets,
                 config: distill_hparams.DistillConfig) -> None:
   """Static shape checks, before any compute."""
@@ -529,12 +528,10 @@ def distill(student: tf.keras.Model,
                   optimizer_state, labeled)
 
 
-@tf.autograph.experimental.do_not_convert
 def _values(weights: tff.learning.models.ModelWeights):
   return tf.nest.map_structure(tf.identity, weights)
 
 
-@tf.autograph.experimental.do_not_convert
 def _labeled_metrics(student: tf.keras.Model, labeled, batch_size
                      ) -> tuple[tf.Tensor, tf.Tensor]:
   """(mean cross-entropy, accuracy) of `student` on `labeled`, inference."""
@@ -548,7 +545,6 @@ def _labeled_metrics(student: tf.keras.Model, labeled, batch_size
   return loss, accuracy
 
 
-@tf.autograph.experimental.do_not_convert
 def _start_optimizer(optimizer, trainable, optimizer_state, learning_rate):
   """(optimizer state of tensors, base learning rate) at the first step."""
   if optimizer_state is None:
@@ -565,7 +561,6 @@ def _start_optimizer(optimizer, trainable, optimizer_state, learning_rate):
   return optimizer.set_hparams(opt_state, hparams), base_lr
 
 
-@tf.autograph.experimental.do_not_convert
 def _student_step(student, optimizer, opt_state, x_batch, target_batch, step,
                   base_lr, config):
   """One optimiser step of the student on eq. (KD); (state, loss)."""
@@ -590,7 +585,6 @@ def _student_step(student, optimizer, opt_state, x_batch, target_batch, step,
   return opt_state, loss
 
 
-@tf.autograph.experimental.do_not_convert
 def _accept_or_restore(student, labeled, batch_size, config, initial_weights,
                        accuracy_before):
   """`config.accept` on the labeled set: (accuracy after, accepted 0/1)."""

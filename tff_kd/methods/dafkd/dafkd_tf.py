@@ -148,20 +148,17 @@ MEAN_NAMES = ('joint_loss', 'ce_loss', 'disc_loss', 'generator_loss',
               'disc_real_accuracy', 'disc_fake_accuracy')
 
 
-@tf.autograph.experimental.do_not_convert
 def _assign(variables, values) -> None:
   for v, x in zip(variables, values):
     v.assign(x)
 
 
-@tf.autograph.experimental.do_not_convert
 def _delta(variables: ModelWeights, start: Sequence[tf.Tensor]) -> ModelWeights:
   return ModelWeights(
       [v - s for v, s in zip(variables.trainable, start)],
       [tf.identity(v) for v in variables.non_trainable])
 
 
-@tf.autograph.experimental.do_not_convert
 def _cross_entropy_step(classifier: classifiers.Classifier, joint_variables,
                         batch, optimizer: tff.learning.optimizers.Optimizer,
                         state) -> tuple[tf.Tensor, object]:
@@ -181,7 +178,6 @@ def _cross_entropy_step(classifier: classifiers.Classifier, joint_variables,
   return ce, state
 
 
-@tf.autograph.experimental.do_not_convert
 def _start_round(models: gan.GanModels,
                  weights: tuple[ModelWeights, ModelWeights],
                  discriminator_row: Sequence[tf.Tensor]):
@@ -201,7 +197,6 @@ def _start_round(models: gan.GanModels,
   return clf_vars, gen_vars, clf_start, gen_start
 
 
-@tf.autograph.experimental.do_not_convert
 def _gan_step(models: gan.GanModels, batch, optimizers: gan.GanOptimizers,
               states: tuple, settings: gan.GanSettings, seed: tf.Tensor,
               step: tf.Tensor, negatives_pool: Optional[tf.Tensor]):
@@ -227,7 +222,6 @@ def _gan_step(models: gan.GanModels, batch, optimizers: gan.GanOptimizers,
        r.fake_accuracy]), tf.constant(1)
 
 
-@tf.autograph.experimental.do_not_convert
 def _ce_step(classifier: classifiers.Classifier, joint_variables, batch,
              optimizer: tff.learning.optimizers.Optimizer, states: tuple):
   """A plain cross-entropy step, with `_gan_step`'s outputs (0 for 1)."""
@@ -238,7 +232,6 @@ def _ce_step(classifier: classifiers.Classifier, joint_variables, batch,
       tf.constant(0))
 
 
-@tf.autograph.experimental.do_not_convert
 def _first_gan_step(dataset: tf.data.Dataset,
                     settings: gan.GanSettings) -> tf.Tensor:
   """The first local step of the GAN window (int64)."""
@@ -250,7 +243,6 @@ def _first_gan_step(dataset: tf.data.Dataset,
   return first_gan_step
 
 
-@tf.autograph.experimental.do_not_convert
 def _private_terms(models: gan.GanModels, gen_vars: ModelWeights,
                    broadcast_generator: ModelWeights, pool: PrivatePool,
                    settings: gan.GanSettings) -> tuple[tf.Tensor, tf.Tensor]:
@@ -584,7 +576,6 @@ class ServerRoundResult(NamedTuple):
   seconds: tf.Tensor
 
 
-@tf.autograph.experimental.do_not_convert
 def _round_pool(generator: tf.keras.Model,
                 generators_: tuple[ModelWeights, ModelWeights],
                 settings: ServerSettings, seed: tf.Tensor,

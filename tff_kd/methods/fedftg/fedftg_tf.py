@@ -280,7 +280,6 @@ def num_teachers(teachers: Teachers) -> int:
   return len(teachers)
 
 
-@tf.autograph.experimental.do_not_convert
 def _ensemble_logits(teachers: Teachers, x: tf.Tensor,
                      teacher_mask: tf.Tensor | None) -> tf.Tensor:
   """[K, B, C] inference-mode logits; rows of masked-out teachers are 0."""
@@ -290,7 +289,6 @@ def _ensemble_logits(teachers: Teachers, x: tf.Tensor,
                            for t in teachers]), teacher_mask)
 
 
-@tf.autograph.experimental.do_not_convert
 def _masked(logits: tf.Tensor, teacher_mask: tf.Tensor | None) -> tf.Tensor:
   """[K, N, C] `logits` with the rows of masked-out teachers set to 0."""
   if teacher_mask is None:
@@ -541,7 +539,6 @@ def _fine_tune(models, counts, optimizers, states, settings, seed,
                         agreement_after=after)
 
 
-@tf.autograph.experimental.do_not_convert
 def _agreement(models, start_weights, counts, teacher_mask, settings, size,
                seed):
   """The (initial, final) student's argmax agreement with the class-level
