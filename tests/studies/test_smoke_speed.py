@@ -176,3 +176,18 @@ def test_worker_grappler(tmp_path):
              for r in runs.values())
   assert '| `worker_grappler` |' in (tmp_path / 'worker_grappler.md'
                                      ).read_text()
+
+
+def test_step_cost(tmp_path):
+  """Both steps traced, counted and timed; DaFKD's eq. 9 step runs the
+  extractor three times, so it must count more operations than FedAvg's."""
+  out = tmp_path / 'step_cost'
+  _run('speed.step_cost', '--batch_size=4', '--repeats=2', f'--out={out}')
+  result = _json(f'{out}.json')
+  assert 'command' in result and 'machine' in result
+  fedavg, dafkd = result['rows']
+  assert fedavg['step'].startswith('FedAvg')
+  assert dafkd['step'].startswith('DaFKD')
+  assert dafkd['mflop'] > 2 * fedavg['mflop'] > 0
+  assert fedavg['ms'] > 0 and dafkd['ms'] > 0
+  assert '| x FedAvg |' in (tmp_path / 'step_cost.md').read_text()
