@@ -15,6 +15,8 @@ from tests import helpers
 from tff_kd import errors
 from tff_kd.methods import registry
 from tff_kd.methods.dafkd import hparams as dafkd_hparams
+from tff_kd.models import classifiers
+from tff_kd.models import generators
 from tff_kd.program import checkpoints
 from tff_kd.program import experiment
 from tff_kd.program import settings
@@ -153,5 +155,18 @@ def test_the_default_dafkd_trains_and_resumes(tmp_path):
     saved = json.load(f)
   assert saved['dafkd']['variant'] == 'real_pool'
   assert saved['dafkd']['pool'] == 'real'
+  # Traffic per client: the classifier and the client's discriminator row
+  # both ways, the pool down; not the generator, which no client trains.
+  clf = classifiers.build_classifier('cnn', input_shape=(8, 8, 1),
+                                     num_classes=10)
+  head = generators.build_discriminator_head(clf).head
+  clf_bytes = 4 * sum(int(w.shape.num_elements()) for w in clf.model.weights)
+  row_bytes = 4 * sum(int(w.shape.num_elements()) for w in head.weights)
+  pool_bytes = 4 * 100 * 8 * 8
+  row = first.history[0]
+  clients = config.clients_per_round
+  assert row['comm/bytes_down'] == clients * (clf_bytes + row_bytes +
+                                              pool_bytes)
+  assert row['comm/bytes_up'] == clients * (clf_bytes + row_bytes + 8)
   again = experiment.run(config, str(tmp_path), progress=False)
   assert again.history == []  # Both rounds are on record already.

@@ -64,6 +64,10 @@ time; private mode: it never moves, so it is not counted at all, and the
 store stands for the clients' own storage, never read by the finalizer).
 In plain mode the uploaded row reaches the server twice in the simulation
 (the stack for the finalizer, the scatter for the store); it is counted once.
+With the real pool (`pool='real'`) the generator is broadcast and averaged
+in the simulation but never trained, so the counts leave it out both ways;
+every client reads the server's unlabeled pool, which `bytes_down` counts
+in every client's round (a client keeps nothing between rounds).
 
 A secure-sum intrinsic needs an execution context that implements it: TFF
 0.87's `tff.backends.test` contexts (`tff_kd.runtime.context`'s
@@ -176,6 +180,13 @@ def _model_values(spec: ModelSpec, build: Callable = lambda fn: fn()):
           local_training.model_weights(build(spec.generator_fn)))
 
 
+def _tensor_bytes(tensor_fn: Callable[[], tf.Tensor]) -> float:
+  """Bytes of the tensor a no-arg TF function returns (traced, not run)."""
+  out = tf.function(tensor_fn, autograph=False).get_concrete_function(
+  ).structured_outputs
+  return float(out.shape.num_elements() * out.dtype.size)
+
+
 def models_type(spec: ModelSpec) -> tff.Type:
   """TFF type of the server model: (classifier, generator) `ModelWeights`.
 
@@ -240,8 +251,9 @@ def build_client_work(
     private: Appendix B settings, or None (plain DaFKD).
     negatives_fn: The oracle-pool ablation: a no-arg TF function returning
       real images of the global distribution (the server's proxy pool,
-      read inside the client's computation as if broadcast) that replace
-      the generated negatives; None: generated negatives (DaFKD).
+      read inside the client's computation as if broadcast, and counted in
+      `bytes_down`) that replace the generated negatives; None: generated
+      negatives (DaFKD).
     seed: The process seed; with `dataset_fn=None` it seeds each client's
       round as the keys' seed field does (`tff_types.client_input`).
 
@@ -255,9 +267,16 @@ def build_client_work(
                                    what='client')
   model_bytes = float(tff_types.payload_bytes(weights_type))
   row_bytes = store.row_bytes
+  pool_bytes = 0.0
+  if negatives_fn is not None:
+    # The real pool: no client trains the generator, so a deployment sends
+    # neither it nor its (zero) delta; every client reads the pool instead.
+    model_bytes = float(tff_types.payload_bytes(weights_type[0]))
+    pool_bytes = _tensor_bytes(negatives_fn)
   if private is None:
-    # Down: the models and the client's row; up: both, its weight, its id.
-    bytes_down = model_bytes + row_bytes
+    # Down: the models, the client's row and the real pool (if any); up:
+    # the models, the row, its weight, its id.
+    bytes_down = model_bytes + row_bytes + pool_bytes
     bytes_up = model_bytes + row_bytes + 2 * _FLOAT_BYTES
   else:
     num_terms = private.pool_size * (spec.settings.num_classes + 1)
