@@ -19,7 +19,11 @@ builders; DaFKD's models and GAN settings from `DaFKDHparams()` with
   update, the same optimiser in both), and their ratio to FedAvg's;
 * `ms`: the wall time of that step as a `tf.function` on one
   thread (the local worker's `runtime.intra_op_threads=1`), the median of
-  `--repeats` timed calls, DaFKD's and FedAvg's calls alternated.
+  `--repeats` timed calls, the calls alternated.
+
+A third row is the classifier's inference-mode forward pass on the batch:
+what one KD teacher costs per pool image (FedDF's server scores the pool
+with each of the K teachers).
 
 Usage (a minute on 2 CPU cores):
   TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python -m studies.speed.step_cost \
@@ -63,7 +67,8 @@ def _flops(concrete: tf.types.experimental.ConcreteFunction) -> int:
 
 
 def _steps(shape: tuple[int, ...], num_classes: int):
-  """(FedAvg's, DaFKD's) steps as `tf.function`s, and DaFKD's settings."""
+  """FedAvg's and DaFKD's steps and the classifier's inference pass (a
+  teacher scoring a batch) as `tf.function`s, and DaFKD's settings."""
 
   def classifier_fn():
     return classifiers.build_classifier(_MODEL.value, input_shape=shape,
@@ -102,7 +107,11 @@ def _steps(shape: tuple[int, ...], num_classes: int):
                                states, spec.settings, seed,
                                negatives=negatives).ce_loss
 
-  return fedavg, dafkd, spec.settings
+  @tf.function(autograph=False)
+  def forward(x):
+    return fedavg_model(x, training=False)
+
+  return fedavg, dafkd, forward, spec.settings
 
 
 def _median_ms(calls, repeats: int) -> list[float]:
@@ -146,17 +155,18 @@ def main(argv):
   tf.config.threading.set_inter_op_parallelism_threads(1)
   shape = tuple(int(s) for s in _SHAPE.value)
   batch = _BATCH.value
-  fedavg, dafkd, settings = _steps(shape, _CLASSES.value)
+  fedavg, dafkd, forward, settings = _steps(shape, _CLASSES.value)
   images = tf.TensorSpec([batch, *shape], tf.float32)
   labels = tf.TensorSpec([batch], tf.int32)
   mflop = [_flops(fedavg.get_concrete_function(images, labels)) / 1e6,
-           _flops(dafkd.get_concrete_function(images, labels, images)) / 1e6]
+           _flops(dafkd.get_concrete_function(images, labels, images)) / 1e6,
+           _flops(forward.get_concrete_function(images)) / 1e6]
   rng = tf.random.Generator.from_seed(0)
   x = rng.uniform([batch, *shape])
   negatives = rng.uniform([batch, *shape])
   y = rng.uniform([batch], 0, _CLASSES.value, tf.int32)
-  ms = _median_ms([lambda: fedavg(x, y), lambda: dafkd(x, y, negatives)],
-                  _REPEATS.value)
+  ms = _median_ms([lambda: fedavg(x, y), lambda: dafkd(x, y, negatives),
+                   lambda: forward(x)], _REPEATS.value)
   result = {
       'command': common.command('speed.step_cost'),
       'machine': common.machine(),
@@ -171,6 +181,8 @@ def main(argv):
           {'step': 'FedAvg (cross-entropy)', 'mflop': mflop[0], 'ms': ms[0]},
           {'step': 'DaFKD (eq. 9: cross-entropy + eq. 2)',
            'mflop': mflop[1], 'ms': ms[1]},
+          {'step': 'Inference forward (a teacher scoring the batch)',
+           'mflop': mflop[2], 'ms': ms[2]},
       ],
   }
   print(common.write_result(_OUT.value, result, _markdown))

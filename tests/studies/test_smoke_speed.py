@@ -185,9 +185,10 @@ def test_step_cost(tmp_path):
   _run('speed.step_cost', '--batch_size=4', '--repeats=2', f'--out={out}')
   result = _json(f'{out}.json')
   assert 'command' in result and 'machine' in result
-  fedavg, dafkd = result['rows']
+  fedavg, dafkd, forward = result['rows']
   assert fedavg['step'].startswith('FedAvg')
   assert dafkd['step'].startswith('DaFKD')
   assert dafkd['mflop'] > 2 * fedavg['mflop'] > 0
+  assert 0 < forward['mflop'] < fedavg['mflop']
   assert fedavg['ms'] > 0 and dafkd['ms'] > 0
   assert '| x FedAvg |' in (tmp_path / 'step_cost.md').read_text()
