@@ -213,6 +213,10 @@ def test_round_metrics_and_model_views(plain):
   assert fin['steps'] == 3.0 and np.isfinite(fin['last_loss'])
   assert 0.0 < fin['target_entropy'] <= np.log(NUM_CLASSES) + 1e-6
   assert fin['server_seconds'] > 0.0
+  # Its parts: up to eq. 8's target, then the distillation (the hook last).
+  assert fin['teacher_seconds'] > 0.0 and fin['distill_seconds'] > 0.0
+  assert fin['teacher_seconds'] + fin['distill_seconds'] <= (
+      fin['server_seconds'])
   for key in ('agreement_before', 'agreement_after'):
     assert 0.0 <= fin[key] <= 1.0, key
   cw = outputs[0]['client_work']['train']

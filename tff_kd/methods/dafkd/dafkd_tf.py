@@ -567,6 +567,10 @@ class ServerRoundResult(NamedTuple):
     metrics: The diagnostics hook's named metrics (empty without one).
     seconds: Wall time of the whole server round (pool, teachers,
       distillation and the hook).
+    teacher_seconds: Wall time up to eq. (8)'s target: the means, the pool,
+      every client's logits and discriminator scores, eq. (7) and (8).
+    distill_seconds: Wall time of the distillation (loading the student,
+      its steps and labeled checks). The hook takes the rest of `seconds`.
   """
 
   classifier: ModelWeights
@@ -574,6 +578,8 @@ class ServerRoundResult(NamedTuple):
   distill: distillation.DistillResult
   metrics: collections.OrderedDict
   seconds: tf.Tensor
+  teacher_seconds: tf.Tensor
+  distill_seconds: tf.Tensor
 
 
 def _round_pool(generator: tf.keras.Model,
@@ -664,6 +670,8 @@ def server_round(models: gan.GanModels,
     logits = scores = alpha = None
     target = tf.ensure_shape(gan.private_teacher(*uploads.private_sums),
                              [settings.pool_size, settings.gan.num_classes])
+  with tf.control_dependencies([target]):
+    t_target = tf.timestamp()
   # Appendix A distils the head on generated features; the averaged
   # extractor stays as it is.
   student = gan.pool_classifier(classifier, settings.gan)
@@ -680,6 +688,7 @@ def server_round(models: gan.GanModels,
   # student may be its head alone).
   with tf.control_dependencies(tf.nest.flatten(result.weights)):
     new_weights = tf.nest.map_structure(tf.identity, student_vars)
+    t_distilled = tf.timestamp()
   metrics = core_diagnostics.run(diagnostics, core_diagnostics.ServerRound(
       Teachers(models, global_weights[0], uploads), alpha, pool, target,
       student, student_vars, new_classifier, new_weights, labeled,
@@ -687,5 +696,7 @@ def server_round(models: gan.GanModels,
   with tf.control_dependencies([*tf.nest.flatten(metrics),
                                 *tf.nest.flatten(new_weights)]):
     seconds = tf.cast(tf.timestamp() - t_start, tf.float32)
-  return ServerRoundResult(new_weights, new_generator, result, metrics,
-                           seconds)
+  return ServerRoundResult(
+      new_weights, new_generator, result, metrics, seconds,
+      tf.cast(t_target - t_start, tf.float32),
+      tf.cast(t_distilled - t_target, tf.float32))

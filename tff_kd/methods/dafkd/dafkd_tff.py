@@ -464,8 +464,10 @@ def build_finalizer(
   """`dafkd_tf.server_round` as a finalizer; its state is the round number.
 
   Measurements: `num_teachers`, the distillation's `steps`, `first_loss`,
-  `last_loss`, `pool_size` and `server_seconds` (the wall time of the
-  server's whole round); with a labeled validation set
+  `last_loss`, `pool_size`, `server_seconds` (the wall time of the
+  server's whole round) and its parts `teacher_seconds` (up to eq. 8's
+  target) and `distill_seconds` (the distillation; the diagnostics take
+  the rest); with a labeled validation set
   (`server_data.val_size` > 0) `labeled_accuracy_before` / `_after` and
   `accepted` (`DistillConfig.accept`). The mechanism metrics come from the
   round's one diagnostics hook, `diagnostics.RoundDiagnostics`:
@@ -547,7 +549,9 @@ def build_finalizer(
         first_loss=r.distill.first_loss,
         last_loss=r.distill.last_loss,
         pool_size=tf.constant(float(pool_size)),
-        server_seconds=r.seconds)
+        server_seconds=r.seconds,
+        teacher_seconds=r.teacher_seconds,
+        distill_seconds=r.distill_seconds)
     if labeled is not None:
       metrics.update(
           labeled_accuracy_before=r.distill.labeled_accuracy_before,
