@@ -180,13 +180,6 @@ def _model_values(spec: ModelSpec, build: Callable = lambda fn: fn()):
           local_training.model_weights(build(spec.generator_fn)))
 
 
-def _tensor_bytes(tensor_fn: Callable[[], tf.Tensor]) -> float:
-  """Bytes of the tensor a no-arg TF function returns (traced, not run)."""
-  out = tf.function(tensor_fn, autograph=False).get_concrete_function(
-  ).structured_outputs
-  return float(out.shape.num_elements() * out.dtype.size)
-
-
 def models_type(spec: ModelSpec) -> tff.Type:
   """TFF type of the server model: (classifier, generator) `ModelWeights`.
 
@@ -267,16 +260,15 @@ def build_client_work(
                                    what='client')
   model_bytes = float(tff_types.payload_bytes(weights_type))
   row_bytes = store.row_bytes
-  pool_bytes = 0.0
   if negatives_fn is not None:
     # The real pool: no client trains the generator, so a deployment sends
-    # neither it nor its (zero) delta; every client reads the pool instead.
+    # neither it nor its (zero) delta; every client reads the pool instead
+    # (`client_fn` adds its bytes down).
     model_bytes = float(tff_types.payload_bytes(weights_type[0]))
-    pool_bytes = _tensor_bytes(negatives_fn)
   if private is None:
-    # Down: the models, the client's row and the real pool (if any); up:
-    # the models, the row, its weight, its id.
-    bytes_down = model_bytes + row_bytes + pool_bytes
+    # Down: the models and the client's row (and the real pool); up: the
+    # models, the row, its weight, its id.
+    bytes_down = model_bytes + row_bytes
     bytes_up = model_bytes + row_bytes + 2 * _FLOAT_BYTES
   else:
     num_terms = private.pool_size * (spec.settings.num_classes + 1)
@@ -293,11 +285,14 @@ def build_client_work(
       private_pool = dafkd_tf.PrivatePool(
           private.pool_size, dafkd_tf.pool_seed(private.seed, round_num),
           private.temperature, private.correlation)
+    negatives = None if negatives_fn is None else negatives_fn()
     r = dafkd_tf.client_round(
         spec.build(), weights, row, client.dataset, optimizers, lr,
         tff_types.key_seed(client.key), spec.settings,
-        private_pool=private_pool,
-        negatives_pool=None if negatives_fn is None else negatives_fn())
+        private_pool=private_pool, negatives_pool=negatives)
+    # The real pool's shape is static: its bytes are known at trace time.
+    pool_bytes = (0.0 if negatives is None else
+                  float(negatives.shape.num_elements() * negatives.dtype.size))
     update = collections.OrderedDict(classifier=r.classifier_delta,
                                      generator=r.generator_delta)
     if private is None:
@@ -308,7 +303,7 @@ def build_client_work(
     client_result, stats, keep = client_works.screen_client(
         tff.learning.templates.ClientResult(
             update=update, update_weight=r.local.num_examples),
-        client_works.client_stats(r.local, bytes_down, bytes_up))
+        client_works.client_stats(r.local, bytes_down + pool_bytes, bytes_up))
     # An excluded client keeps its old discriminator row, and its GAN
     # measurements get weight 0 in the mean.
     means = tf.where(keep, r.means, tf.zeros_like(r.means))
