@@ -25,6 +25,16 @@ A third row is the classifier's inference-mode forward pass on the batch:
 what one KD teacher costs per pool image (FedDF's server scores the pool
 with each of the K teachers).
 
+The last two rows are the same two steps for `--fused_clients` clients in
+lockstep, each with its own weights and batch (`tff_kd.core.fused.
+StackedModel`: one grouped convolution or batched matmul per layer, as
+`runtime.client_execution='fused'` runs FedAvg's clients), per client: what
+fusing DaFKD's clients could save at most on this step. The fused DaFKD
+step is built here from the public pieces (the classifier in training mode,
+the discriminator's image-to-logit model in inference mode on the real
+batch and on the negatives, eq. 9 per client); the library has no fused
+DaFKD client.
+
 Usage (a minute on 2 CPU cores):
   TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python -m studies.speed.step_cost \
       --out=studies/speed/results/step_cost
@@ -39,6 +49,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from studies import common
+from tff_kd.core import fused
 from tff_kd.methods.dafkd import dafkd_tff
 from tff_kd.methods.dafkd import gan
 from tff_kd.methods.dafkd import hparams as dafkd_hparams
@@ -51,6 +62,8 @@ _CLASSES = flags.DEFINE_integer('num_classes', 10, 'Classes.')
 _BATCH = flags.DEFINE_integer('batch_size', 32, 'Examples per step (and '
                               'negatives per DaFKD step).')
 _REPEATS = flags.DEFINE_integer('repeats', 200, 'Timed calls per step.')
+_FUSED = flags.DEFINE_integer('fused_clients', 5, 'Clients per fused step '
+                              '(G; 0 leaves the fused rows out).')
 _OUT = flags.DEFINE_string('out', 'studies/speed/results/step_cost',
                            'Result path without its extension.')
 
@@ -68,7 +81,8 @@ def _flops(concrete: tf.types.experimental.ConcreteFunction) -> int:
 
 def _steps(shape: tuple[int, ...], num_classes: int):
   """FedAvg's and DaFKD's steps and the classifier's inference pass (a
-  teacher scoring a batch) as `tf.function`s, and DaFKD's settings."""
+  teacher scoring a batch) as `tf.function`s, DaFKD's settings, and the
+  models they train (DaFKD's `GanModels`, FedAvg's Keras model)."""
 
   def classifier_fn():
     return classifiers.build_classifier(_MODEL.value, input_shape=shape,
@@ -111,7 +125,127 @@ def _steps(shape: tuple[int, ...], num_classes: int):
   def forward(x):
     return fedavg_model(x, training=False)
 
-  return fedavg, dafkd, forward, spec.settings
+  return fedavg, dafkd, forward, spec.settings, models, fedavg_model
+
+
+def _stacked_variables(variables, g: int) -> list[tf.Variable]:
+  """G copies of each variable's value, [G, ...] (the clients' weights)."""
+  return [tf.Variable(tf.tile(v[tf.newaxis], [g] + [1] * v.shape.rank))
+          for v in variables]
+
+
+def _fused_steps(models: gan.GanModels, fedavg_model: tf.keras.Model,
+                 settings: gan.GanSettings, g: int):
+  """FedAvg's and DaFKD's steps for G clients in lockstep (`StackedModel`).
+
+  Each client g steps on its own batch `x[g]` (and negatives
+  `negatives[g]`) with its own weights, held [G, ...]; the loss is the sum
+  over clients of each one's mean loss, so each client's gradient is its
+  own step's. The same plain SGD update as the per-client steps.
+  """
+  sgd = tff.learning.optimizers.build_sgdm(learning_rate=0.01)
+
+  def sgd_step(stacked, grads):
+    state = sgd.initialize(tuple(tf.TensorSpec(v.shape, v.dtype)
+                                 for v in stacked))
+    _, updated = sgd.next(state, tuple(stacked), tuple(grads))
+    for variable, value in zip(stacked, updated):
+      variable.assign(value)
+
+  def cross_entropy(labels, logits):
+    return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=labels, logits=logits), axis=1)
+
+  fedavg_net = fused.StackedModel(fedavg_model)
+  fedavg_vars = _stacked_variables(fedavg_model.trainable_weights, g)
+  fedavg_stats = _stacked_variables(fedavg_model.non_trainable_weights, g)
+
+  @tf.function(autograph=False)
+  def fedavg(x, y):
+    mask = tf.ones(tf.shape(y), tf.float32)
+    with tf.GradientTape() as tape:
+      logits, stats = fedavg_net(list(fedavg_vars), list(fedavg_stats), x,
+                                 mask, training=True)
+      loss = tf.reduce_sum(cross_entropy(y, logits))
+    sgd_step(fedavg_vars, tape.gradient(loss, fedavg_vars))
+    for variable, value in zip(fedavg_stats, stats):
+      variable.assign(value)
+    return loss
+
+  # The joint variables of eq. 9 (classifier and discriminator head, the
+  # extractor shared), stacked once; each model reads its own in its order.
+  classifier = models.classifier.model
+  disc = models.discriminator.logit_model
+  joint = gan.gan_variables(*models).joint
+  stats = list({v.ref(): v for v in (classifier.non_trainable_weights +
+                                     disc.non_trainable_weights)}.values())
+  joint_vars = _stacked_variables(joint, g)
+  stat_vars = _stacked_variables(stats, g)
+  index = {v.ref(): i for i, v in enumerate(joint)}
+  stat_index = {v.ref(): i for i, v in enumerate(stats)}
+  classifier_net = fused.StackedModel(classifier)
+  disc_net = fused.StackedModel(disc)
+
+  def weights_of(model, trainable, statistics):
+    return ([trainable[index[v.ref()]] for v in model.trainable_weights],
+            [statistics[stat_index[v.ref()]]
+             for v in model.non_trainable_weights])
+
+  @tf.function(autograph=False)
+  def dafkd(x, y, negatives):
+    mask = tf.ones(tf.shape(y), tf.float32)
+    statistics = list(stat_vars)
+    with tf.GradientTape() as tape:
+      trainable = list(joint_vars)
+      tape.watch(trainable)
+      logits, new_stats = classifier_net(
+          *weights_of(classifier, trainable, statistics), x, mask,
+          training=True)
+      for v, value in zip(classifier.non_trainable_weights, new_stats):
+        statistics[stat_index[v.ref()]] = value
+      # Eq. 2 in the server's mode ('inference'), after the real batch's
+      # moving-statistics update, as `client_gan_step` orders it.
+      d_real, _ = disc_net(*weights_of(disc, trainable, statistics), x,
+                           mask, training=False)
+      d_fake, _ = disc_net(*weights_of(disc, trainable, statistics),
+                           negatives, mask, training=False)
+      disc_loss = -(tf.reduce_sum(tf.math.log_sigmoid(d_real), [1, 2]) +
+                    tf.reduce_sum(tf.math.log_sigmoid(-d_fake), [1, 2])) / (
+                        tf.cast(tf.shape(d_real)[1] + tf.shape(d_fake)[1],
+                                tf.float32))
+      loss = tf.reduce_sum(cross_entropy(y, logits) +
+                           settings.adv_weight * disc_loss)
+    sgd_step(joint_vars, tape.gradient(loss, trainable))
+    for variable, value in zip(stat_vars, statistics):
+      variable.assign(value)
+    return loss
+
+  return fedavg, dafkd
+
+
+def _fused_loss_error(models: gan.GanModels, settings: gan.GanSettings,
+                      fused_dafkd, x, y, negatives) -> float:
+  """|fused eq. 9 loss - sum of the per-client ones| / the sum, all from
+  the same (tiled) start: the fused step computes the per-client step's
+  function. Restores every variable it moves."""
+  variables = list({v.ref(): v for m in (models.classifier.model,
+                                         models.discriminator.model)
+                    for v in m.weights}.values())
+  start = [tf.identity(v) for v in variables]
+  sgd = tff.learning.optimizers.build_sgdm(learning_rate=0.0)
+  optimizers = gan.GanOptimizers(sgd, sgd)
+  states = (gan.initial_optimizer_state(
+      sgd, gan.gan_variables(*models).joint), ())
+  total = 0.0
+  for g in range(int(x.shape[0])):
+    r = gan.client_gan_step(models, {'x': x[g], 'y': y[g]}, optimizers,
+                            states, settings, tf.constant([1, 2], tf.int64),
+                            negatives=negatives[g])
+    total += float(r.ce_loss + settings.adv_weight * r.disc_loss)
+    for v, value in zip(variables, start):
+      v.assign(value)
+  fused_loss = float(fused_dafkd(x, y, negatives))
+  return abs(fused_loss - total) / abs(total)
 
 
 def _median_ms(calls, repeats: int) -> list[float]:
@@ -155,7 +289,8 @@ def main(argv):
   tf.config.threading.set_inter_op_parallelism_threads(1)
   shape = tuple(int(s) for s in _SHAPE.value)
   batch = _BATCH.value
-  fedavg, dafkd, forward, settings = _steps(shape, _CLASSES.value)
+  fedavg, dafkd, forward, settings, models, fedavg_model = _steps(
+      shape, _CLASSES.value)
   images = tf.TensorSpec([batch, *shape], tf.float32)
   labels = tf.TensorSpec([batch], tf.int32)
   mflop = [_flops(fedavg.get_concrete_function(images, labels)) / 1e6,
@@ -165,8 +300,28 @@ def main(argv):
   x = rng.uniform([batch, *shape])
   negatives = rng.uniform([batch, *shape])
   y = rng.uniform([batch], 0, _CLASSES.value, tf.int32)
-  ms = _median_ms([lambda: fedavg(x, y), lambda: dafkd(x, y, negatives),
-                   lambda: forward(x)], _REPEATS.value)
+  calls = [lambda: fedavg(x, y), lambda: dafkd(x, y, negatives),
+           lambda: forward(x)]
+  g = _FUSED.value
+  if g:
+    fused_fedavg, fused_dafkd = _fused_steps(models, fedavg_model,
+                                            settings, g)
+    gx = rng.uniform([g, batch, *shape])
+    gnegatives = rng.uniform([g, batch, *shape])
+    gy = rng.uniform([g, batch], 0, _CLASSES.value, tf.int32)
+    gimages = tf.TensorSpec([g, batch, *shape], tf.float32)
+    glabels = tf.TensorSpec([g, batch], tf.int32)
+    mflop += [
+        _flops(fused_fedavg.get_concrete_function(gimages, glabels)) / 1e6
+        / g,
+        _flops(fused_dafkd.get_concrete_function(gimages, glabels, gimages))
+        / 1e6 / g]
+    fused_loss_error = _fused_loss_error(models, settings, fused_dafkd, gx,
+                                         gy, gnegatives)
+    calls += [lambda: fused_fedavg(gx, gy),
+              lambda: fused_dafkd(gx, gy, gnegatives)]
+  ms = _median_ms(calls, _REPEATS.value)
+  ms[3:] = [t / g for t in ms[3:]]
   result = {
       'command': common.command('speed.step_cost'),
       'machine': common.machine(),
@@ -183,8 +338,15 @@ def main(argv):
            'mflop': mflop[1], 'ms': ms[1]},
           {'step': 'Inference forward (a teacher scoring the batch)',
            'mflop': mflop[2], 'ms': ms[2]},
-      ],
+      ] + ([
+          {'step': f'FedAvg, {g} clients fused (per client)',
+           'mflop': mflop[3], 'ms': ms[3]},
+          {'step': f'DaFKD eq. 9, {g} clients fused (per client)',
+           'mflop': mflop[4], 'ms': ms[4]},
+      ] if g else []),
   }
+  if g:
+    result['fused_loss_error'] = fused_loss_error
   print(common.write_result(_OUT.value, result, _markdown))
 
 

@@ -180,12 +180,20 @@ def test_worker_grappler(tmp_path):
 
 def test_step_cost(tmp_path):
   """Both steps traced, counted and timed; DaFKD's eq. 9 step runs the
-  extractor three times, so it must count more operations than FedAvg's."""
+  extractor three times, so it must count more operations than FedAvg's.
+  The fused DaFKD step built by the script computes, from the same start,
+  the sum of the per-client eq. 9 losses (`gan.client_gan_step`)."""
   out = tmp_path / 'step_cost'
-  _run('speed.step_cost', '--batch_size=4', '--repeats=2', f'--out={out}')
+  _run('speed.step_cost', '--batch_size=4', '--repeats=2',
+       '--fused_clients=2', f'--out={out}')
   result = _json(f'{out}.json')
   assert 'command' in result and 'machine' in result
-  fedavg, dafkd, forward = result['rows']
+  fedavg, dafkd, forward, fused_fedavg, fused_dafkd = result['rows']
+  assert fused_fedavg['step'] == 'FedAvg, 2 clients fused (per client)'
+  assert fused_dafkd['step'] == 'DaFKD eq. 9, 2 clients fused (per client)'
+  assert fused_fedavg['ms'] > 0 and fused_dafkd['ms'] > 0
+  assert fused_dafkd['mflop'] > fused_fedavg['mflop'] > 0
+  assert result['fused_loss_error'] < 1e-5
   assert fedavg['step'].startswith('FedAvg')
   assert dafkd['step'].startswith('DaFKD')
   assert dafkd['mflop'] > 2 * fedavg['mflop'] > 0
