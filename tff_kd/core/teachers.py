@@ -19,6 +19,29 @@ from tff_kd.core import loops
 ModelWeights = tff.learning.models.ModelWeights
 
 
+def load_row(variables: ModelWeights,
+             global_weights: Optional[ModelWeights], deltas: ModelWeights,
+             k: tf.Tensor) -> None:
+  """Loads stacked row k into a model's variables (graph code).
+
+  Trainable values are `global + delta_k` (or `delta_k` itself, a whole
+  model, with `global_weights=None`); non-trainable values are the row's
+  own (a client's BatchNorm statistics).
+
+  Args:
+    variables: The model's `ModelWeights` of variables.
+    global_weights: The broadcast `ModelWeights`, or None.
+    deltas: Stacked [M, ...] rows, as in `stacked_logits`.
+    k: The row.
+  """
+  bases = (global_weights.trainable if global_weights is not None else
+           [None] * len(variables.trainable))
+  for v, g, d in zip(variables.trainable, bases, deltas.trainable):
+    v.assign(d[k] if g is None else g + d[k])
+  for v, d in zip(variables.non_trainable, deltas.non_trainable):
+    v.assign(d[k])
+
+
 @tf.autograph.experimental.do_not_convert
 def stacked_logits(model: tf.keras.Model,
                    global_weights: Optional[ModelWeights],
@@ -45,14 +68,9 @@ def stacked_logits(model: tf.keras.Model,
   variables = local_training.model_weights(model)
   num_slots = int(valid.shape[0])
   num_classes = int(model.output_shape[-1])
-  bases = (global_weights.trainable if global_weights is not None else
-           [None] * len(variables.trainable))
 
   def row_logits(k):
-    for v, g, d in zip(variables.trainable, bases, deltas.trainable):
-      v.assign(d[k] if g is None else g + d[k])
-    for v, d in zip(variables.non_trainable, deltas.non_trainable):
-      v.assign(d[k])
+    load_row(variables, global_weights, deltas, k)
     return distillation.teacher_logits([model], x, batch_size)[0]
 
   def write_row(outputs, k):

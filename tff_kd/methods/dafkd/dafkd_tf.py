@@ -55,6 +55,7 @@ from tff_kd.core import distillation
 from tff_kd.core import local_training
 from tff_kd.core import loops
 from tff_kd.core import stacking as stacking_tf
+from tff_kd.core import teachers as teachers_tf
 from tff_kd.methods.dafkd import gan
 from tff_kd.models import classifiers
 from tff_kd.models import generators
@@ -416,11 +417,7 @@ def teacher_outputs(classifier: classifiers.Classifier,
   # smaller graph); rows without a client are zeroed afterwards.
   def write_row(outputs, k):
     logits_out, scores_out = outputs
-    for v, g, d in zip(variables.trainable, global_weights.trainable,
-                       deltas.trainable):
-      v.assign(g + d[k])
-    for v, d in zip(variables.non_trainable, deltas.non_trainable):
-      v.assign(d[k])
+    teachers_tf.load_row(variables, global_weights, deltas, k)
     for v, d in zip(disc_vars, discriminator_rows):
       v.assign(d[k])
     logits, scores = gan.teacher_outputs(classifier, discriminator, x,
