@@ -128,10 +128,14 @@ def _steps(shape: tuple[int, ...], num_classes: int):
   return fedavg, dafkd, forward, spec.settings, models, fedavg_model
 
 
-def _stacked_variables(variables, g: int) -> list[tf.Variable]:
-  """G copies of each variable's value, [G, ...] (the clients' weights)."""
-  return [tf.Variable(tf.tile(v[tf.newaxis], [g] + [1] * v.shape.rank))
-          for v in variables]
+def _stacked_variables(trainable, non_trainable, g: int
+                       ) -> tuple[list[tf.Variable], list[tf.Variable]]:
+  """The clients' weights: G copies of each value (`fused.stack`), held in
+  variables [G, ...]; (trainable, non-trainable)."""
+  stacked = fused.stack(tff.learning.models.ModelWeights(
+      list(trainable), list(non_trainable)), g)
+  return ([tf.Variable(t) for t in stacked.trainable],
+          [tf.Variable(t) for t in stacked.non_trainable])
 
 
 def _fused_steps(models: gan.GanModels, fedavg_model: tf.keras.Model,
@@ -157,8 +161,8 @@ def _fused_steps(models: gan.GanModels, fedavg_model: tf.keras.Model,
         labels=labels, logits=logits), axis=1)
 
   fedavg_net = fused.StackedModel(fedavg_model)
-  fedavg_vars = _stacked_variables(fedavg_model.trainable_weights, g)
-  fedavg_stats = _stacked_variables(fedavg_model.non_trainable_weights, g)
+  fedavg_vars, fedavg_stats = _stacked_variables(
+      fedavg_model.trainable_weights, fedavg_model.non_trainable_weights, g)
 
   @tf.function(autograph=False)
   def fedavg(x, y):
@@ -179,8 +183,7 @@ def _fused_steps(models: gan.GanModels, fedavg_model: tf.keras.Model,
   joint = gan.gan_variables(*models).joint
   stats = list({v.ref(): v for v in (classifier.non_trainable_weights +
                                      disc.non_trainable_weights)}.values())
-  joint_vars = _stacked_variables(joint, g)
-  stat_vars = _stacked_variables(stats, g)
+  joint_vars, stat_vars = _stacked_variables(joint, stats, g)
   index = {v.ref(): i for i, v in enumerate(joint)}
   stat_index = {v.ref(): i for i, v in enumerate(stats)}
   classifier_net = fused.StackedModel(classifier)
@@ -209,10 +212,10 @@ def _fused_steps(models: gan.GanModels, fedavg_model: tf.keras.Model,
                            mask, training=False)
       d_fake, _ = disc_net(*weights_of(disc, trainable, statistics),
                            negatives, mask, training=False)
-      disc_loss = -(tf.reduce_sum(tf.math.log_sigmoid(d_real), [1, 2]) +
-                    tf.reduce_sum(tf.math.log_sigmoid(-d_fake), [1, 2])) / (
-                        tf.cast(tf.shape(d_real)[1] + tf.shape(d_fake)[1],
-                                tf.float32))
+      # Eq. 2, each client's on its own scores.
+      disc_loss = tf.stack([
+          gan.discriminator_loss(d_real[i], d_fake[i], from_logits=True)
+          for i in range(g)])
       loss = tf.reduce_sum(cross_entropy(y, logits) +
                            settings.adv_weight * disc_loss)
     sgd_step(joint_vars, tape.gradient(loss, trainable))
