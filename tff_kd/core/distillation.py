@@ -443,6 +443,24 @@ def _check_pool(student: tf.keras.Model, x: tf.Tensor, targets: Targets,
         f'targets {t_shape} do not match the student\'s {classes} outputs')
 
 
+def timed_pool(after: Sequence[Any], pool: tf.Tensor
+               ) -> tuple[tf.Tensor, tf.Tensor]:
+  """A timestamp taken after `after`, and `pool` tied behind it (graph code).
+
+  A timestamp follows no data flow: without the tie, the runtime may take
+  it once the distillation has run. Every distillation step reads the
+  pool, so passing the returned pool to `distill` starts the steps after
+  the stamp (the pool's values are unchanged).
+
+  Returns:
+    (the timestamp, float64 seconds; the pool, to distil on).
+  """
+  with tf.control_dependencies(list(after)):
+    stamp = tf.timestamp()
+  with tf.control_dependencies([stamp]):
+    return stamp, tf.identity(pool)
+
+
 @tf.autograph.experimental.do_not_convert
 def distill(student: tf.keras.Model,
             optimizer: tff.learning.optimizers.Optimizer,

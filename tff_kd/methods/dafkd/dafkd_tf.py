@@ -667,20 +667,22 @@ def server_round(models: gan.GanModels,
     logits = scores = alpha = None
     target = tf.ensure_shape(gan.private_teacher(*uploads.private_sums),
                              [settings.pool_size, settings.gan.num_classes])
-  with tf.control_dependencies([target]):
-    t_target = tf.timestamp()
+  # The distillation (loading the student, then its steps) starts after
+  # the stamp.
+  t_target, distill_pool = distillation.timed_pool([target], pool)
   # Appendix A distils the head on generated features; the averaged
   # extractor stays as it is.
   student = gan.pool_classifier(classifier, settings.gan)
   student_vars = local_training.model_weights(classifier.model)
-  core_diagnostics.load(student_vars, new_classifier)
+  with tf.control_dependencies([t_target]):
+    core_diagnostics.load(student_vars, new_classifier)
   if labeled is not None and feature_space:
     # The head's labeled inputs: the averaged extractor's features, which
     # head-only distillation leaves unchanged.
     labeled = (distillation.teacher_logits([classifier.features],
                                            labeled[0])[0], labeled[1])
-  result = distillation.distill(student, distill_optimizer, pool, target,
-                                settings.distill, labeled=labeled)
+  result = distillation.distill(student, distill_optimizer, distill_pool,
+                                target, settings.distill, labeled=labeled)
   # The round's classifier is the whole model as distillation left it (the
   # student may be its head alone).
   with tf.control_dependencies(tf.nest.flatten(result.weights)):

@@ -584,11 +584,11 @@ def _weighted_distill(student: models.Classifier,
   logits = teacher_logits_fn(pool)
   target = tf.stop_gradient(distillation.weighted_ensemble(
       logits, alpha, temperature=config.temperature, ensemble=ensemble))
-  with tf.control_dependencies([target]):
-    t1 = tf.timestamp()
+  t1, distill_pool = distillation.timed_pool([target], pool)
+  with tf.control_dependencies([t1]):
     tf.nest.map_structure(lambda v, w: v.assign(w), variables, start_weights)
-  result = distillation.distill(student.model, optimizer, pool, target, config,
-                                labeled=labeled)
+  result = distillation.distill(student.model, optimizer, distill_pool, target,
+                                config, labeled=labeled)
   with tf.control_dependencies(tf.nest.flatten(result.weights)):
     t2 = tf.timestamp()
   metrics = dict.fromkeys(('ensemble_accuracy', 'uniform_accuracy'),

@@ -241,14 +241,11 @@ def fuse(prototypes: Sequence[Prototype],
     variables = local_training.model_weights(p.student)
     assigned = tf.nest.map_structure(lambda v, w: v.assign(w), variables,
                                      p.start_weights)
-    # A timestamp is not ordered by data flow: tie it after the set-up and
-    # before the loop, whose every step reads the pool.
-    with tf.control_dependencies(tf.nest.flatten(assigned)):
-      t0 = tf.timestamp()
-    with tf.control_dependencies([t0]):
-      timed_pool = tf.identity(pool)
+    # Timed from after the set-up; the loop starts after the stamp.
+    t0, distill_pool = distillation.timed_pool(tf.nest.flatten(assigned),
+                                               pool)
     result = distillation.distill(
-        p.student, optimizer, timed_pool, target, config,
+        p.student, optimizer, distill_pool, target, config,
         labeled=(val_x, val_y) if has_val else None)
     with tf.control_dependencies(tf.nest.flatten(result.weights)):
       t_distill += tf.timestamp() - t0
