@@ -17,7 +17,9 @@ into `Settings` (`from_config`), and everything below reads those.
   experiment prepared elsewhere: FedJAX's shape, for a notebook that
   brings its own process or data), `RunResult`, `evaluate`, `warm_up`,
   `build_dataset_process` (the process with dataset-taking clients, for
-  `tff.learning.programs.train_model`).
+  `tff.learning.programs.train_model`), `split_arrays` (the clients',
+  test and server arrays a run of a central dataset uses, in memory:
+  `Split`).
 * Run folders: `load_state` (the newest checkpointed state),
   `last_saved_round`, `locked` (one run per folder).
 * Results: `read_metrics`, `best_round`, `group_runs`, `plot_runs`,
@@ -56,7 +58,8 @@ _EXPORTS = {
     'from_config': 'settings', 'parse_value': 'settings',
     'with_overrides': 'settings',
     'Experiment': 'setup', 'build_dataset_process': 'setup',
-    'prepare': 'setup', 'set_context': 'setup',
+    'prepare': 'setup', 'set_context': 'setup', 'Split': 'setup',
+    'split_arrays': 'setup',
     'RunResult': 'loop', 'evaluate': 'loop', 'run': 'loop',
     'run_experiment': 'loop', 'warm_up': 'loop',
     'last_saved_round': 'checkpoints', 'load_state': 'checkpoints',

@@ -416,6 +416,54 @@ def _federated_data(settings: settings_lib.Settings, root_dir: str,
   return PreparedData(settings, dataset, clients, server, None, builders)
 
 
+class Split(NamedTuple):
+  """A central dataset as a run splits it (`split_arrays`).
+
+  Attributes:
+    dataset: The loaded `tff_kd.data.Dataset`, its training arrays less the
+      server's slices (the clients' images, in the order `parts` index).
+    parts: One index array into `dataset.x_train` per client, client i's
+      at i (the clients `sample_clients` draws).
+    test_slices: The FedGen recipe's per-user test slices (indices into
+      `dataset.x_test`), or None.
+    proxy: The server's unlabeled images ('split' proxy), or None.
+    val_x: The server's labeled validation images, or None.
+    val_y: Their labels, or None.
+  """
+
+  dataset: data_lib.Dataset
+  parts: list
+  test_slices: Optional[list[np.ndarray]]
+  proxy: Optional[np.ndarray]
+  val_x: Optional[np.ndarray]
+  val_y: Optional[np.ndarray]
+
+
+def split_arrays(settings: Union[settings_lib.Settings,
+                                 ml_collections.ConfigDict]) -> Split:
+  """The arrays a run of `settings` trains, tests and distils on, in memory.
+
+  The very split `prepare` writes for a central dataset (loaded, the
+  server's slices held out, partitioned, all seeded by `run.seed`), for
+  code outside the library to run on the same work (e.g. another
+  implementation of a method, `studies/parity`). A 'split' proxy only:
+  another dataset's proxy is read by `prepare`.
+
+  Raises:
+    UserError: for a federated dataset (its clients are not arrays) or a
+      bad data file or partition request.
+  """
+  settings = settings_of(settings)
+  if settings.dataset.is_federated:
+    raise errors.ConfigError(
+        f'dataset.name={settings.dataset.name!r} is a federated dataset: its '
+        'clients are a ClientData, not a split of arrays')
+  dataset = _load(settings)
+  dataset, proxy, val_x, val_y = _hold_out(settings, dataset)
+  parts, test_slices = _partition(settings, dataset)
+  return Split(dataset, list(parts), test_slices, proxy, val_x, val_y)
+
+
 def _central_data(settings: settings_lib.Settings, root_dir: str,
                   client_data: Any, test_data: Any) -> PreparedData:
   """`prepare`'s data from a central dataset: loaded, the server's slices
@@ -435,11 +483,9 @@ def _central_data(settings: settings_lib.Settings, root_dir: str,
     UserError: for a bad data file, pretrained weights or partition request.
   """
   del client_data, test_data  # The clients are the partition's.
-  dataset = _load(settings)
-  dataset, proxy, val_x, val_y = _hold_out(settings, dataset)
+  dataset, parts, test_slices, proxy, val_x, val_y = split_arrays(settings)
   # Pretrained weights are read and checked before anything is written.
   settings, builders = _classifier_builders(settings, dataset)
-  parts, test_slices = _partition(settings, dataset)
 
   fingerprint = _fingerprint(settings)
   data_dir = os.path.join(root_dir, 'client_data', fingerprint)

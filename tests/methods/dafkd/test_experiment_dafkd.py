@@ -144,7 +144,7 @@ def test_shipped_dafkd_configs_validate():
     # default).
     assert (tree.distill.learning_rate, tree.distill.temperature) == (
         1e-4, 20.0)
-    assert c.dafkd.discriminator_mode == 'inference'
+    assert tree.hparams.discriminator_mode == 'inference'
   assert dafkd_fashion_mnist.get_config().dataset.name == 'fashion_mnist'
 
 

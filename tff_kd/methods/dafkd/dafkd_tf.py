@@ -89,16 +89,21 @@ def discriminator_variables(
 @tf.autograph.experimental.do_not_convert
 def pseudo_pool(generator: tf.keras.Model, size: int, *, noise_dim: int,
                 num_classes: int, seed: tf.Tensor,
-                with_labels: bool = False):
+                with_labels: bool = False,
+                batch_statistics: Optional[int] = None):
   """The distillation pool D^g (Algorithm 1, line 11): `size` generated images.
 
-  Uniform pseudo labels, Gaussian noise, generator in inference mode.
+  Uniform pseudo labels, Gaussian noise, generator in inference mode; with
+  `batch_statistics` (a batch size) in training mode, each batch of that
+  many normalised by its own statistics (DaFKD's code; the generator's
+  moving statistics change, so draw from a scratch copy).
   Returns the images, or (images, their pseudo labels y of G(z, y)) with
   `with_labels`.
   """
-  images, _, labels = gan.generate(generator, size, noise_dim=noise_dim,
-                                   num_classes=num_classes, seed=seed,
-                                   training=False)
+  images, _, labels = gan.generate(
+      generator, size, noise_dim=noise_dim, num_classes=num_classes,
+      seed=seed, training=batch_statistics is not None,
+      call_batch=batch_statistics)
   return (images, labels) if with_labels else images
 
 
@@ -200,12 +205,17 @@ def _start_round(models: gan.GanModels,
 
 def _gan_step(models: gan.GanModels, batch, optimizers: gan.GanOptimizers,
               states: tuple, settings: gan.GanSettings, seed: tf.Tensor,
-              step: tf.Tensor, negatives_pool: Optional[tf.Tensor]):
+              step: tf.Tensor, negatives_pool: Optional[tf.Tensor],
+              switches: Optional[tuple[tf.Tensor, tf.Tensor]] = None):
   """A local step with the GAN terms (`gan.client_gan_step`).
+
+  `switches` (bool tensors): whether eq. (2) is in eq. (9) and whether the
+  generator is updated in this step (`GanSettings.disc_rounds`,
+  `generator_rounds`, `gan_passes`); None: both.
 
   Returns:
     (joint state, generator state, cross-entropy, the step's `MEAN_NAMES`
-    values [6], 1).
+    values [6], 1 if a GAN term was on, else 0).
   """
   negatives = None
   if negatives_pool is not None:
@@ -213,14 +223,21 @@ def _gan_step(models: gan.GanModels, batch, optimizers: gan.GanOptimizers,
         tf.shape(batch['y']), step_seed(seed + 1, step), 0,
         tf.shape(negatives_pool)[0], tf.int32)
     negatives = tf.gather(negatives_pool, idx)
+  disc_on, generator_on = (None, True) if switches is None else switches
   r = gan.client_gan_step(models, batch, optimizers, states, settings,
-                          step_seed(seed, step), negatives=negatives)
+                          step_seed(seed, step), negatives=negatives,
+                          disc_on=disc_on, train_generator=generator_on)
   joint = r.ce_loss + settings.adv_weight * r.disc_loss
   if settings.gp_weight:
     joint += settings.gp_weight * r.penalty
-  return r.joint_state, r.generator_state, r.ce_loss, tf.stack(
-      [joint, r.ce_loss, r.disc_loss, r.gen_loss, r.real_accuracy,
-       r.fake_accuracy]), tf.constant(1)
+  means = tf.stack([joint, r.ce_loss, r.disc_loss, r.gen_loss,
+                    r.real_accuracy, r.fake_accuracy])
+  if switches is None:
+    return r.joint_state, r.generator_state, r.ce_loss, means, tf.constant(1)
+  # A step whose terms are both off counts as a plain one in the means.
+  is_gan = tf.cast(tf.logical_or(*switches), tf.int32)
+  return (r.joint_state, r.generator_state, r.ce_loss,
+          means * tf.cast(is_gan, tf.float32), is_gan)
 
 
 def _ce_step(classifier: classifiers.Classifier, joint_variables, batch,
@@ -242,6 +259,36 @@ def _first_gan_step(dataset: tf.data.Dataset,
     first_gan_step = tf.maximum(
         dataset.cardinality() - settings.gan_steps, 0)
   return first_gan_step
+
+
+def _epoch_window_end(dataset: tf.data.Dataset,
+                      settings: gan.GanSettings) -> tf.Tensor:
+  """The first local step after the first `gan_epochs` epochs (int64).
+
+  A round of `local_epochs` epochs has `cardinality` steps, an epoch
+  cardinality / local_epochs of them. An unknown length gives no end.
+  """
+  steps = dataset.cardinality()
+  end = steps * settings.gan_epochs // max(settings.local_epochs, 1)
+  return tf.where(steps < 0, tf.int64.max, end)
+
+
+def _round_switch(limit: int, round_num: Optional[tf.Tensor]) -> tf.Tensor:
+  """Whether round `round_num` (from 0) is before `limit` (0: no limit)."""
+  if not limit:
+    return tf.constant(True)
+  if round_num is None:
+    raise ValueError('a GAN term limited to the first rounds needs the '
+                     'round number (client_round(..., round_num=))')
+  return tf.cast(round_num, tf.int64) < limit
+
+
+def _switched(settings: gan.GanSettings) -> bool:
+  """Whether the GAN terms follow per-step switches (the round and epoch
+  limits of DaFKD's code) rather than the plain `gan_steps` window."""
+  return bool(settings.gan_epochs or settings.disc_rounds or
+              settings.generator_rounds or
+              settings.gan_passes == 'every_step')
 
 
 def _private_terms(models: gan.GanModels, gen_vars: ModelWeights,
@@ -279,7 +326,8 @@ def client_round(models: gan.GanModels,
                  settings: gan.GanSettings,
                  *,
                  private_pool: Optional[PrivatePool] = None,
-                 negatives_pool: Optional[tf.Tensor] = None
+                 negatives_pool: Optional[tf.Tensor] = None,
+                 round_num: Optional[tf.Tensor] = None
                  ) -> ClientRoundResult:
   """Algorithm 1, lines 16-25, on one client (models built outside).
 
@@ -304,6 +352,8 @@ def client_round(models: gan.GanModels,
     negatives_pool: The oracle-pool ablation: real images [P, ...] of the
       global distribution that replace the generated negatives of eq. (2)
       (a seeded batch of them per GAN step); the generator is not trained.
+    round_num: The round (from 0), read by `settings.disc_rounds` and
+      `settings.generator_rounds`.
 
   Returns:
     A `ClientRoundResult`.
@@ -316,21 +366,38 @@ def client_round(models: gan.GanModels,
   gen_state = gan.initial_optimizer_state(optimizers.generator,
                                           variables.generator)
   first_gan_step = _first_gan_step(dataset, settings)
+  switched = _switched(settings)
+  if switched:
+    window_end = (_epoch_window_end(dataset, settings) if settings.gan_epochs
+                  else first_gan_step + settings.gan_steps
+                  if settings.gan_steps else tf.constant(tf.int64.max))
+    disc_round = _round_switch(settings.disc_rounds, round_num)
+    generator_round = _round_switch(settings.generator_rounds, round_num)
 
   def local_step(state, batch):
     (joint_state, gen_state, num_examples, ce_sum, sums, steps, gan_count,
      label_counts) = state
     states = (joint_state, gen_state)
 
-    def gan_step():
+    def gan_step(switches=None):
       return _gan_step(models, batch, optimizers, states, settings, seed,
-                       steps, negatives_pool)
+                       steps, negatives_pool, switches)
 
     def ce_step():
       return _ce_step(models.classifier, variables.joint, batch,
                       optimizers.joint, states)
 
-    if settings.gan_steps:
+    if switched:
+      step = tf.cast(steps, tf.int64)
+      in_window = tf.logical_and(step >= first_gan_step, step < window_end)
+      switches = (tf.logical_and(in_window, disc_round),
+                  tf.logical_and(in_window, generator_round))
+      if settings.gan_passes == 'every_step':
+        joint_state, gen_state, ce, step_means, is_gan = gan_step(switches)
+      else:
+        joint_state, gen_state, ce, step_means, is_gan = tf.cond(
+            tf.logical_or(*switches), lambda: gan_step(switches), ce_step)
+    elif settings.gan_steps:
       in_window = tf.logical_and(
           tf.cast(steps, tf.int64) >= first_gan_step,
           tf.cast(steps, tf.int64) < first_gan_step + settings.gan_steps)
@@ -380,7 +447,8 @@ def teacher_outputs(classifier: classifiers.Classifier,
                     x: tf.Tensor,
                     batch_size: int = 256,
                     labels: Optional[tf.Tensor] = None,
-                    features_in: bool = False
+                    features_in: bool = False,
+                    batch_statistics: bool = False
                     ) -> tuple[tf.Tensor, tf.Tensor]:
   """Every received client's logits s_k and discriminator score f_k on x.
 
@@ -402,6 +470,8 @@ def teacher_outputs(classifier: classifiers.Classifier,
       y_i)); None for DaFKD's.
     features_in: x are generated features (appendix A), which both heads
       read directly.
+    batch_statistics: Score each batch of `batch_size` with the extractor's
+      BatchNorm in training mode (`gan.teacher_outputs`; DaFKD's code).
 
   Returns:
     (logits [M, N, C], scores f_k(x_i) [M, N] in [0, 1]); zeros in invalid
@@ -422,7 +492,8 @@ def teacher_outputs(classifier: classifiers.Classifier,
       v.assign(d[k])
     logits, scores = gan.teacher_outputs(classifier, discriminator, x,
                                          labels, batch_size,
-                                         features_in=features_in)
+                                         features_in=features_in,
+                                         batch_statistics=batch_statistics)
     scores = tf.reshape(scores, [n])
     keep = tf.cast(valid[k], tf.float32)
     return (logits_out.write(k, keep * logits),
@@ -484,6 +555,11 @@ class ServerSettings(NamedTuple):
       (appendix B: clients have no other) instead of theta_{t+1}.
     ensemble: 'probs' (eq. 8) or 'logits' (the reference code).
     correlation: Weights of eq. (7), or uniform (ablation).
+    batch_statistics: The generator draws the pool, and the teachers and
+      discriminators score it, with BatchNorm in training mode, a batch of
+      `distill.batch_size` at a time (the reference code); else inference.
+    first_distill_round: Rounds before this one (from 0) keep the average
+      of eq. (6) instead of the distilled student (the reference code: 1).
   """
 
   gan: gan.GanSettings
@@ -492,6 +568,8 @@ class ServerSettings(NamedTuple):
   pool_from_broadcast: bool
   ensemble: str = 'probs'
   correlation: bool = True
+  batch_statistics: bool = False
+  first_distill_round: int = 0
 
 
 class Uploads(NamedTuple):
@@ -598,7 +676,10 @@ def _round_pool(generator: tf.keras.Model,
   return pseudo_pool(generator, settings.pool_size,
                      noise_dim=settings.gan.noise_dim,
                      num_classes=settings.gan.num_classes, seed=seed,
-                     with_labels=True)
+                     with_labels=True,
+                     batch_statistics=(settings.distill.batch_size
+                                       if settings.batch_statistics
+                                       else None))
 
 
 @tf.function(autograph=False)
@@ -611,7 +692,8 @@ def server_round(models: gan.GanModels,
                  *,
                  real_pool: Optional[tf.Tensor] = None,
                  labeled: Optional[tuple[tf.Tensor, tf.Tensor]] = None,
-                 diagnostics: Optional[core_diagnostics.Hook] = None
+                 diagnostics: Optional[core_diagnostics.Hook] = None,
+                 round_num: Optional[tf.Tensor] = None
                  ) -> ServerRoundResult:
   """Algorithm 1, lines 9-13 (models built outside, overwritten here).
 
@@ -634,6 +716,8 @@ def server_round(models: gan.GanModels,
       `settings.distill.validation` / `.accept`.
     diagnostics: A `core_diagnostics.Hook` (DaFKD's:
       `dafkd.diagnostics.RoundDiagnostics`), or None.
+    round_num: The round (from 0), read by
+      `settings.first_distill_round`.
 
   Returns:
     A `ServerRoundResult`.
@@ -658,6 +742,8 @@ def server_round(models: gan.GanModels,
     logits, scores = teacher_outputs(
         classifier, discriminator, global_weights[0],
         uploads.classifier_deltas, uploads.discriminator_rows, valid, pool,
+        **(dict(batch_size=settings.distill.batch_size, batch_statistics=True)
+           if settings.batch_statistics else {}),
         labels=pool_labels, features_in=feature_space)
     alpha = teacher_weights(scores, valid, correlation=settings.correlation)
     target = distillation.weighted_ensemble(
@@ -688,6 +774,20 @@ def server_round(models: gan.GanModels,
   with tf.control_dependencies(tf.nest.flatten(result.weights)):
     new_weights = tf.nest.map_structure(tf.identity, student_vars)
     t_distilled = tf.timestamp()
+  if settings.first_distill_round:
+    if round_num is None:
+      raise ValueError('first_distill_round needs the round number '
+                       '(server_round(..., round_num=))')
+    # Before that round the distilled student is discarded: the round's
+    # classifier is the average of eq. (6) (its statistics included).
+    distilled = tf.cast(round_num, tf.int64) >= settings.first_distill_round
+    new_weights = tf.nest.map_structure(
+        lambda d, a: tf.where(distilled, d, a), new_weights, new_classifier)
+    result = result._replace(
+        labeled_accuracy_after=tf.where(
+            distilled, tf.cast(result.labeled_accuracy_after, tf.float32),
+            tf.cast(result.labeled_accuracy_before, tf.float32)),
+        accepted=tf.cast(distilled, tf.float32) * result.accepted)
   metrics = core_diagnostics.run(diagnostics, core_diagnostics.ServerRound(
       Teachers(models, global_weights[0], uploads), alpha, pool, target,
       student, student_vars, new_classifier, new_weights, labeled,

@@ -217,6 +217,7 @@ def build_client_work(
     private: Optional[PrivateSettings] = None,
     negatives_fn: Optional[Callable[[], tf.Tensor]] = None,
     seed: int = 0,
+    shared_discriminator: bool = False,
 ) -> tff.templates.MeasuredProcess:
   """DaFKD's client work with the per-client discriminator store.
 
@@ -249,6 +250,9 @@ def build_client_work(
       negatives (DaFKD).
     seed: The process seed; with `dataset_fn=None` it seeds each client's
       round as the keys' seed field does (`tff_types.client_input`).
+    shared_discriminator: One discriminator for every client
+      (`dafkd.discriminator_sharing='global'`): a one-row store that every
+      client reads and that becomes the mean of the round's trained rows.
 
   Returns:
     A `tff.templates.MeasuredProcess`.
@@ -256,8 +260,9 @@ def build_client_work(
   weights_type = models_type(spec)
   data_type = tff_types.client_data_type(element_spec, dataset_fn,
                                         with_id=True)
-  store = client_store.ClientStore(lambda: _row_values(spec), num_clients,
-                                   what='client')
+  store = client_store.ClientStore(
+      lambda: _row_values(spec), 1 if shared_discriminator else num_clients,
+      what='client')
   model_bytes = float(tff_types.payload_bytes(weights_type))
   row_bytes = store.row_bytes
   if negatives_fn is not None:
@@ -279,7 +284,10 @@ def build_client_work(
     client = tff_types.client_input(data, dataset_fn, seed=seed,
                                    round_num=round_num)
     client_id = client.client_id
-    row = list(store.read(rows, client_id))
+    # A shared discriminator is row 0 for everyone; rows that come back to
+    # one row are averaged (`client_store.ClientStore`).
+    row_id = tf.zeros_like(client_id) if shared_discriminator else client_id
+    row = list(store.read(rows, row_id))
     private_pool = None
     if private is not None:
       private_pool = dafkd_tf.PrivatePool(
@@ -289,7 +297,8 @@ def build_client_work(
     r = dafkd_tf.client_round(
         spec.build(), weights, row, client.dataset, optimizers, lr,
         tff_types.key_seed(client.key), spec.settings,
-        private_pool=private_pool, negatives_pool=negatives)
+        private_pool=private_pool, negatives_pool=negatives,
+        round_num=round_num)
     # The real pool's shape is static: its bytes are known at trace time.
     pool_bytes = (0.0 if negatives is None else
                   float(negatives.shape.num_elements() * negatives.dtype.size))
@@ -308,7 +317,7 @@ def build_client_work(
     # measurements get weight 0 in the mean.
     means = tf.where(keep, r.means, tf.zeros_like(r.means))
     return client_store.ClientOutput(
-        client_result, stats, store.entry(r.discriminator, client_id, keep),
+        client_result, stats, store.entry(r.discriminator, row_id, keep),
         collections.OrderedDict(zip(dafkd_tf.MEAN_NAMES, tf.unstack(means))),
         tf.cast(keep, tf.float32))
 
@@ -443,7 +452,9 @@ def server_settings(spec: ModelSpec, hparams: hparams_lib.DaFKDHparams,
       spec.settings, config, pool_size,
       pool_from_broadcast=hparams.resolved_pool_generator == 'broadcast',
       ensemble=hparams.ensemble,
-      correlation=hparams.weighting == 'discriminator')
+      correlation=hparams.weighting == 'discriminator',
+      batch_statistics=hparams.server_batchnorm == 'batch',
+      first_distill_round=hparams.first_distill_round)
 
 
 def build_finalizer(
@@ -537,7 +548,7 @@ def build_finalizer(
         spec.build(), distill_optimizer, (weights[0], weights[1]), uploads,
         settings, dafkd_tf.pool_seed(seed, round_num),
         real_pool=None if real_pool_fn is None else real_pool_fn(),
-        labeled=labeled, diagnostics=hook)
+        labeled=labeled, diagnostics=hook, round_num=round_num)
     metrics = collections.OrderedDict(
         num_teachers=tf.cast(stack.count, tf.float32),
         steps=tf.cast(r.distill.steps_run, tf.float32),
@@ -586,13 +597,15 @@ def _check_arguments(classifier_fn, num_clients: int, clients_per_round: int,
 
 def model_spec(classifier_fn: Callable[[], classifiers.Classifier],
                hparams: hparams_lib.DaFKDHparams,
-               seed: int = 0) -> ModelSpec:
+               seed: int = 0, local_epochs: int = 0) -> ModelSpec:
   """The `ModelSpec` of `build_dafkd_process` (generator, GAN settings).
 
   Args:
     classifier_fn: No-arg builder of the seeded `Classifier`.
     hparams: `config.dafkd`.
     seed: The process seed (generator: seed + 1, discriminator: seed + 2).
+    local_epochs: The clients' local epochs per round (read by
+      `hparams.gan_epochs`; 0 where the local work is counted in steps).
 
   Returns:
     A `ModelSpec`.
@@ -632,7 +645,14 @@ def model_spec(classifier_fn: Callable[[], classifiers.Classifier],
       h.discriminator_mode, h.gan_steps, h.gan_window,
       generator_labels=h.generator_labels, aux_weight=h.aux_weight,
       feature_space=h.generator == 'feature',
-      detach_extractor=h.detach_extractor)
+      detach_extractor=h.detach_extractor, gan_epochs=h.gan_epochs,
+      local_epochs=local_epochs, disc_rounds=h.disc_rounds,
+      generator_rounds=h.generator_rounds, gan_passes=h.gan_passes,
+      gp_norm=h.gp_norm)
+  if h.gan_epochs and not local_epochs:
+    raise errors.ConfigError(
+        f'dafkd.gan_epochs={h.gan_epochs} counts local epochs: the clients '
+        'must train in epochs (local.unit=epochs)')
   return ModelSpec(classifier_fn, generator_fn, h.shared_extractor, seed + 2,
                    settings, projection=h.discriminator == 'projection')
 
@@ -649,6 +669,7 @@ def build_dafkd_process(
     hparams: hparams_lib.DaFKDHparams = hparams_lib.DaFKDHparams(),
     server_data: Optional[server_data_lib.ServerData] = None,
     seed: int = 0,
+    local_epochs: int = 0,
 ) -> tff.learning.templates.LearningProcess:
   """Builds DaFKD (Algorithm 1) and its ablations.
 
@@ -672,6 +693,8 @@ def build_dafkd_process(
       and is what `distill_config.validation='labeled'` and
       `accept='no_worse'` use.
     seed: Seed of the discriminator initialisation and the pools.
+    local_epochs: The clients' local epochs per round, for
+      `hparams.gan_epochs` (0: the local work is counted in steps).
 
   Returns:
     A `tff.learning.templates.LearningProcess` taking `(state, keys)`.
@@ -692,7 +715,7 @@ def build_dafkd_process(
   distill_config.check_labeled(0 if server_data is None
                                else server_data.val_size)
   h = hparams
-  spec = model_spec(classifier_fn, h, seed)
+  spec = model_spec(classifier_fn, h, seed, local_epochs)
   server = _server_inputs(h, server_data)
   if server.real_pool_fn is not None:
     teachers_tf.check_pool_shape(
@@ -705,7 +728,8 @@ def build_dafkd_process(
       spec, element_spec, dataset_fn, optimizers.client,
       num_clients=num_clients, learning_rate=learning_rate,
       learning_rate_decay=learning_rate_decay, private=private_settings,
-      negatives_fn=server.real_pool_fn, seed=seed)
+      negatives_fn=server.real_pool_fn, seed=seed,
+      shared_discriminator=h.discriminator_sharing == 'global')
   update_type = client_work.next.type_signature.result.result.member.update
   aggregator = build_aggregator(update_type, clients_per_round,
                                private=h.private,
@@ -768,7 +792,9 @@ def build_from_settings(
       clients_per_round=settings.run.clients_per_round,
       optimizers=optimizers_from_settings(settings),
       distill_config=settings.distill, hparams=settings.hparams,
-      server_data=inputs.server_data, seed=settings.run.seed)
+      server_data=inputs.server_data, seed=settings.run.seed,
+      local_epochs=(settings.local_work.amount
+                    if settings.local_work.unit == 'epochs' else 0))
 
 
 METHOD = common.Method(

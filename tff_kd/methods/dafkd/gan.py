@@ -49,6 +49,7 @@ variables, so it can be called from a `tf.function` (e.g. a loop over
 `iter(dataset)`) inside a `tff.tensorflow.computation`.
 """
 
+import functools
 from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
@@ -134,18 +135,25 @@ def generator_loss(d_fake: tf.Tensor,
 def gradient_penalty(disc_fn: Callable[[tf.Tensor], tf.Tensor],
                      real: tf.Tensor,
                      fake: tf.Tensor,
-                     seed) -> tf.Tensor:
+                     seed,
+                     norm: str = 'image') -> tf.Tensor:
   """WGAN-GP penalty E (||grad_x disc_fn(x_tilde)||_2 - 1)^2 (unweighted).
 
   x_tilde = e * real + (1 - e) * fake with one e ~ U[0, 1) per sample
   (stateless, from `seed`). DaFKD's code adds 0.3 times this (with disc_fn =
   the sigmoid output) to the discriminator loss.
 
+  With `norm='pixel'` the norm is taken over the channels of each pixel
+  (the last axis) and the mean runs over samples and pixels, as DaFKD's
+  code computes it (`gradients.norm(2, dim=1)` of an NCHW gradient): every
+  pixel's gradient is pushed to norm 1, not each sample's.
+
   Args:
     disc_fn: Maps a batch [B, ...] to [B] or [B, 1] outputs.
     real: [B, ...] real samples.
     fake: [B, ...] generated samples (same shape).
     seed: int or shape-[2] stateless seed.
+    norm: 'image' (WGAN-GP) or 'pixel' (DaFKD's code).
 
   Returns:
     Scalar float32 penalty (differentiable with respect to disc_fn's
@@ -162,9 +170,15 @@ def gradient_penalty(disc_fn: Callable[[tf.Tensor], tf.Tensor],
     tape.watch(interpolated)
     out = tf.reduce_sum(disc_fn(interpolated))
   grads = tape.gradient(out, interpolated)
-  grads = tf.reshape(grads, [batch, -1])
+  if norm == 'pixel':
+    squares = tf.reduce_sum(tf.square(grads), axis=-1)
+  elif norm == 'image':
+    squares = tf.reduce_sum(tf.square(tf.reshape(grads, [batch, -1])), axis=1)
+  else:
+    raise ValueError(f"gradient penalty norm {norm!r} is unknown; choose "
+                     "'image' or 'pixel'")
   # The small constant keeps the norm's gradient finite at grads = 0.
-  norms = tf.sqrt(tf.reduce_sum(tf.square(grads), axis=1) + 1e-12)
+  norms = tf.sqrt(squares + 1e-12)
   return tf.reduce_mean(tf.square(norms - 1.0))
 
 
@@ -287,7 +301,9 @@ def teacher_outputs(classifier: classifiers.Classifier,
                     labels: tf.Tensor | None = None,
                     batch_size: int = 256,
                     *,
-                    features_in: bool = False) -> tuple[tf.Tensor, tf.Tensor]:
+                    features_in: bool = False,
+                    batch_statistics: bool = False
+                    ) -> tuple[tf.Tensor, tf.Tensor]:
   """One teacher's logits s_k(x) [N, C] and scores f_k(x) [N], batched.
 
   Both in inference mode, as `distillation.teacher_logits` and
@@ -295,6 +311,11 @@ def teacher_outputs(classifier: classifiers.Classifier,
   classifier's extractor, each batch goes through the extractor once and
   feeds both heads (the same ops on the same batches as the two separate
   passes, so the same numbers); a separate discriminator needs its own pass.
+
+  With `batch_statistics` (DaFKD's code; the shared extractor only) both
+  heads read features of the extractor in training mode: BatchNorm
+  normalises each batch of `batch_size` by its own statistics. The moving
+  statistics are restored afterwards.
 
   Args:
     classifier: The teacher's `Classifier`.
@@ -315,16 +336,29 @@ def teacher_outputs(classifier: classifiers.Classifier,
     raise ValueError('a projection discriminator needs the labels of the '
                      'samples it scores')
 
+  if batch_statistics and features_in:
+    raise ValueError('batch statistics normalise images in the extractor; '
+                     'appendix A\'s generated features skip it')
+  statistics = list(classifier.features.non_trainable_weights)
+  saved = ([tf.identity(v) for v in statistics] if batch_statistics
+           else [])
+
   def both_heads(batch):
     x_batch, labels_batch = batch
     features = (x_batch if features_in
-                else classifier.features(x_batch, training=False))
+                else classifier.features(x_batch, training=batch_statistics))
     logits = classifier.head(features, training=False)
     scores = tf.sigmoid(discriminator.head_logits(features, labels_batch))
     return logits, tf.reshape(scores, [-1])
 
-  return loops.map_batches(both_heads, (x, labels), batch_size,
-                           num_outputs=2)
+  outputs = loops.map_batches(both_heads, (x, labels), batch_size,
+                              num_outputs=2)
+  if not saved:
+    return outputs
+  with tf.control_dependencies(tf.nest.flatten(outputs)):
+    restores = [v.assign(value) for v, value in zip(statistics, saved)]
+  with tf.control_dependencies(restores):
+    return tuple(tf.identity(t) for t in outputs)
 
 
 def _unique(variables) -> list:
@@ -414,7 +448,9 @@ def generate(generator: tf.keras.Model,
              noise: str = 'gaussian',
              label_probs: tf.Tensor | None = None,
              labels: tf.Tensor | None = None,
-             training: bool = False) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+             training: bool = False,
+             call_batch: int | None = None
+             ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
   """A seeded batch from a conditional generator `[noise, labels] -> x`.
 
   The same seed gives the same (noise, labels), so clients and the server can
@@ -431,6 +467,9 @@ def generate(generator: tf.keras.Model,
     labels: [B] int labels to generate instead of drawn ones (then
       `label_probs` is ignored).
     training: Generator mode (BatchNorm batch statistics when True).
+    call_batch: Run the generator on consecutive batches of this many
+      samples (with `training`, each normalised by its own statistics, as
+      DaFKD's code draws its pool); None: one call.
 
   Returns:
     (samples, noise [B, noise_dim], labels [B] int32).
@@ -442,7 +481,14 @@ def generate(generator: tf.keras.Model,
     y = _sample_labels(label_probs, num_classes, batch_size, seeds[1])
   else:
     y = tf.cast(labels, tf.int32)
-  return generator([z, y], training=training), z, y
+  if call_batch is None:
+    return generator([z, y], training=training), z, y
+  samples = loops.map_batches(
+      lambda b: generator([b[0], b[1]], training=training), (z, y),
+      call_batch)
+  # The loop's concatenation has no static shape; the samples' is known.
+  return tf.ensure_shape(samples, z.shape[:1].concatenate(
+      generator.output_shape[1:])), z, y
 
 
 class GanSettings(NamedTuple):
@@ -490,6 +536,21 @@ class GanSettings(NamedTuple):
       learns from the cross-entropy alone). With feature-space negatives the
       extractor otherwise moves the real features away from wherever the
       generator puts its features.
+    gan_epochs: The GAN window is the first `gan_epochs` of the round's
+      `local_epochs` epochs (DaFKD's code: 5 of 20); 0: `gan_steps`'.
+    local_epochs: The local epochs of a client round (read by
+      `gan_epochs`).
+    disc_rounds: Eq. (2) and the penalty are in eq. (9) only in rounds <
+      disc_rounds (counted from 0; DaFKD's code: 3); 0: every round.
+    generator_rounds: The eq. (3) step only in rounds < generator_rounds
+      (DaFKD's code: 5); 0: every round.
+    gan_passes: 'window' (outside the window a step is plain cross-entropy)
+      or 'every_step' (every step runs the GAN step's forward passes, whose
+      training-mode BatchNorm updates stay in 'batch_update' mode; only
+      eq. 2's weight and the generator's update follow the windows, as in
+      DaFKD's code).
+    gp_norm: The gradient penalty's norm ('image' or 'pixel',
+      `gradient_penalty`).
   """
 
   noise_dim: int
@@ -507,6 +568,12 @@ class GanSettings(NamedTuple):
   aux_weight: float = 0.0
   feature_space: bool = False
   detach_extractor: bool = False
+  gan_epochs: int = 0
+  local_epochs: int = 0
+  disc_rounds: int = 0
+  generator_rounds: int = 0
+  gan_passes: str = 'window'
+  gp_norm: str = 'image'
 
 
 class GanModels(NamedTuple):
@@ -531,7 +598,8 @@ def client_gan_step(models: GanModels,
                     settings: GanSettings,
                     seed,
                     *,
-                    train_generator: bool = True,
+                    train_generator: bool | tf.Tensor = True,
+                    disc_on: tf.Tensor | None = None,
                     negatives: tf.Tensor | None = None) -> GanStepResult:
   """One DaFKD client step: Algorithm 1, lines 20-24.
 
@@ -594,7 +662,11 @@ def client_gan_step(models: GanModels,
     settings: `GanSettings` (noise, pseudo labels, loss weights and forms,
       `discriminator_mode`; `gan_steps` and `gan_window` are the round's).
     seed: Shape-[2] (or int) stateless seed of this step; vary it per step.
-    train_generator: Run step 3.
+    train_generator: Run step 3; a bool tensor runs its forward passes
+      either way (their BatchNorm updates, `GanSettings.gan_passes`) and
+      updates the generator only where it is True.
+    disc_on: A bool tensor: eq. (2) and the penalty enter eq. (9) only
+      where it is True (their forward passes run either way); None: always.
     negatives: Instead of generated samples, this batch [B', ...] is the
       discriminator's negative batch (e.g. real images of the global
       distribution: the oracle-pool ablation, where p_g = p holds by
@@ -634,19 +706,24 @@ def client_gan_step(models: GanModels,
 
   with tf.GradientTape() as tape:
     terms = _joint_terms(models, real_batch, x_fake, y_fake, settings,
-                         seeds[2])
+                         seeds[2], disc_on)
   grads = tape.gradient(terms.loss, variables.joint)
   joint_state = _apply(optimizers.joint, joint_state, variables.joint, grads)
 
   gen_loss = tf.constant(0.0)
-  if train_generator:
+  if isinstance(train_generator, tf.Tensor) or train_generator:
     if settings.generator_labels not in GENERATOR_LABELS:
       raise ValueError(
           f'generator_labels {settings.generator_labels!r} is unknown; '
           f"choose one of {', '.join(GENERATOR_LABELS)}")
-    generator_state, gen_loss = _generator_step(
-        models, optimizers.generator, generator_state, fake_batch, settings,
-        seeds[1], real_batch['y'])
+    step = functools.partial(
+        _generator_step, models, optimizers.generator, generator_state,
+        fake_batch, settings, seeds[1], real_batch['y'])
+    if isinstance(train_generator, tf.Tensor):
+      generator_state, gen_loss = tf.cond(
+          train_generator, step, functools.partial(step, update=False))
+    else:
+      generator_state, gen_loss = step()
 
   for variable, value in zip(terms.statistics, terms.real_statistics):
     variable.assign(value)
@@ -689,11 +766,13 @@ class _JointTerms(NamedTuple):
 
 def _joint_terms(models: GanModels, real_batch: dict, x_fake: tf.Tensor,
                  y_fake: tf.Tensor | None, settings: GanSettings,
-                 penalty_seed) -> _JointTerms:
+                 penalty_seed, disc_on: tf.Tensor | None = None
+                 ) -> _JointTerms:
   """Eq. (9) on a real and a pseudo batch (inside the joint step's tape).
 
   `y_fake` are the pseudo batch's labels (read by a projection
-  discriminator only).
+  discriminator only). With `disc_on` (a bool tensor) eq. (2) and the
+  penalty are weighted by it.
 
   The BatchNorm modes follow `settings.discriminator_mode` (see
   `client_gan_step`); `statistics` are the moving statistics to reset to
@@ -734,7 +813,8 @@ def _joint_terms(models: GanModels, real_batch: dict, x_fake: tf.Tensor,
   ce = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
       labels=tf.cast(real_batch['y'], tf.int32), logits=logits))
   disc = discriminator_loss(d_real, d_fake, from_logits=True)
-  loss = ce + settings.adv_weight * disc
+  on = 1.0 if disc_on is None else tf.cast(disc_on, tf.float32)
+  loss = ce + on * settings.adv_weight * disc
   if settings.gp_weight:
     if settings.feature_space:
       raise ValueError('the gradient penalty interpolates images; the '
@@ -748,8 +828,8 @@ def _joint_terms(models: GanModels, real_batch: dict, x_fake: tf.Tensor,
                        'leave fake_batch_size unset')
     penalty = gradient_penalty(
         lambda x: discriminator.model(x, training=pseudo_training), x_real,
-        x_fake, penalty_seed)
-    loss += settings.gp_weight * penalty
+        x_fake, penalty_seed, settings.gp_norm)
+    loss += on * settings.gp_weight * penalty
   else:
     penalty = tf.constant(0.0)
   return _JointTerms(loss, ce, disc, penalty, d_real, d_fake, statistics,
@@ -784,13 +864,14 @@ def _local_labels(real_labels: tf.Tensor, batch, seed) -> tf.Tensor:
 def _generator_step(models: GanModels,
                     optimizer: tff.learning.optimizers.Optimizer, state,
                     fake_batch, settings: GanSettings, seed,
-                    real_labels: tf.Tensor):
+                    real_labels: tf.Tensor, update: bool = True):
   """Step 3: one generator update on eq. (3); (state, loss before it).
 
   With `settings.generator_labels='local'` the labels of g(z, y) are drawn
   from `real_labels`; with `settings.aux_weight` the loss adds the
   client classifier's cross-entropy on (g(z, y), y) (inference mode, the
-  gradient reaches only the generator).
+  gradient reaches only the generator). With `update=False` only the
+  forward passes run (their BatchNorm updates) and `state` is returned.
   """
   variables = list(models.generator.trainable_weights)
   seeds = tf.random.experimental.stateless_split(seed, 2)
@@ -810,5 +891,7 @@ def _generator_step(models: GanModels,
       gen_loss += settings.aux_weight * tf.reduce_mean(
           tf.nn.sparse_softmax_cross_entropy_with_logits(
               labels=y_gen, logits=logits))
+  if not update:
+    return state, gen_loss
   grads = tape.gradient(gen_loss, variables)
   return _apply(optimizer, state, variables, grads), gen_loss

@@ -36,13 +36,24 @@ GENERATOR_LABELS = ('uniform', 'local')
 DISCRIMINATOR_MODES = ('inference', 'real_train', 'batch', 'batch_update')
 # Where a round's GAN steps are (`dafkd_tf.client_round`).
 GAN_WINDOWS = ('first', 'last')
+# Whether the GAN's forward passes run outside its window too
+# (`gan.GanSettings.gan_passes`).
+GAN_PASSES = ('window', 'every_step')
+# The gradient penalty's norm (`gan.gradient_penalty`).
+GP_NORMS = ('image', 'pixel')
+# Whose discriminator a client trains (`dafkd_tff.build_client_work`).
+DISCRIMINATOR_SHARINGS = ('client', 'global')
+# How the server's BatchNorm normalises the pool it draws and scores
+# (`dafkd_tf.ServerSettings.batch_statistics`).
+SERVER_BATCHNORMS = ('inference', 'batch')
 
 
 # The presets of `dafkd.variant` (docs/variants.md). Measured in DaFKD's
 # drift regime (configs/dafkd_paper_cpu.py, seeds 0-2; the server's 500
 # labeled images after the last round, studies/table1/README.md):
 # paper_dcgan .410 at Dir(0.05) and .756 at Dir(0.1), features .749 at
-# Dir(0.05), real_pool .901 and .907.
+# Dir(0.05), real_pool .901 and .907. 'reference' is the authors' code's
+# choices (studies/parity).
 VARIANTS: Mapping[str, hp.Variant] = types.MappingProxyType({
     'paper': hp.Variant(
         summary='Algorithm 1 as printed: the MLP generator (Sec. 4.2), '
@@ -79,6 +90,41 @@ VARIANTS: Mapping[str, hp.Variant] = types.MappingProxyType({
         'does; no generator is trained. Eq. 7\'s weights and eq. 8\'s '
         'ensemble are the paper\'s.',
         keys={'dafkd.pool': 'real'}),
+    'reference': hp.Variant(
+        summary='What the authors\' code (haozhaowang/DaFKD2023 at '
+        '39a536c) runs, as far as the library\'s design allows '
+        '(studies/parity runs it beside that code).',
+        differs='The reference code\'s choices where the paper is silent '
+        'or says otherwise: the DCGAN generator; eq. 2 as the sum of its '
+        'real and fake means (adv_weight 2) with a per-pixel gradient '
+        'penalty (0.3), both only in the first 5 local epochs of rounds '
+        '0-2 and the generator steps only in those of rounds 0-4, while '
+        'the GAN\'s training-mode forward passes run in every step and '
+        'update the BatchNorm statistics; a pool drawn from the broadcast '
+        'generator, scored and labelled with each batch of 32 normalised '
+        'by its own statistics; eq. 7 on logits; no distillation in round '
+        '0; 1,600 Adam steps of batch 32 at lr 1e-4 and T = 20, KL mean '
+        'over classes, the student in training mode; one discriminator '
+        'for every client (here the mean of the round\'s, there one head '
+        'the clients train in turn). Not reproducible here: its '
+        'ReduceLROnPlateau '
+        'schedules, the generator\'s AMSGrad and weight decay, the fixed '
+        'batch orders (docs/methods/dafkd.md, "The reference code").',
+        keys={'dafkd.generator': 'dcgan', 'dafkd.adv_weight': 2.0,
+              'dafkd.gp_weight': 0.3, 'dafkd.gp_norm': 'pixel',
+              'dafkd.discriminator_mode': 'batch_update',
+              'dafkd.gan_epochs': 5, 'dafkd.disc_rounds': 3,
+              'dafkd.generator_rounds': 5, 'dafkd.gan_passes': 'every_step',
+              'dafkd.pool_generator': 'broadcast',
+              'dafkd.server_batchnorm': 'batch', 'dafkd.ensemble': 'logits',
+              'dafkd.aggregation': 'examples',
+              'dafkd.first_distill_round': 1,
+              'dafkd.discriminator_sharing': 'global',
+              'distill.learning_rate': 1e-4, 'distill.temperature': 20.0,
+              'distill.steps': 1600, 'distill.batch_size': 32,
+              'distill.kl_reduction': 'mean', 'distill.clip_norm': 0.0,
+              'distill.val_fraction': 0.0, 'distill.cosine_decay': False,
+              'distill.student_training': True}),
 })
 
 
@@ -97,7 +143,8 @@ class DaFKDHparams(hp.Hparams):
   Attributes:
     variant: The preset (`VARIANTS`, docs/variants.md) that fills in the
       keys it sets where the config leaves them unset: 'paper' |
-      'paper_dcgan' | 'features' | 'real_pool'. '' (default): 'real_pool'
+      'paper_dcgan' | 'features' | 'real_pool' | 'reference'. ''
+      (default): 'real_pool'
       where the server has unlabeled images (`server_data.proxy`), else
       'features', the two that did best in the drift regime on the
       server's labeled images (`default_variant`).
@@ -142,8 +189,30 @@ class DaFKDHparams(hp.Hparams):
     gan_window: Where those steps are: 'first' (reference code: first
       epochs) | 'last' (the head ends the round in step with the extractor
       it uploads).
+    gan_epochs: GAN terms only in the first gan_epochs local epochs of a
+      round (the reference code's 5; needs local.unit='epochs'); 0: the
+      window is `gan_steps`'.
+    disc_rounds: Eq. 2 (and the gradient penalty) enter eq. 9 only in
+      rounds r < disc_rounds (counted from 0; the reference code's 3); 0:
+      every round.
+    generator_rounds: The generator steps of eq. 3 only in rounds r <
+      generator_rounds (the reference code's 5); 0: every round.
+    gan_passes: 'window' (outside the GAN window a step is plain
+      cross-entropy) | 'every_step' (the reference code's loop: every step
+      makes the pseudo batch and runs the discriminator's and the
+      generator's forward passes in `discriminator_mode`, whose
+      training-mode passes update the BatchNorm statistics; only their
+      losses and updates are limited to the windows).
+    gp_norm: The gradient penalty's norm: 'image' (WGAN-GP's, over each
+      sample) | 'pixel' (the reference code's, over the channels of each
+      pixel: every pixel's gradient is pushed to norm 1).
     adv_weight: Weight of eq. 2 in eq. 9.
     gp_weight: Gradient-penalty weight (reference code 0.3, paper 0).
+    discriminator_sharing: 'client' (Algorithm 1, line 18: each client
+      keeps its own discriminator between rounds) | 'global' (one
+      discriminator for every client, the mean of the round's trained ones;
+      the closest a federated round comes to the reference code's single
+      head, which its clients train one after another).
     shared_extractor: The discriminator is a head on the classifier's
       feature extractor (the paper); False is Table 3's ablation, a
       separate discriminator network. Old name: `no_sharing` (its
@@ -164,6 +233,15 @@ class DaFKDHparams(hp.Hparams):
     pool: 'generator' (DaFKD) | 'real': the oracle-pool ablation
       (negatives and distillation pool are the server's real proxy
       images).
+    server_batchnorm: How the server's BatchNorm layers see the pool:
+      'inference' (the generator draws it and the teachers and
+      discriminators score it with their moving statistics) | 'batch' (the
+      reference code: each batch of `distill.batch_size` is normalised by
+      its own statistics, in the generator and in every teacher; moving
+      statistics unchanged).
+    first_distill_round: The server distils from this round on (counted
+      from 0; the reference code's 1); before it the round's classifier is
+      the average of eq. 6.
     holder_share: Diagnostics (with server_data.val_size > 0): a client
       holds a label when at least this share of its examples have it.
     twin_student: A diagnostic: every round, also distil the averaged
@@ -213,8 +291,15 @@ class DaFKDHparams(hp.Hparams):
                                    hp.one_of(*DISCRIMINATOR_MODES))
   gan_steps: int = hp.field(0, hp.non_negative_int)
   gan_window: str = hp.field('last', hp.one_of(*GAN_WINDOWS))
+  gan_epochs: int = hp.field(0, hp.non_negative_int)
+  disc_rounds: int = hp.field(0, hp.non_negative_int)
+  generator_rounds: int = hp.field(0, hp.non_negative_int)
+  gan_passes: str = hp.field('window', hp.one_of(*GAN_PASSES))
+  gp_norm: str = hp.field('image', hp.one_of(*GP_NORMS))
   adv_weight: float = hp.field(1.0, hp.non_negative_number)
   gp_weight: float = hp.field(0.0, hp.non_negative_number)
+  discriminator_sharing: str = hp.field(
+      'client', hp.one_of(*DISCRIMINATOR_SHARINGS))
   shared_extractor: bool = hp.field(True, hp.boolean)
   detach_extractor: bool = hp.field(False, hp.boolean)
   weighting: str = hp.field('discriminator', hp.one_of(*WEIGHTINGS))
@@ -223,6 +308,9 @@ class DaFKDHparams(hp.Hparams):
   pool_generator: str = hp.field('', hp.one_of('', *POOL_GENERATORS))
   aggregation: str = hp.field('mean', hp.one_of(*AGGREGATIONS))
   pool: str = hp.field('generator', hp.one_of(*POOLS))
+  server_batchnorm: str = hp.field('inference',
+                                   hp.one_of(*SERVER_BATCHNORMS))
+  first_distill_round: int = hp.field(0, hp.non_negative_int)
   holder_share: float = hp.field(0.05, hp.unit_interval)
   diagnostics_every: int = hp.field(1, hp.positive_int)
   twin_student: bool = hp.field(False, hp.boolean)
@@ -274,6 +362,20 @@ class DaFKDHparams(hp.Hparams):
       raise errors.ConfigError(
           'dafkd.detach_extractor=True keeps eq. 2 out of the shared '
           'extractor: it needs dafkd.shared_extractor=True')
+    if self.gan_epochs and self.gan_steps:
+      raise errors.ConfigError(
+          f'dafkd.gan_epochs={self.gan_epochs} and dafkd.gan_steps='
+          f'{self.gan_steps} are two GAN windows: set one to 0')
+    if self.private and self.discriminator_sharing != 'client':
+      raise errors.ConfigError(
+          f'dafkd.discriminator_sharing={self.discriminator_sharing!r}: in '
+          'private mode (appendix B) the discriminators never leave the '
+          "clients; set dafkd.discriminator_sharing='client'")
+    if self.private and self.server_batchnorm != 'inference':
+      raise errors.ConfigError(
+          f'dafkd.server_batchnorm={self.server_batchnorm!r}: in private '
+          'mode (appendix B) the clients score the pool; set '
+          "dafkd.server_batchnorm='inference'")
     if self.private and self.pool == 'real':
       raise errors.ConfigError(
           "dafkd.pool='real' is an ablation of the plain (non-private) "
@@ -293,6 +395,10 @@ class DaFKDHparams(hp.Hparams):
             f'classifier\'s extractor, but {why}')
 
   def check_settings(self, settings: Any) -> None:
+    if self.gan_epochs and settings.local.unit != 'epochs':
+      raise errors.ConfigError(
+          f'dafkd.gan_epochs={self.gan_epochs} counts local epochs, but '
+          f'local.unit={settings.local.unit!r}: use dafkd.gan_steps')
     if self.twin_student and not settings.server_data.val_size:
       raise errors.ConfigError(
           'dafkd.twin_student=True reports a labeled accuracy: it needs '
