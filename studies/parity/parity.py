@@ -53,7 +53,11 @@ from typing import Any, NamedTuple, Optional, Sequence
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
-from absl import app  # pylint: disable=g-import-not-at-top
+from tff_kd.runtime import context  # pylint: disable=g-import-not-at-top
+context.install()  # The program opts in to tff_kd's process set-up.
+from tff_kd.program import experiment  # pylint: disable=g-import-not-at-top
+
+from absl import app  # pylint: disable=g-bad-import-order
 from absl import flags
 
 from studies import common
@@ -278,9 +282,6 @@ def finished_theirs(path: str, rounds: int) -> Optional[dict[str, Any]]:
 
 def run_ours(study: Study, seeds: Sequence[int], root: str) -> list:
   """Our rows on the study's config, with the `compare` run loop."""
-  from tff_kd.runtime import context  # pylint: disable=g-import-not-at-top
-  context.install()
-  from tff_kd.program import experiment  # pylint: disable=g-import-not-at-top
   if _OURS.value:
     entries = experiment.study_entries(_OURS.value)
   else:  # The variants first: the slowest rows start early.
