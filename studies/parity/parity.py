@@ -125,6 +125,34 @@ STUDIES = {
         ('fedavg', 'dafkd.paper_dcgan'), ('fedavg', 'dafkd'),
         variants=('dafkd.reference:dafkd:dafkd.variant=reference;'
                   'dafkd.gan_steps=0',)),
+    # Our `paper_dcgan` with one of the reference code's choices at a time
+    # (docs/methods/dafkd.md, "The reference code against the paper"):
+    # which of them moves the paper's DaFKD, and through which link.
+    'dafkd_links': Study(
+        'dafkd', 'configs/dafkd_paper_cpu.py',
+        ('client_optimizer.weight_decay=0',),
+        ('fedavg', 'dafkd.paper_dcgan'), (),
+        variants=tuple(
+            f'{label}:dafkd:dafkd.variant=paper_dcgan;{keys}'
+            for label, keys in (
+                ('distill_lr', 'distill.learning_rate=0.0001'),
+                ('student_bn', 'distill.student_training=True'),
+                ('server_bn', 'dafkd.server_batchnorm=batch'),
+                ('bn_update', 'dafkd.discriminator_mode=batch_update;'
+                 'dafkd.gan_passes=every_step'),
+                ('gan_windows', 'dafkd.gan_steps=0;dafkd.gan_epochs=5;'
+                 'dafkd.disc_rounds=3;dafkd.generator_rounds=5'),
+                ('logits', 'dafkd.ensemble=logits'),
+                ('distill_steps', 'distill.steps=1600;'
+                 'distill.batch_size=32'),
+                ('distill_plain', 'distill.clip_norm=0.0;'
+                 'distill.val_fraction=0.0;distill.cosine_decay=False;'
+                 'distill.kl_reduction=mean'),
+                ('penalty', 'dafkd.gp_weight=0.3;dafkd.gp_norm=pixel;'
+                 'dafkd.adv_weight=2.0'),
+                ('broadcast', 'dafkd.pool_generator=broadcast'),
+                ('first_round', 'dafkd.first_distill_round=1'),
+                ('global_head', 'dafkd.discriminator_sharing=global')))),
 }
 
 _STUDY = flags.DEFINE_enum('study', 'dafkd', list(STUDIES),
@@ -493,7 +521,8 @@ def main(argv):
   seeds = [int(s) for s in _SEEDS.value]
   theirs = _THEIRS.value or list(study.theirs)
   work_dir = os.path.join(_WORK_DIR.value, _STUDY.value)
-  runs_theirs = not _REPORT_ONLY.value and _RUN.value in ('both', 'theirs')
+  runs_theirs = (not _REPORT_ONLY.value and _RUN.value in ('both', 'theirs')
+                 and bool(theirs))
   try:
     if runs_theirs:
       check_reference(_REFERENCE_DIR.value, pin, files)

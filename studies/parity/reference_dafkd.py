@@ -45,9 +45,11 @@ What it adds is read-only instrumentation, every round, written to
   generated pool, the class histogram of the reference's target, its
   entropy and top share; the discriminators' mean score on real labeled
   images and on the pool;
-* `bn_recalibrated_test_accuracy`: the global model with its BatchNorm
-  statistics re-estimated on the labeled images (train-mode passes,
-  cumulative average), as a probe of what its eval-mode statistics cost;
+* `bn_recalibrated_test_accuracy` (and `avg_bn_recalibrated_test_accuracy`
+  for the averaged model before the server step): the model with its
+  BatchNorm statistics re-estimated on the labeled images (train-mode
+  passes, cumulative average), as a probe of what its eval-mode statistics
+  cost;
 * `client_lr_reductions`, `server_lr_reductions`: how often the clients'
   and the server's ReduceLROnPlateau fired so far;
 * `pool_zero_weight_fraction`: the share of the pool whose scores all
@@ -140,6 +142,22 @@ class SmallCNN(nn.Module):
     return self.classify(h), self.discriminator(h)
 
 
+class _BatchNorm1d(nn.BatchNorm1d):
+  """`nn.BatchNorm1d` that takes a training batch of one example as Keras'
+  `BatchNormalization` (the library's layer) does: the example normalises
+  to 0, so the output is the bias, and the moving mean moves toward it
+  (torch raises instead; a client's last batch can hold one image)."""
+
+  def forward(self, x):
+    if not (self.training and x.size(0) == 1):
+      return super().forward(x)
+    with torch.no_grad():
+      self.running_mean.mul_(1 - self.momentum).add_(self.momentum * x[0])
+      self.running_var.mul_(1 - self.momentum)
+      self.num_batches_tracked += 1
+    return self.bias.expand_as(x) + 0 * x
+
+
 class DCGAN28(nn.Module):
   """The library's DCGAN generator (`generators.build_dcgan_generator`)
   for 28x28x1, unconditional as the reference's; takes noise [B, nz] or
@@ -149,7 +167,7 @@ class DCGAN28(nn.Module):
     super().__init__()
     self.fc = nn.Sequential(nn.Linear(noise_dim, 7 * 7 * 2 * width,
                                       bias=False),
-                            nn.BatchNorm1d(7 * 7 * 2 * width), nn.ReLU())
+                            _BatchNorm1d(7 * 7 * 2 * width), nn.ReLU())
     self.width = width
     self.module = nn.Sequential(
         nn.ConvTranspose2d(2 * width, width, 4, stride=2, padding=1,
@@ -454,7 +472,9 @@ def main() -> None:
       m.sharedlayer.load_state_dict(avg_params[0])
       m.classify.load_state_dict(avg_params[1])
       return dict(avg_test_accuracy=_accuracy(m, arrays['test']),
-                  avg_val_accuracy=_accuracy(m, arrays['val']))
+                  avg_val_accuracy=_accuracy(m, arrays['val']),
+                  avg_bn_recalibrated_test_accuracy=_accuracy(
+                      _recalibrated(m, arrays['val']), arrays['test']))
     links = excluded(before)
     state['in_distill'] = True
     out = original_distill(self, args_, device, pool, client_indexes,
