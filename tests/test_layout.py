@@ -12,6 +12,10 @@
 * `tff_kd.runtime` (TFF runtime glue) imports no program or method module;
   binaries and notebooks import only the program's entry module,
   `tff_kd.program.experiment`.
+* No package's modules import each other in a circle, counting the imports
+  inside functions: e.g. `tff_kd.models` imports in one direction, `names`
+  (text) <- `base` <- `keras_models` <- `py_models` <- `classifiers` <-
+  `pretraining` <- `pretrained`.
 """
 
 import ast
@@ -157,6 +161,78 @@ def test_the_entry_module_exports_what_it_lists():
     assert getattr(experiment, name) is not None, name
   with pytest.raises(AttributeError):
     experiment.validate_config  # pylint: disable=pointless-statement
+
+
+def _package_imports(folder: pathlib.Path) -> dict[str, set[str]]:
+  """The modules of a package (the `.py` files of `folder`) -> those of
+  them it imports, anywhere in its source (inside functions too)."""
+  package = ['tff_kd', *folder.relative_to(ROOT).parts]
+  modules = {p.stem for p in folder.glob('*.py') if p.stem != '__init__'}
+  graph = {}
+  for module in sorted(modules):
+    graph[module] = set()
+    for name in _imported_modules(folder / f'{module}.py'):
+      parts = name.split('.')
+      rest = parts[len(package):]
+      if parts[:len(package)] == package and rest and rest[0] in modules:
+        graph[module].add(rest[0])
+    graph[module].discard(module)
+  return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+  """The import circles of a module graph: its strongly connected
+  components of more than one module (Tarjan's algorithm), each sorted."""
+  index, low, stack, on_stack, cycles = {}, {}, [], set(), []
+
+  def visit(module: str) -> None:
+    index[module] = low[module] = len(index)
+    stack.append(module)
+    on_stack.add(module)
+    for imported in sorted(graph[module]):
+      if imported not in index:
+        visit(imported)
+        low[module] = min(low[module], low[imported])
+      elif imported in on_stack:
+        low[module] = min(low[module], index[imported])
+    if low[module] == index[module]:
+      component = []
+      while not component or component[-1] != module:
+        component.append(stack.pop())
+        on_stack.discard(component[-1])
+      if len(component) > 1:
+        cycles.append(sorted(component))
+
+  for module in sorted(graph):
+    if module not in index:
+      visit(module)
+  return cycles
+
+
+def test_the_cycle_finder_finds_a_circle():
+  # tff_kd/models before issue 60: names -> pretraining -> (names, and
+  # classifiers inside a function) and classifiers -> py_models (inside a
+  # function) -> keras_models -> classifiers.
+  graph = {'names': {'pretraining'}, 'pretraining': {'names', 'classifiers'},
+           'classifiers': {'names', 'py_models'},
+           'py_models': {'classifiers', 'keras_models', 'names'},
+           'keras_models': {'classifiers'}, 'generators': {'classifiers'}}
+  assert import_cycles(graph) == [
+      ['classifiers', 'keras_models', 'names', 'pretraining', 'py_models']]
+  # After: one direction.
+  graph = {'names': set(), 'base': set(), 'keras_models': {'base'},
+           'py_models': {'base', 'keras_models', 'names'},
+           'classifiers': {'base', 'names', 'py_models'},
+           'pretraining': {'classifiers', 'names'},
+           'generators': {'classifiers', 'names'}}
+  assert not import_cycles(graph)
+
+
+@pytest.mark.parametrize('package', sorted(
+    str(p.parent.relative_to(ROOT)) for p in ROOT.rglob('__init__.py')))
+def test_no_package_imports_itself_in_a_circle(package):
+  cycles = import_cycles(_package_imports(ROOT / package))
+  assert not cycles, f'tff_kd/{package} imports in a circle: {cycles}'
 
 
 MAX_ARGUMENTS = 10  # TFF's largest builder takes 10.

@@ -45,7 +45,7 @@ _EXPORTS = {
     'model_fn_of': 'pretrained',
 }
 # The package's modules, also reachable as attributes (`models.pretrained`).
-_MODULES = ('classifiers', 'generators', 'keras_models', 'names',
+_MODULES = ('base', 'classifiers', 'generators', 'keras_models', 'names',
             'pretrained', 'pretraining', 'py_models')
 
 __all__ = sorted(_EXPORTS)

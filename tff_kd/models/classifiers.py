@@ -75,11 +75,13 @@ import hashlib
 import json
 import math
 import sys
-from typing import Callable, NamedTuple, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import tensorflow as tf
 
 from tff_kd import errors
+from tff_kd.models import py_models
+from tff_kd.models.base import Classifier  # What every builder returns.
 # The text-only names and checks (no TensorFlow), re-exported here.
 from tff_kd.models.names import APPLICATIONS
 from tff_kd.models.names import application_of
@@ -90,22 +92,6 @@ from tff_kd.models.names import KERAS_PREFIX
 from tff_kd.models.names import MODELS
 from tff_kd.models.names import NORMS
 from tff_kd.models.names import parse_model_list
-
-
-class Classifier(NamedTuple):
-  """A classifier and its two shared-variable halves.
-
-  Attributes:
-    model: images -> logits.
-    features: images -> [batch, feature_dim] features.
-    head: features -> logits.
-    feature_dim: Size of the feature vector.
-  """
-
-  model: tf.keras.Model
-  features: tf.keras.Model
-  head: tf.keras.Model
-  feature_dim: int
 
 
 class InitSeeds:
@@ -315,8 +301,6 @@ def build_classifier(name: str, *, input_shape: Sequence[int],
     raise errors.ConfigError(
         f"model.norm {norm!r} is unknown; choose one of {', '.join(NORMS)}")
   if is_py_model(name):
-    # py_models imports this module (through keras_models).
-    from tff_kd.models import py_models  # pylint: disable=g-import-not-at-top
     with tf.variable_creator_scope(_SeededInitialisers(seed)):
       return py_models.build(name, input_shape=input_shape,
                              num_classes=num_classes, seed=seed)

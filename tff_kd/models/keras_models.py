@@ -23,7 +23,7 @@ from typing import Optional, Union
 import tensorflow as tf
 
 from tff_kd import errors
-from tff_kd.models import classifiers
+from tff_kd.models import base
 
 
 class DenseLogits(tf.keras.layers.Layer):
@@ -113,7 +113,7 @@ def _logits_chain(model: tf.keras.Model, chain: list) -> list:
 
 
 def from_keras(model: tf.keras.Model, feature_layer: Union[str, int],
-               num_classes: Optional[int] = None) -> classifiers.Classifier:
+               num_classes: Optional[int] = None) -> base.Classifier:
   """Splits a functional Keras classifier into extractor and head.
 
   Args:
@@ -127,7 +127,7 @@ def from_keras(model: tf.keras.Model, feature_layer: Union[str, int],
     num_classes: The logits the head must give; None: whatever it gives.
 
   Returns:
-    A `classifiers.Classifier` whose `features` and `head` share `model`'s
+    A `Classifier` whose `features` and `head` share `model`'s
     variables, and whose `model` is `head(features(images))` (logits),
     with the extractor's variables first in `trainable_weights`.
 
@@ -178,4 +178,4 @@ def from_keras(model: tf.keras.Model, feature_layer: Union[str, int],
   images = tf.keras.Input(model.inputs[0].shape[1:],
                           dtype=model.inputs[0].dtype, name='images')
   whole = tf.keras.Model(images, head(features(images)), name=model.name)
-  return classifiers.Classifier(whole, features, head, int(feature.shape[-1]))
+  return base.Classifier(whole, features, head, int(feature.shape[-1]))

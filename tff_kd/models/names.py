@@ -12,18 +12,21 @@ The checks read the text of a setting only, with two exceptions:
 as it always has, and a `py:<module>:<function>` model asks whether its
 module can be found (`find_py_module`: `importlib.util.find_spec`, which
 runs no code of the module, but imports the packages above a dotted one).
-A `pretrain:<dataset>` setting is checked without the file system
-(`tff_kd.models.pretraining.check_spec`).
+A `pretrain:<dataset>` setting is parsed and checked here without the file
+system (`PretrainSpec`, `check_pretrain_spec`); `tff_kd.models.pretraining`
+trains and caches its weights. This module imports no other module of
+`tff_kd.models`: they import it (`tests/test_layout.py`).
 """
 
+import dataclasses
 import importlib.util
 import keyword
 import os
 import sys
-from typing import Optional
+import urllib.parse
+from typing import Optional, Sequence
 
 from tff_kd import errors
-from tff_kd.models import pretraining
 
 # The library's own architectures (`tff_kd.models.classifiers`).
 MODELS: tuple[str, ...] = ('cnn', 'resnet11')
@@ -67,6 +70,12 @@ H5_SUFFIXES: tuple[str, ...] = ('.h5', '.hdf5', '.keras')
 
 # Generator noise (`tff_kd.models.generators.sample_noise`).
 NOISE_KINDS: tuple[str, ...] = ('gaussian', 'uniform')
+
+# Weights the library makes itself: `pretrain:<dataset>[?epochs=N&limit=N]`
+# (`tff_kd.models.pretraining` trains and caches them).
+PRETRAIN_PREFIX = 'pretrain:'
+PRETRAIN_EPOCHS = 5
+_PRETRAIN_OPTIONS = ('epochs', 'limit')
 
 
 def is_application(name: object) -> bool:
@@ -230,6 +239,78 @@ def parse_model_list(spec: str, *, default_norm: str,
   return result
 
 
+@dataclasses.dataclass(frozen=True)
+class PretrainSpec:
+  """A parsed `pretrain:` setting.
+
+  Attributes:
+    dataset: The central dataset trained on.
+    epochs: Passes over its training images.
+    limit: Its first `limit` training images only (0: all).
+  """
+
+  dataset: str
+  epochs: int = PRETRAIN_EPOCHS
+  limit: int = 0
+
+  def file_name(self, model: str, norm: str,
+                image_shape: Sequence[int], seed: int) -> str:
+    """The cache file's name; the default recipe keeps the short name."""
+    shape = 'x'.join(str(int(v)) for v in image_shape)
+    recipe = '' if (self.epochs, self.limit) == (PRETRAIN_EPOCHS, 0) else (
+        f'_e{self.epochs}_n{self.limit}')
+    return (f'{model}_{norm}_{shape}_{self.dataset}_seed{int(seed)}'
+            f'{recipe}.weights.h5')
+
+
+def is_pretrain_spec(value: object) -> bool:
+  """Whether a weights setting is a `pretrain:` one."""
+  return isinstance(value, str) and value.startswith(PRETRAIN_PREFIX)
+
+
+def parse_pretrain_spec(value: str, key: str = 'model.weights'
+                        ) -> PretrainSpec:
+  """Parses `pretrain:<dataset>[?epochs=N&limit=N]`, or one ConfigError."""
+  # tff_kd.data imports TensorFlow, which checking other settings must not.
+  from tff_kd.data import datasets  # pylint: disable=g-import-not-at-top
+  usage = (f"{key} {value!r}: expected 'pretrain:<dataset>' with an "
+           f"optional '?epochs=N&limit=N', the dataset one of "
+           f"{', '.join(datasets.DATASETS)}")
+  body = value[len(PRETRAIN_PREFIX):]
+  dataset, _, query = body.partition('?')
+  if dataset not in datasets.DATASETS:
+    raise errors.ConfigError(usage)
+  try:
+    pairs = urllib.parse.parse_qsl(query, strict_parsing=bool(query))
+  except ValueError:
+    raise errors.ConfigError(usage) from None
+  options = {}
+  for name, text in pairs:
+    if name not in _PRETRAIN_OPTIONS or name in options or not text.isdigit():
+      raise errors.ConfigError(usage)
+    options[name] = int(text)
+  spec = PretrainSpec(dataset, **options)
+  if spec.epochs < 1:
+    raise errors.ConfigError(f'{key} {value!r}: epochs must be >= 1')
+  return spec
+
+
+def check_pretrain_spec(key: str, value: str,
+                        model: str = '') -> PretrainSpec:
+  """Checks a `pretrain:` setting (its syntax and the model it goes with)
+  and returns it parsed."""
+  spec = parse_pretrain_spec(value, key)
+  if model and is_application(model):
+    raise errors.ConfigError(
+        f"{key}={value!r} pretrains the library's own models; a "
+        f"{model!r} backbone takes 'imagenet' or a weights file")
+  if model and is_py_model(model):
+    raise errors.ConfigError(
+        f"{key}={value!r} pretrains the library's own models; your own "
+        f'model {model!r} takes a weights file')
+  return spec
+
+
 def weights_format(path: str) -> Optional[str]:
   """'h5', 'checkpoint' or 'saved_model' for an existing weights path."""
   path = os.path.expanduser(path)
@@ -268,8 +349,8 @@ def check_weights(key: str, value: object, model: str = '') -> None:
           f"{key}='imagenet' needs a keras:<Application> model, not "
           f'{model!r}; give a weights file instead')
     return
-  if pretraining.is_spec(value):
-    pretraining.check_spec(key, value, model)
+  if is_pretrain_spec(value):
+    check_pretrain_spec(key, value, model)
     return
   if weights_format(value) is None:
     raise errors.ConfigError(

@@ -24,94 +24,32 @@ seed for seed, as one that finds the file cached.
 """
 
 import argparse
-import dataclasses
 import json
 import os
 import subprocess
 import sys
 import time
-import urllib.parse
 from typing import Optional, Sequence
 
-from tff_kd import errors
+import tensorflow as tf
 
-PREFIX = 'pretrain:'
+from tff_kd import errors
+from tff_kd.data import datasets
+from tff_kd.models import classifiers
+from tff_kd.models import names
+
+# The `pretrain:` setting as text lives in `names` (a config is checked
+# without TensorFlow); these are its names here.
+PREFIX = names.PRETRAIN_PREFIX
+DEFAULT_EPOCHS = names.PRETRAIN_EPOCHS
+Spec = names.PretrainSpec
+is_spec = names.is_pretrain_spec
+parse_spec = names.parse_pretrain_spec
+check_spec = names.check_pretrain_spec
+
 CACHE_FOLDER = 'tff_kd_pretrained'
-DEFAULT_EPOCHS = 5
 BATCH_SIZE = 128
 LEARNING_RATE = 1e-3
-_OPTIONS = ('epochs', 'limit')
-
-
-@dataclasses.dataclass(frozen=True)
-class Spec:
-  """A parsed `pretrain:` setting.
-
-  Attributes:
-    dataset: The central dataset trained on.
-    epochs: Passes over its training images.
-    limit: Its first `limit` training images only (0: all).
-  """
-
-  dataset: str
-  epochs: int = DEFAULT_EPOCHS
-  limit: int = 0
-
-  def file_name(self, model: str, norm: str,
-                image_shape: Sequence[int], seed: int) -> str:
-    """The cache file's name; the default recipe keeps the short name."""
-    shape = 'x'.join(str(int(v)) for v in image_shape)
-    recipe = '' if (self.epochs, self.limit) == (DEFAULT_EPOCHS, 0) else (
-        f'_e{self.epochs}_n{self.limit}')
-    return (f'{model}_{norm}_{shape}_{self.dataset}_seed{int(seed)}'
-            f'{recipe}.weights.h5')
-
-
-def is_spec(value: object) -> bool:
-  """Whether a weights setting is a `pretrain:` one."""
-  return isinstance(value, str) and value.startswith(PREFIX)
-
-
-def parse_spec(value: str, key: str = 'model.weights') -> Spec:
-  """Parses `pretrain:<dataset>[?epochs=N&limit=N]`, or one ConfigError."""
-  from tff_kd.data import datasets  # pylint: disable=g-import-not-at-top
-  usage = (f"{key} {value!r}: expected 'pretrain:<dataset>' with an "
-           f"optional '?epochs=N&limit=N', the dataset one of "
-           f"{', '.join(datasets.DATASETS)}")
-  body = value[len(PREFIX):]
-  dataset, _, query = body.partition('?')
-  if dataset not in datasets.DATASETS:
-    raise errors.ConfigError(usage)
-  try:
-    pairs = urllib.parse.parse_qsl(query, strict_parsing=bool(query))
-  except ValueError:
-    raise errors.ConfigError(usage) from None
-  options = {}
-  for name, text in pairs:
-    if name not in _OPTIONS or name in options or not text.isdigit():
-      raise errors.ConfigError(usage)
-    options[name] = int(text)
-  spec = Spec(dataset, **options)
-  if spec.epochs < 1:
-    raise errors.ConfigError(f'{key} {value!r}: epochs must be >= 1')
-  return spec
-
-
-def check_spec(key: str, value: str, model: str = '') -> Spec:
-  """Checks a `pretrain:` setting (its syntax and the model it goes with)
-  and returns it parsed."""
-  # names imports this module (for `check_weights`).
-  from tff_kd.models import names  # pylint: disable=g-import-not-at-top
-  spec = parse_spec(value, key)
-  if model and names.is_application(model):
-    raise errors.ConfigError(
-        f"{key}={value!r} pretrains the library's own models; a "
-        f"{model!r} backbone takes 'imagenet' or a weights file")
-  if model and names.is_py_model(model):
-    raise errors.ConfigError(
-        f"{key}={value!r} pretrains the library's own models; your own "
-        f'model {model!r} takes a weights file')
-  return spec
 
 
 def cache_path(spec: Spec, *, data_dir: str, model: str, norm: str,
@@ -147,9 +85,6 @@ def pretrain(spec: Spec, *, path: str, model: str, norm: str,
     What was done: train and test accuracy, seconds, images; also written
     beside the weights as `<path>.json`.
   """
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from tff_kd.data import datasets  # pylint: disable=g-import-not-at-top
-  from tff_kd.models import classifiers  # pylint: disable=g-import-not-at-top
   shape = tuple(int(v) for v in image_shape)
   tf.keras.utils.set_random_seed(seed)
   start = time.perf_counter()

@@ -33,7 +33,7 @@ from typing import Any, Callable, Sequence
 import tensorflow as tf
 
 from tff_kd import errors
-from tff_kd.models import classifiers
+from tff_kd.models import base
 from tff_kd.models import keras_models
 from tff_kd.models import names
 
@@ -93,9 +93,9 @@ def _describe(value: Any) -> str:
 
 
 def _as_classifier(name: str, result: Any,
-                   num_classes: int) -> classifiers.Classifier:
+                   num_classes: int) -> base.Classifier:
   """The function's result as a `Classifier`, or one `ConfigError` line."""
-  if isinstance(result, classifiers.Classifier):
+  if isinstance(result, base.Classifier):
     return result
   if (isinstance(result, tuple) and len(result) == 2 and
       isinstance(result[0], tf.keras.Model)):
@@ -110,7 +110,7 @@ def _as_classifier(name: str, result: Any,
       'tff_kd Classifier (tff_kd.models.from_keras)')
 
 
-def _check_shapes(name: str, classifier: classifiers.Classifier,
+def _check_shapes(name: str, classifier: base.Classifier,
                   input_shape: tuple[int, ...], num_classes: int) -> None:
   """Refuses a model that does not take the images or give the logits."""
   model = classifier.model
@@ -128,7 +128,7 @@ def _check_shapes(name: str, classifier: classifiers.Classifier,
 
 
 def build(name: str, *, input_shape: Sequence[int], num_classes: int,
-          seed: int) -> classifiers.Classifier:
+          seed: int) -> base.Classifier:
   """Builds a `py:<module>:<function>` model as a `Classifier`.
 
   Called by `classifiers.build_classifier`, inside its reseeding scope.
