@@ -4,8 +4,10 @@ the plan's validated configs, and the statistics over seeds.
 The binary and a real study: tests/binaries/test_compare.py.
 """
 
+import logging
 import math
 
+from absl import logging as absl_logging
 import pytest
 
 from tests import helpers
@@ -68,6 +70,29 @@ def test_the_plan_validates_every_run_and_applies_its_overrides():
   wrong_type = experiment.study_entries([], ['x:fedavg:rounds=many'])
   with pytest.raises(errors.ConfigError, match="bad value 'many' for 'rounds'"):
     experiment.plan_study(config, wrong_type, [0])
+
+
+def test_a_warning_about_the_config_is_logged_once_per_study(caplog):
+  # dafkd.variant left unset with a dafkd key set: one warning for the
+  # study, not one per seed; a warning outside the plan still shows.
+  config = helpers.digits_config(**{'dafkd.aux_weight': 2.0})
+  entries = experiment.study_entries(['dafkd', 'fedavg'])
+  with caplog.at_level(logging.WARNING):
+    plan = experiment.plan_study(config, entries, [0, 1, 2])
+  assert len(plan) == 6
+  unset = [r.getMessage() for r in caplog.records
+           if 'dafkd.variant is unset' in r.getMessage()]
+  assert unset == [
+      "dafkd.variant is unset: the default preset 'features' runs "
+      "(docs/variants.md), with this config's dafkd.aux_weight; name a "
+      'preset to choose another'], unset
+  caplog.clear()
+  with caplog.at_level(logging.WARNING):
+    experiment.plan_study(config, entries[:1], [0])
+    absl_logging.warning('after the plan')
+    absl_logging.warning('after the plan')
+  assert caplog.text.count('dafkd.variant is unset') == 1  # Its own study.
+  assert caplog.text.count('after the plan') == 2
 
 
 def test_seeds_are_integers_given_once():

@@ -10,7 +10,9 @@ each run in its own run folder as `train` runs it, and summarises them:
 * `plan_study(config, entries, seeds)`: every run's whole config validated
   once, as `train` validates its config (`settings.from_config`), before
   anything runs or is written; a variant may only set keys its method
-  reads. Returns the `StudyRun`s, in entry-then-seed order.
+  reads; a warning the validation logs (e.g. a preset left unset) is
+  logged once per study, not once per run. Returns the `StudyRun`s, in
+  entry-then-seed order.
 * `run_study(plan, out)`: holds the study folder's lock (`study_lock`) and
   runs the plan in order, each run in `<out>/runs/<label>_s<seed>/`
   through `loop.run` (checkpoints every round, resumes from its newest
@@ -38,6 +40,7 @@ import copy
 import csv
 import io
 import json
+import logging
 import math
 import os
 import re
@@ -47,6 +50,7 @@ import time
 import types
 from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Optional, Sequence
 
+from absl import logging as absl_logging
 import ml_collections
 import tqdm
 
@@ -376,6 +380,38 @@ def fast_clients(settings: settings_lib.Settings) -> dict[str, Any]:
   return out
 
 
+class _OnceFilter(logging.Filter):
+  """Lets each distinct warning message through once; other records pass."""
+
+  def __init__(self):
+    super().__init__()
+    self._seen: set[str] = set()
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    if record.levelno < logging.WARNING:
+      return True
+    message = record.getMessage()
+    if message in self._seen:
+      return False
+    self._seen.add(message)
+    return True
+
+
+@contextlib.contextmanager
+def _each_warning_once() -> Iterator[None]:
+  """Within the block, absl logs each distinct warning once: a study
+  validates one config per run, and a warning about the shared config
+  (e.g. `dafkd.variant` left unset) would otherwise repeat for every
+  seed."""
+  logger = absl_logging.get_absl_logger()
+  once = _OnceFilter()
+  logger.addFilter(once)
+  try:
+    yield
+  finally:
+    logger.removeFilter(once)
+
+
 def plan_study(config: ml_collections.ConfigDict,
                entries: Sequence[StudyEntry], seeds: Sequence[int], *,
                rounds: Optional[int] = None,
@@ -386,7 +422,8 @@ def plan_study(config: ml_collections.ConfigDict,
   `rounds` (when given) and then the entry's overrides, validated whole by
   `settings.from_config` (what `train` runs); with `clients='fast'`, then
   `fast_clients`' runtime keys where they validate too (e.g. not for a
-  method with several client models).
+  method with several client models). The same config warns the same for
+  every seed: each distinct warning is logged once (`_each_warning_once`).
 
   Args:
     config: The study's experiment config (`configs/`, with the command
@@ -408,22 +445,29 @@ def plan_study(config: ml_collections.ConfigDict,
     raise errors.ConfigError(
         f"clients={clients!r} is unknown; choose one of {', '.join(CLIENTS)}")
   plan = []
-  for entry in entries:
-    for seed in seeds:
-      c = copy.deepcopy(config)
-      try:
-        with c.unlocked():
-          _set_overrides(c, {'method': entry.method, 'seed': seed})
-          if rounds is not None:
-            _set_overrides(c, {'rounds': rounds})
-          _set_overrides(c, entry.overrides)
-        settings = settings_lib.from_config(c)
-      except errors.UserError as e:
-        raise type(e)(f'{_entry_name(entry)}, seed {seed}: {e}') from None
-      if clients == 'fast':
-        settings = _with_fast_clients(c, settings)
-      plan.append(StudyRun(entry, seed, settings))
+  with _each_warning_once():
+    for entry in entries:
+      for seed in seeds:
+        plan.append(_plan_run(config, entry, seed, rounds, clients))
   return plan
+
+
+def _plan_run(config: ml_collections.ConfigDict, entry: StudyEntry,
+              seed: int, rounds: Optional[int], clients: str) -> StudyRun:
+  """One run of `plan_study`, its config validated."""
+  c = copy.deepcopy(config)
+  try:
+    with c.unlocked():
+      _set_overrides(c, {'method': entry.method, 'seed': seed})
+      if rounds is not None:
+        _set_overrides(c, {'rounds': rounds})
+      _set_overrides(c, entry.overrides)
+    settings = settings_lib.from_config(c)
+  except errors.UserError as e:
+    raise type(e)(f'{_entry_name(entry)}, seed {seed}: {e}') from None
+  if clients == 'fast':
+    settings = _with_fast_clients(c, settings)
+  return StudyRun(entry, seed, settings)
 
 
 def _with_fast_clients(config: ml_collections.ConfigDict,
