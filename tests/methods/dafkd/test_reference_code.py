@@ -16,7 +16,8 @@ numpy:
 * `server_batchnorm='batch'`: the pool is drawn and scored a batch at a
   time with batch statistics, and the scoring leaves the moving statistics
   as they were;
-* `first_distill_round`: before it the round's classifier is the average.
+* `first_distill_round`: before it the round's classifier is the average;
+* the diagnostics score the labeled images as the server scores its pool.
 """
 
 import numpy as np
@@ -28,6 +29,7 @@ from tff_kd import models
 from tff_kd.core import distill_hparams
 from tff_kd.core import local_training
 from tff_kd.methods.dafkd import dafkd_tf as dafkd
+from tff_kd.methods.dafkd import diagnostics as dafkd_diagnostics
 from tff_kd.methods.dafkd import gan
 from tff_kd.models import classifiers
 from tff_kd.models import generators
@@ -231,3 +233,36 @@ def test_first_distill_round_keeps_the_average_before_it(round_num,
       tf.nest.flatten(r.classifier), tf.nest.flatten(mean)))
   assert same != distilled
   assert float(r.distill.accepted) == float(distilled)
+
+
+def test_diagnostics_score_the_labeled_images_as_the_pool():
+  # With batch statistics at the server, the labeled images are scored the
+  # same way, so the holder diagnostics measure the weights the pool gets.
+  m = _server_models()
+  weights, uploads = server_case_lib.two_clients(m, 0.5, 1.0)
+  settings = dafkd.ServerSettings(
+      gan.GanSettings(NOISE, 10),
+      distill_hparams.DistillConfig.plain(steps=2, batch_size=8, seed=5),
+      16, pool_from_broadcast=True, batch_statistics=True)
+  rng = np.random.default_rng(4)
+  validation = dafkd_diagnostics.Validation(
+      tf.constant(rng.uniform(-1, 1, (24, *SHAPE)), tf.float32),
+      tf.constant(rng.integers(0, 10, 24), tf.int32),
+      tf.constant(rng.integers(0, 5, (2, 10)), tf.float32), 0.05)
+  hook = dafkd_diagnostics.RoundDiagnostics(
+      settings, tff.learning.optimizers.build_sgdm(0.3), validation)
+  r = dafkd.server_round(m, tff.learning.optimizers.build_sgdm(0.3), weights,
+                         uploads, settings, dafkd.pool_seed(0, 1),
+                         labeled=(validation.x, validation.y),
+                         diagnostics=hook)
+  _, scores = dafkd.teacher_outputs(
+      m.classifier, m.discriminator, weights[0], uploads.classifier_deltas,
+      uploads.discriminator_rows, uploads.valid, validation.x,
+      batch_size=8, batch_statistics=True)
+  np.testing.assert_allclose(r.metrics['disc_score_real'],
+                             float(tf.reduce_mean(scores)), rtol=1e-5)
+  _, inference = dafkd.teacher_outputs(
+      m.classifier, m.discriminator, weights[0], uploads.classifier_deltas,
+      uploads.discriminator_rows, uploads.valid, validation.x)
+  assert abs(float(tf.reduce_mean(inference)) -
+             float(r.metrics['disc_score_real'])) > 1e-4

@@ -571,6 +571,13 @@ class ServerSettings(NamedTuple):
   batch_statistics: bool = False
   first_distill_round: int = 0
 
+  @property
+  def scoring(self) -> dict:
+    """`teacher_outputs`' keyword arguments for how the pool is scored
+    (`batch_statistics`: batches of `distill.batch_size`)."""
+    return (dict(batch_size=self.distill.batch_size, batch_statistics=True)
+            if self.batch_statistics else {})
+
 
 class Uploads(NamedTuple):
   """What the server received this round, stacked in [M, ...] rows.
@@ -742,9 +749,7 @@ def server_round(models: gan.GanModels,
     logits, scores = teacher_outputs(
         classifier, discriminator, global_weights[0],
         uploads.classifier_deltas, uploads.discriminator_rows, valid, pool,
-        **(dict(batch_size=settings.distill.batch_size, batch_statistics=True)
-           if settings.batch_statistics else {}),
-        labels=pool_labels, features_in=feature_space)
+        **settings.scoring, labels=pool_labels, features_in=feature_space)
     alpha = teacher_weights(scores, valid, correlation=settings.correlation)
     target = distillation.weighted_ensemble(
         logits, alpha, temperature=settings.distill.temperature,

@@ -90,7 +90,7 @@ def _mean_score(scores: tf.Tensor, valid: tf.Tensor) -> tf.Tensor:
 
 def diagnose(teachers: dafkd_tf.Teachers, terms: dafkd_tf.PoolTerms,
              target: tf.Tensor, validation: Validation,
-             correlation: bool) -> Diagnostics:
+             settings: dafkd_tf.ServerSettings) -> Diagnostics:
   """`Diagnostics` of this round's teachers (scored as on the pool).
 
   Args:
@@ -99,17 +99,21 @@ def diagnose(teachers: dafkd_tf.Teachers, terms: dafkd_tf.PoolTerms,
       labels (None: a real pool).
     target: Eq. (8)'s target on the pool.
     validation: The labeled images and the clients' label counts.
-    correlation: Eq. (7)'s weights, or uniform ones (the ablation).
+    settings: The round's `dafkd_tf.ServerSettings`: eq. (7)'s weights or
+      uniform ones (`correlation`), and the BatchNorm mode and batch size
+      in which the server scores its pool (`batch_statistics`), which the
+      labeled images are scored in too.
 
   Returns:
     `Diagnostics`.
   """
   models, uploads = teachers.models, teachers.uploads
   valid = uploads.valid
+  correlation = settings.correlation
   logits, scores = dafkd_tf.teacher_outputs(
       models.classifier, models.discriminator, teachers.global_classifier,
       uploads.classifier_deltas, uploads.discriminator_rows, valid,
-      validation.x, labels=validation.y)
+      validation.x, labels=validation.y, **settings.scoring)
   shares = weight_diagnostics.label_shares(validation.label_counts)
 
   def weights_on(alpha_scores, sample_logits, labels):
@@ -291,7 +295,7 @@ class RoundDiagnostics(NamedTuple):
 
       def run_diagnostics():
         return diagnose(r.teachers, terms, r.target, self.validation,
-                        self.settings.correlation)
+                        self.settings)
 
       metrics.update(diagnostic_metrics(
           run_diagnostics() if self.diagnose is None else tf.cond(
