@@ -84,19 +84,28 @@ _OLD_NAMES = {'dafkd': 'dafkd.paper_dcgan', 'dafkd_oracle': 'dafkd'}
 # What a study run's folder keeps in `<out>` (the rest, checkpoints, stays
 # in --root_dir).
 _KEPT = ('record.json', 'metrics.csv', 'config.json')
-# The link table's columns (`tff_kd/core/links.py`'s names; DaFKD reports
-# its own, `tff_kd/methods/dafkd/diagnostics.py`: eq. 7's ensemble and the
-# uniform average of the probabilities it weights). The first key a run
-# logs is read; a column it has none of reads '-'.
-LINKS = (('teachers', ('distill/teacher_labeled_accuracy',)),
-         ('ensemble (own)', ('distill/ensemble_labeled_accuracy',
-                             'distill/ensemble_accuracy_weighted')),
-         ('logit avg', ('distill/ensemble_labeled_accuracy_logits',)),
-         ('prob avg', ('distill/ensemble_labeled_accuracy_probs',
-                       'distill/ensemble_accuracy_uniform')),
-         ('before', ('distill/labeled_accuracy_before',)),
-         ('after', ('distill/labeled_accuracy_after',)),
-         ('target entropy', ('distill/target_entropy',)))
+
+
+def _link_keys(name: str) -> tuple[str, ...]:
+  """A link's metric (`tff_kd/core/links.py`'s name), then the name a
+  method reports it under where it has its own (`experiment.LINK_ALIASES`:
+  DaFKD's eq. 7 ensemble and the uniform average of the probabilities it
+  weights, `tff_kd/methods/dafkd/diagnostics.py`)."""
+  key = f'distill/{name}'
+  alias = experiment.LINK_ALIASES.get(key)
+  return (key,) if alias is None else (key, alias)
+
+
+# The link table's columns. The first key a run logs is read; a column it
+# has none of reads '-'.
+LINKS = tuple((label, _link_keys(name)) for label, name in (
+    ('teachers', 'teacher_labeled_accuracy'),
+    ('ensemble (own)', 'ensemble_labeled_accuracy'),
+    ('logit avg', 'ensemble_labeled_accuracy_logits'),
+    ('prob avg', 'ensemble_labeled_accuracy_probs'),
+    ('before', 'labeled_accuracy_before'),
+    ('after', 'labeled_accuracy_after'),
+    ('target entropy', 'target_entropy')))
 
 _ALPHAS = flags.DEFINE_list('alphas', ['0.05', '0.1', '1'],
                             'Dirichlet alphas (Table 1: 0.05, 0.1, 1).')

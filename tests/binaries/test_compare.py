@@ -20,6 +20,7 @@ import uuid
 from tests.conftest import WORKER_TAG_ENV
 from tests.conftest import wait_for_no_tagged_workers
 from tests.faults import common
+from tests.methods import link_checks
 
 _DIGITS = os.path.join(common.REPO, 'configs', 'digits.py')
 # tests/helpers.py's digits setting, with FedDF's smoke pool for both
@@ -84,6 +85,8 @@ def test_a_study_writes_its_tables_and_resumes(tmp_path):
   assert any(line.startswith('| feddf | 0.') for line in summary.splitlines())
   assert not any(line.startswith('| fedavg | 0.')
                  for line in summary.splitlines())
+  link_checks.assert_fills_the_link_table(str(out / 'runs' / 'feddf_s0'),
+                                          'feddf')
   rows = _csv(out / 'summary.csv')
   assert [(r['entry'], r['seed']) for r in rows] == [
       ('fedavg', '0'), ('fedavg', '1'), ('fedavg', 'mean'), ('fedavg', 'std'),

@@ -10,9 +10,17 @@ method with a link table shares. `TOY_VAL_X` / `TOY_VAL_Y` and
 the toy federation of `tests.methods.toy_kd` (FedGen, FedFTG);
 `assert_labeled_images_of_another_shape_are_refused` checks that a toy
 process refuses labeled images its classifier cannot score.
+
+`assert_fills_the_link_table` checks a real run of a KD method the way
+`compare` summarises it: its row of the summary's link table has every
+column filled, but those `NOT_IN_THE_SUMMARY` names. It is called on runs
+other tests make anyway (two rounds each, with labeled server images), and
+tests/program/test_compare.py checks that every KD method of the registry
+has such a call.
 """
 
-from typing import Optional
+import math
+from typing import Any, Mapping, Optional, Sequence, Union
 
 import numpy as np
 import pytest
@@ -22,6 +30,8 @@ from tests.methods import toy_kd
 from tff_kd import errors
 from tff_kd.core import links
 from tff_kd.federated import server_data as server_data_lib
+from tff_kd.program import compare
+from tff_kd.program import plots
 
 # The toy's labeled server images: 2-d points labeled by the toy's own rule
 # of thumb (class 0 right, 1 up-left, 2 down), so the models score neither 0
@@ -151,3 +161,67 @@ def assert_links_in_range(metrics, target_classes: Optional[int] = None
     assert entropy == -1.0, entropy
   else:
     assert 0 < entropy < np.log(target_classes) + 1e-6, entropy
+
+
+# The link-table columns a KD method leaves blank in `compare`'s summary.
+NOT_IN_THE_SUMMARY = {
+    # FedGen's server step trains its generator and distils no target into
+    # the model: `target_entropy` reads -1 (not measured).
+    'fedgen': {'target_entropy'},
+    # FedFTG's student distils on freshly generated batches, no fixed pool
+    # whose target entropy could be measured: -1.
+    'fedftg': {'target_entropy'},
+    # DaFKD reports its own ensemble and the uniform probability average
+    # under its own names (`compare.LINK_ALIASES`), but neither the
+    # teachers' mean accuracy nor their uniform logit average.
+    'dafkd': {'teacher_labeled_accuracy', 'ensemble_labeled_accuracy_logits'},
+}
+
+
+def link_table_row(history: Union[str, Sequence[Mapping[str, Any]]],
+                   method: str) -> dict[str, str]:
+  """A run's row of the link table of `compare`'s `summary.md`.
+
+  Args:
+    history: The run's folder (its `metrics.csv`), or its rounds' metrics
+      (`RunResult.history`).
+    method: The method it ran (the row's label).
+
+  Returns:
+    Every link name of `links.NAMES` and 'after > before' -> the row's cell
+    ('' where the summary's table has none).
+  """
+  if isinstance(history, str):
+    columns = plots.read_metrics(history)
+  else:
+    keys = sorted({k for h in history for k in h})
+    columns = {k: [h.get(k, math.nan) for h in history] for k in keys}
+  row = compare.summarize_entry(compare.StudyEntry(method, method),
+                                [compare.run_stats(0, columns)])
+  # The link table is the summary's last table (after '## Mechanism
+  # diagnostics'): its header, a rule, the row.
+  markdown = compare.study_markdown([row], title=method)
+  table = markdown.split('## Mechanism diagnostics')[1].strip().splitlines()
+  names = (*links.NAMES, 'after > before')
+  if len(table) < 3 or not table[-1].startswith(f'| {method} | '):
+    return dict.fromkeys(names, '')
+
+  def cells(line: str) -> list[str]:
+    return [c.strip() for c in line.strip().strip('|').split('|')][1:]
+
+  found = dict(zip(cells(table[-3]), cells(table[-1])))
+  return {name: found.get(name, '') for name in names}
+
+
+def assert_fills_the_link_table(
+    history: Union[str, Sequence[Mapping[str, Any]]], method: str) -> None:
+  """In `compare`'s summary of this run, the method's row of the link table
+  fills every column, but exactly those of `NOT_IN_THE_SUMMARY[method]`.
+
+  Args:
+    history: As `link_table_row`'s.
+    method: The KD method it ran.
+  """
+  row = link_table_row(history, method)
+  blank = {name for name, cell in row.items() if not cell}
+  assert blank == NOT_IN_THE_SUMMARY.get(method, set()), (method, row)

@@ -4,8 +4,10 @@ the plan's validated configs, and the statistics over seeds.
 The binary and a real study: tests/binaries/test_compare.py.
 """
 
+import ast
 import logging
 import math
+import pathlib
 
 from absl import logging as absl_logging
 import pytest
@@ -93,6 +95,46 @@ def test_a_warning_about_the_config_is_logged_once_per_study(caplog):
     absl_logging.warning('after the plan')
   assert caplog.text.count('dafkd.variant is unset') == 1  # Its own study.
   assert caplog.text.count('after the plan') == 2
+
+
+def test_every_kd_method_has_a_run_that_fills_its_link_table():
+  # `link_checks.assert_fills_the_link_table(run, '<method>')` checks a real
+  # run's row of the summary's link table; it is called on runs other tests
+  # make. Every method with a server step must have one.
+  checked = set()
+  for path in pathlib.Path(__file__).resolve().parents[1].rglob('test_*.py'):
+    for node in ast.walk(ast.parse(path.read_text())):
+      if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+          and node.func.attr == 'assert_fills_the_link_table'):
+        checked.add(ast.literal_eval(node.args[1]))
+  assert checked == {m.name for m in registry.METHODS.values()
+                     if m.server_step}
+
+
+def test_a_method_s_own_names_of_links_fill_the_shared_columns():
+  # DaFKD's names for its own ensemble and the probability average: the same
+  # values under the link table's names; its own stay, and a method that
+  # logs the shared name keeps its value.
+  history = {'round': [1, 2], 'test/accuracy': [0.5, 0.6],
+             'distill/ensemble_accuracy_weighted': [0.7, float('nan')],
+             'distill/ensemble_accuracy_uniform': [0.4, 0.6],
+             'distill/labeled_accuracy_before': [0.5, 0.5],
+             'distill/labeled_accuracy_after': [0.6, 0.4]}
+  stats = compare.run_stats(0, history)['diagnostics']
+  assert stats['distill/ensemble_labeled_accuracy'] == 0.7
+  assert stats['distill/ensemble_labeled_accuracy_probs'] == 0.5
+  assert stats['distill/ensemble_accuracy_weighted'] == 0.7
+  assert stats['distill/ensemble_accuracy_uniform'] == 0.5
+  shared = dict(history, **{'distill/ensemble_labeled_accuracy': [0.1, 0.3]})
+  assert compare.run_stats(0, shared)['diagnostics'][
+      'distill/ensemble_labeled_accuracy'] == pytest.approx(0.2)
+  row = compare.summarize_entry(compare.StudyEntry('dafkd', 'dafkd'),
+                                [compare.run_stats(0, history)])
+  markdown = compare.study_markdown([row], title='t')
+  assert ('| entry | ensemble_labeled_accuracy | '
+          'ensemble_labeled_accuracy_probs | labeled_accuracy_before | '
+          'labeled_accuracy_after | after > before |') in markdown
+  assert '| dafkd | 0.7000 | 0.5000 | 0.5000 | 0.5000 | 0.50 |' in markdown
 
 
 def test_seeds_are_integers_given_once():

@@ -15,6 +15,7 @@ import pytest
 
 from tests import helpers
 from tests.helpers import digits_config as _config
+from tests.methods import link_checks
 from tff_kd import errors
 from tff_kd.program import experiment
 
@@ -255,13 +256,14 @@ def test_evaluations_still_work_after_another_process_is_built(tmp_path):
 def test_labeled_server_set_without_a_pool_feeds_the_link_table(tmp_path):
   # server_data.val_size without a proxy: the data-free methods still get
   # the labeled images for their link table; a pool method is refused.
-  c = _config(**{'method': 'fedftg', 'rounds': 1, 'server_data.val_size': 40,
+  c = _config(**{'method': 'fedftg', 'server_data.val_size': 40,
                  'export': False, 'fedftg.iterations': 1,
                  'fedftg.student_steps': 1})
   result = experiment.run(c, str(tmp_path / 'ftg'), progress=False)
   links = {k: v for k, v in result.history[-1].items()
            if k.startswith('distill/') and 'labeled_accuracy' in k}
   assert links and all(0 <= v <= 1 for v in links.values()), links
+  link_checks.assert_fills_the_link_table(result.history, 'fedftg')
   c = _config(**{'method': 'feddf', 'server_data.val_size': 40})
   with pytest.raises(errors.ConfigError, match='server_data.proxy'):
     experiment.prepare(c, str(tmp_path / 'df'))

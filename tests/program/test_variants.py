@@ -12,6 +12,7 @@ from absl import logging
 import pytest
 
 from tests import helpers
+from tests.methods import link_checks
 from tff_kd import errors
 from tff_kd.methods import registry
 from tff_kd.methods.dafkd import hparams as dafkd_hparams
@@ -155,6 +156,8 @@ def test_the_default_dafkd_trains_and_resumes(tmp_path):
     saved = json.load(f)
   assert saved['dafkd']['variant'] == 'real_pool'
   assert saved['dafkd']['pool'] == 'real'
+  # Its row of `compare`'s link table, from its 60 labeled server images.
+  link_checks.assert_fills_the_link_table(first.history, 'dafkd')
   # Traffic per client: the classifier and the client's discriminator row
   # both ways, the pool down; not the generator, which no client trains.
   clf = classifiers.build_classifier('cnn', input_shape=(8, 8, 1),

@@ -78,6 +78,18 @@ LAST = 5
 _LABEL = re.compile(r'^[A-Za-z0-9][A-Za-z0-9_.-]*$')
 # The link metrics (`tff_kd.core.links`) as `metrics.csv` names them.
 _LINKS = tuple(f'distill/{name}' for name in links.NAMES)
+# Links a method reports under names of its own: shared name -> its name.
+# DaFKD's diagnostics (`tff_kd/methods/dafkd/diagnostics.py`) measure its
+# own ensemble (eq. 7's weights on the teachers' probabilities) and the
+# uniform average of those probabilities on the labeled images as
+# `ensemble_accuracy_weighted` / `_uniform`. A run that logs such a name
+# and not the shared one has the same values under the shared name in the
+# summary (`run_stats`); its own column stays.
+LINK_ALIASES = {
+    'distill/ensemble_labeled_accuracy': 'distill/ensemble_accuracy_weighted',
+    'distill/ensemble_labeled_accuracy_probs':
+        'distill/ensemble_accuracy_uniform',
+}
 _BEFORE = 'distill/labeled_accuracy_before'
 _AFTER = 'distill/labeled_accuracy_after'
 
@@ -686,7 +698,9 @@ def run_stats(seed: int,
   Returns:
     seed; rounds; final, best (and best_round), last5 test accuracy;
     seconds_per_round; diagnostics: `distill/*` metric -> mean over rounds
-    (a link metric's -1, not measured, left out); raised: the share of
+    (a link metric's -1, not measured, left out; a link the method logs
+    under its own name also under the shared one, `LINK_ALIASES`); raised:
+    the share of
     rounds whose server step raised the labeled accuracy (after > before),
     None without both; history: the metrics themselves.
   """
@@ -700,6 +714,9 @@ def run_stats(seed: int,
     value = finite_mean(values)
     if math.isfinite(value):
       diagnostics[key] = value
+  for shared, own in LINK_ALIASES.items():
+    if shared not in history and own in diagnostics:
+      diagnostics[shared] = diagnostics[own]
   pairs = [(b, a) for b, a in zip(history.get(_BEFORE, ()),
                                   history.get(_AFTER, ()))
            if math.isfinite(b) and math.isfinite(a) and min(a, b) >= 0]
@@ -739,23 +756,39 @@ def summarize_study(plan: Sequence[StudyRun],
         failed.append((run.seed, record['error']))
       else:
         done.append(run_stats(run.seed, plots.read_metrics(folder)))
-    row = dict(label=entry.label, method=entry.method,
-               overrides=dict(entry.overrides), runs=done, failed=failed,
-               missing=missing)
-    if done:
-      keys = sorted({k for r in done for k in r['diagnostics']})
-      raised = [r['raised'] for r in done if r['raised'] is not None]
-      row.update(
-          final=mean_std(r['final'] for r in done),
-          best=mean_std(r['best'] for r in done),
-          last5=mean_std(r['last5'] for r in done),
-          seconds_per_round=finite_mean(r['seconds_per_round']
-                                        for r in done),
-          diagnostics={k: finite_mean(r['diagnostics'].get(k, math.nan)
-                                      for r in done) for k in keys},
-          raised=finite_mean(raised) if raised else None)
-    rows.append(row)
+    rows.append(summarize_entry(entry, done, failed, missing))
   return rows
+
+
+def summarize_entry(entry: StudyEntry, done: Sequence[dict[str, Any]],
+                    failed: Sequence[tuple[int, str]] = (),
+                    missing: Sequence[int] = ()) -> dict[str, Any]:
+  """One row of `summarize_study` from its runs' numbers.
+
+  Args:
+    entry: The row's entry.
+    done: `run_stats` of each finished run, in seed order.
+    failed: (seed, error) of each failed run.
+    missing: Seeds not run yet.
+
+  Returns:
+    The row (see `summarize_study`).
+  """
+  row = dict(label=entry.label, method=entry.method,
+             overrides=dict(entry.overrides), runs=list(done),
+             failed=list(failed), missing=list(missing))
+  if done:
+    keys = sorted({k for r in done for k in r['diagnostics']})
+    raised = [r['raised'] for r in done if r['raised'] is not None]
+    row.update(
+        final=mean_std(r['final'] for r in done),
+        best=mean_std(r['best'] for r in done),
+        last5=mean_std(r['last5'] for r in done),
+        seconds_per_round=finite_mean(r['seconds_per_round'] for r in done),
+        diagnostics={k: finite_mean(r['diagnostics'].get(k, math.nan)
+                                    for r in done) for k in keys},
+        raised=finite_mean(raised) if raised else None)
+  return row
 
 
 def _pct(pair: tuple[float, float]) -> str:

@@ -31,7 +31,8 @@ into `Settings` (`from_config`), and everything below reads those.
   run: `StudyRun`s), `study_lock`, `run_study` (each run in
   `<out>/runs/<label>_s<seed>/`, finished runs skipped, a stopped one
   resumed), `write_study_summary` (`summary.md`, `summary.csv`,
-  `curves.png`; `StudySummary`), `summarize_study`; the statistics over
+  `curves.png`; `StudySummary`), `summarize_study`, `LINK_ALIASES` (the
+  link table's names a method reports under its own); the statistics over
   seeds the study scripts share: `mean_std`, `finite_mean`, `last_mean`,
   `mean_curve`, `seconds_per_round`.
 * TFF's program logic (`tff.learning.programs.train_model`):
@@ -69,7 +70,8 @@ _EXPORTS = {
     'sample_clients': 'sampling',
     'CLIENTS': 'compare', 'StudyEntry': 'compare', 'StudyRun': 'compare',
     'StudySummary': 'compare', 'VARIANT_SYNTAX': 'compare',
-    'fast_clients': 'compare', 'finite_mean': 'compare',
+    'LINK_ALIASES': 'compare', 'fast_clients': 'compare',
+    'finite_mean': 'compare',
     'last_mean': 'compare', 'mean_curve': 'compare', 'mean_std': 'compare',
     'parse_seeds': 'compare', 'parse_variant': 'compare',
     'plan_study': 'compare', 'run_study': 'compare',

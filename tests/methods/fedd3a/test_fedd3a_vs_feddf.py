@@ -17,6 +17,7 @@ import pytest
 
 from tests import helpers
 from tests.helpers import digits_config
+from tests.methods import link_checks
 from tff_kd.program import experiment
 
 _COMMON = {'rounds': 2, 'export': False, 'local.unit': 'steps',
@@ -51,3 +52,11 @@ def test_fedd3a_with_avg_weights_and_logits_is_feddf(tmp_path):
   probs = _global_model(tmp_path, 'probs', **avg,
                         **{'fedd3a.ensemble': 'probs'})
   assert max(np.max(np.abs(a - b)) for a, b in zip(feddf, probs)) > 1e-4
+  # FedD3A's row of `compare`'s link table, from its 60 labeled images; with
+  # uniform weights on the probabilities its own ensemble is their average.
+  link_checks.assert_fills_the_link_table(str(tmp_path / 'probs'), 'fedd3a')
+  m = experiment.read_metrics(str(tmp_path / 'probs'))
+  for name in ('distill/ensemble_accuracy', 'distill/uniform_accuracy',
+               'distill/ensemble_labeled_accuracy_probs'):
+    np.testing.assert_array_equal(m[name],
+                                  m['distill/ensemble_labeled_accuracy'])

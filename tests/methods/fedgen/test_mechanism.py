@@ -10,6 +10,7 @@ import pytest
 
 from tff_kd.core import links
 
+from tests.methods import link_checks
 from tests.methods.mechanisms import _metric
 from tests.methods.mechanisms import run
 
@@ -36,3 +37,4 @@ def test_fedgen_clients_agree_with_the_generator(run):
   np.testing.assert_array_equal(
       _metric(method, 'distill/labeled_accuracy_after'),
       _metric(method, 'distill/labeled_accuracy_before'))
+  link_checks.assert_fills_the_link_table(method, 'fedgen')

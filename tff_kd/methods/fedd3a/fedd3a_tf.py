@@ -45,8 +45,11 @@ models and projections and the student's starting point (their average):
    `distillation.distill` from the averaged model.
 
 With a labeled server set the round's mechanism (the eq. 7 ensemble's and
-the uniform ensemble's accuracy on it) is measured after the distillation
-by `ensemble_accuracies`, the round's `tff_kd.core.diagnostics` hook.
+the uniform ensemble's accuracy on it) and the link table every KD method
+reports (`tff_kd.core.links`: teachers, ensembles, the student before and
+after) are measured after the distillation by `ensemble_accuracies`, the
+round's `tff_kd.core.diagnostics` hook; without one, only the target's
+entropy.
 
 Heterogeneous models (the paper's "Application to Heterogeneous Models",
 Sec. 3): every client keeps its own model h_k, of its own architecture,
@@ -68,7 +71,7 @@ in program order also inside a TFF computation's graph; everything runs
 eagerly as well (tests compare the TFF process with these functions).
 """
 
-from typing import Callable, NamedTuple, Optional, Sequence, Union
+from typing import Callable, Mapping, NamedTuple, Optional, Sequence, Union
 
 import tensorflow as tf
 import tensorflow_federated as tff
@@ -78,6 +81,7 @@ from tff_kd import models
 from tff_kd.core import diagnostics as core_diagnostics
 from tff_kd.core import distill_hparams
 from tff_kd.core import distillation
+from tff_kd.core import links
 from tff_kd.core import local_training
 from tff_kd.core import loops
 from tff_kd.core import teachers as teachers_tf
@@ -382,6 +386,8 @@ class ServerRound(NamedTuple):
     ensemble_accuracy: Accuracy of the eq. 7 ensemble (this round's
       weighting) on the labeled validation set; -1 without one.
     uniform_accuracy: The same for uniform weights (FedDF's average).
+    links: The link table (`tff_kd.core.links.NAMES` -> value, -1 where
+      not measured).
   """
 
   weights: ModelWeights
@@ -393,6 +399,7 @@ class ServerRound(NamedTuple):
   distill_seconds: tf.Tensor
   ensemble_accuracy: tf.Tensor | float = -1.0
   uniform_accuracy: tf.Tensor | float = -1.0
+  links: Optional[Mapping[str, tf.Tensor]] = None
 
 
 class ServerSettings(NamedTuple):
@@ -593,18 +600,21 @@ def _weighted_distill(student: models.Classifier,
     t2 = tf.timestamp()
   metrics = dict.fromkeys(('ensemble_accuracy', 'uniform_accuracy'),
                           tf.constant(-1.0))
+  table = links.link_metrics(None, valid, None, target=target)
   if labeled is not None:
-    metrics.update(core_diagnostics.run(
+    measured = core_diagnostics.run(
         ensemble_accuracies, core_diagnostics.ServerRound(
             teacher_logits_fn, alpha, pool, target, student.model, variables,
             start_weights, result.weights, labeled,
-            WeightingTerms(feature_weights, weights_on, valid, ensemble))))
+            WeightingTerms(feature_weights, weights_on, valid, ensemble)))
+    metrics = {name: measured.pop(name) for name in metrics}
+    table = measured
   return ServerRound(
       weights=result.weights, distill=result._replace(optimizer_state=()),
       scores=scores, teacher_weights=alpha, target=target,
       teacher_seconds=tf.cast(t1 - t0, tf.float32),
       distill_seconds=tf.cast(t2 - t1, tf.float32),
-      **metrics)
+      links=table, **metrics)
 
 
 class WeightingTerms(NamedTuple):
@@ -630,14 +640,17 @@ def ensemble_accuracies(server_round: core_diagnostics.ServerRound
 
   The accuracy of the eq. 7 ensemble (this round's weighting, scored with
   the backbone of `WeightingTerms.feature_weights`) and of the uniform one
-  (FedDF's average) on the labeled validation set.
+  (FedDF's average) on the labeled validation set, then the link table
+  (`links.LinkHook` on the same teachers' logits, the eq. 7 ensemble as
+  the method's own).
 
   Args:
     server_round: The round (with `labeled`; `teachers` is the teachers'
       logits function, `terms` the `WeightingTerms`).
 
   Returns:
-    `ensemble_accuracy` and `uniform_accuracy`.
+    `ensemble_accuracy`, `uniform_accuracy` and the link table
+    (`links.NAMES`).
   """
   r, terms = server_round, server_round.terms
   x, y = r.labeled
@@ -646,12 +659,13 @@ def ensemble_accuracies(server_round: core_diagnostics.ServerRound
   val_logits = r.teachers(x)
   uniform = masked_teacher_weights(scores=tf.ones_like(val_alpha),
                                    valid=terms.valid, weighting='avg')
-  ensemble_accuracy, uniform_accuracy = [
-      teachers_tf.accuracy(distillation.weighted_ensemble(
-          val_logits, w, ensemble=terms.ensemble), y)
-      for w in (val_alpha, uniform)]
-  return dict(ensemble_accuracy=ensemble_accuracy,
-              uniform_accuracy=uniform_accuracy)
+  own, average = [distillation.weighted_ensemble(
+      val_logits, w, ensemble=terms.ensemble) for w in (val_alpha, uniform)]
+  table = links.LinkHook()(r._replace(teachers=links.Teachers(
+      logits_fn=lambda _: val_logits, valid=terms.valid,
+      ensemble_fn=lambda *_: own)))
+  return dict(ensemble_accuracy=teachers_tf.accuracy(own, y),
+              uniform_accuracy=teachers_tf.accuracy(average, y), **table)
 
 
 def per_client_mean(values: tf.Tensor, client_ids: tf.Tensor,

@@ -236,6 +236,10 @@ def build_finalizer(
   (`ensemble_accuracy`), of the uniform one (`uniform_accuracy`) and of the
   student before and after distillation (`labeled_accuracy_before`,
   `labeled_accuracy_after`), and `accepted` (`DistillConfig.accept`).
+  Always the link table (`tff_kd.core.links.NAMES`: on the labeled
+  images, -1 without them; `target_entropy` on the pool), as every KD
+  method reports it; its `labeled_accuracy_before` / `_after` are the
+  distillation's above.
 
   Args:
     classifier_fn: Builds the global `Classifier`.
@@ -321,6 +325,10 @@ def _round_metrics(result: fedd3a_tf.ServerRound, stack: stacking_tf.Stack,
         labeled_accuracy_before=result.distill.labeled_accuracy_before,
         labeled_accuracy_after=result.distill.labeled_accuracy_after,
         accepted=result.distill.accepted)
+  # The student's two links are the distillation's own measurements above
+  # where there is a labeled set.
+  metrics.update((name, value) for name, value in result.links.items()
+                 if name not in metrics)
   if num_clients > 0:
     ids = values['client_id']
     client_w = fedd3a_tf.per_client_mean(w, ids, valid, num_clients)
