@@ -1,0 +1,97 @@
+"""The README's quick-start output is what `make train` prints.
+
+README.md shows the lines `make train` ends with: `plot --compare`'s one
+line per method (final and best test accuracy, the best's round) and the
+curves' path. This test runs the Makefile's own `train` recipe (its three
+commands, as a user's `make train` runs them) with the quick start's
+folder in `tmp_path`, and compares the lines it ends with against the
+README's block, `...` standing for the folder above `runs/quickstart`.
+
+Only two things differ from a user's `make train`: `-o` tells make not to
+reinstall this virtualenv (the recipe's prerequisite), and
+`ARGS=--config.export=false` skips the SavedModel export, which the
+printed numbers do not depend on (3 s per run).
+
+The numbers depend on TensorFlow's CPU kernels: the README's were measured
+on a 2-core AMD EPYC with AVX-512, where four fresh runs (one in a fresh
+clone with an empty HOME) printed them exactly; with oneDNN's kernels off
+(`TF_ENABLE_ONEDNN_OPTS=0`) the same commands print FedGen's best as
+0.9528. On a processor whose kernels round differently this test can fail
+with no change to the code: the message says so.
+"""
+
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+from tests.conftest import WORKER_TAG_ENV
+from tests.conftest import wait_for_no_tagged_workers
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+# The virtualenv running the tests holds the `train` and `plot` commands
+# the Makefile's recipe calls.
+VENV = pathlib.Path(sys.executable).parent.parent
+
+pytestmark = pytest.mark.slow
+
+
+def readme_quickstart_lines() -> list[str]:
+  """The lines of README.md's quick-start output block."""
+  blocks, block = [], None
+  for line in (REPO / 'README.md').read_text().splitlines():
+    if line.startswith('```'):
+      if block is None:
+        block = []
+      else:
+        blocks.append(block)
+        block = None
+    elif block is not None:
+      block.append(line)
+  [lines] = [b for b in blocks if any('final test accuracy' in line
+                                      for line in b)]
+  return lines
+
+
+def _matches(quoted: str, printed: str) -> bool:
+  """Whether a printed line is the README's, `...` for a path's start."""
+  head, dots, tail = quoted.partition('...')
+  if not dots:
+    return printed == quoted
+  return printed.startswith(head) and printed.endswith(tail)
+
+
+@pytest.mark.skipif(shutil.which('make') is None or
+                    not (VENV / 'bin' / 'train').exists(),
+                    reason='needs make and the virtualenv\'s commands')
+def test_make_train_prints_what_the_readme_shows(tmp_path, monkeypatch):
+  tag = uuid.uuid4().hex
+  monkeypatch.setenv(WORKER_TAG_ENV, tag)
+  quickstart = tmp_path / 'runs' / 'quickstart'
+  proc = subprocess.run(
+      ['make', '-s', '-C', str(REPO), '-o', f'{VENV}/.tff_kd-installed',
+       'train', f'VENV={VENV}', f'QUICKSTART={quickstart}',
+       'ARGS=--config.export=false'],
+      capture_output=True, text=True, timeout=900,
+      env={**os.environ, 'TF_CPP_MIN_LOG_LEVEL': '3'}, check=False)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  quoted = readme_quickstart_lines()
+  printed = proc.stdout.strip('\n').splitlines()[-len(quoted):]
+  assert printed[-1] == f'curves: {quickstart / "curves.png"}'
+  assert all(_matches(q, p) for q, p in zip(quoted, printed)), (
+      "README.md's quick-start output is not what `make train` printed; "
+      'if the code changed the numbers, put these lines in the README '
+      '(they also depend on the processor: see this test\'s docstring):\n' +
+      '\n'.join(printed))
+  wait_for_no_tagged_workers(tag)
+
+
+def test_the_readme_block_is_the_one_this_test_reads():
+  lines = readme_quickstart_lines()
+  assert [line.split(':')[0].strip() for line in lines] == [
+      'fedavg', 'fedgen', 'curves']
+  assert lines[-1] == 'curves: .../runs/quickstart/curves.png'
