@@ -171,10 +171,6 @@ NOT_IN_THE_SUMMARY = {
     # FedFTG's student distils on freshly generated batches, no fixed pool
     # whose target entropy could be measured: -1.
     'fedftg': {'target_entropy'},
-    # DaFKD reports its own ensemble and the uniform probability average
-    # under its own names (`compare.LINK_ALIASES`), but neither the
-    # teachers' mean accuracy nor their uniform logit average.
-    'dafkd': {'teacher_labeled_accuracy', 'ensemble_labeled_accuracy_logits'},
 }
 
 

@@ -115,7 +115,8 @@ def _rounds(digits, rounds, *, mode='inference', oracle=False,
           seed, client_data.LocalWork('epochs', EPOCHS, 16))
       results.append(dafkd_tf.client_round(
           gan.GanModels(clf, disc, gen), (clf_w, gen_w), rows[k], dataset,
-          gan.GanOptimizers(sgd, adam), tf.constant(0.05), seed, settings,
+          gan.GanOptimizers(sgd, adam), dafkd_tf.Round(tf.constant(0.05)), seed,
+          settings,
           negatives_pool=negatives))
       rows[k] = results[-1].discriminator
     deltas = _stack([res.classifier_delta for res in results])

@@ -69,7 +69,8 @@ def test_gan_terms_only_in_their_window(window, gan_at):
   row = [tf.identity(v) for v in dafkd.discriminator_variables(disc)]
   result = dafkd.client_round(
       gan.GanModels(clf, disc, gen), weights, row, _batches(),
-      gan.GanOptimizers(sgd, sgd), tf.constant(LR), seed, settings)
+      gan.GanOptimizers(sgd, sgd), dafkd.Round(tf.constant(LR)), seed,
+      settings)
 
   # Eager replay on fresh copies of the same models.
   clf2, disc2, gen2 = _models()

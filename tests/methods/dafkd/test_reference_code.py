@@ -87,8 +87,8 @@ def _round(settings, round_num, models_=None):
       models_.discriminator)]
   result = dafkd.client_round(
       models_, weights, row, _epochs(), gan.GanOptimizers(sgd, sgd),
-      tf.constant(LR), tf.constant(7, tf.int64), settings,
-      round_num=tf.constant(round_num))
+      dafkd.Round(tf.constant(LR), tf.constant(round_num)),
+      tf.constant(7, tf.int64), settings)
   return result, models_
 
 
@@ -258,7 +258,7 @@ def test_diagnostics_score_the_labeled_images_as_the_pool():
   _, scores = dafkd.teacher_outputs(
       m.classifier, m.discriminator, weights[0], uploads.classifier_deltas,
       uploads.discriminator_rows, uploads.valid, validation.x,
-      batch_size=8, batch_statistics=True)
+      dafkd.Scoring(8, batch_statistics=True))
   np.testing.assert_allclose(r.metrics['disc_score_real'],
                              float(tf.reduce_mean(scores)), rtol=1e-5)
   _, inference = dafkd.teacher_outputs(
@@ -266,3 +266,99 @@ def test_diagnostics_score_the_labeled_images_as_the_pool():
       uploads.discriminator_rows, uploads.valid, validation.x)
   assert abs(float(tf.reduce_mean(inference)) -
              float(r.metrics['disc_score_real'])) > 1e-4
+
+
+def test_plateau_update_is_reduce_lr_on_plateau():
+  # Last-batch losses 1, 2, 2, 2, 0.5: running means 1, 1.5, 1.67, 1.75,
+  # 1.5; the best stays 1 from epoch 1, so epoch 4 is the third without
+  # improvement and the rate drops to 0.2x (torch's ReduceLROnPlateau with
+  # factor 0.2, patience 2, as DaFKD's code builds it).
+  sgd = tff.learning.optimizers.build_sgdm(0.5)
+  state = gan.initial_optimizer_state(sgd, [tf.Variable(0.0)],
+                                      tf.constant(0.5))
+  plateau = dafkd.Plateau.start()
+  rates = []
+  for loss in (1.0, 2.0, 2.0, 2.0, 0.5):
+    state, plateau = dafkd.plateau_update(sgd, state, plateau,
+                                          tf.constant(loss))
+    rates.append(float(sgd.get_hparams(state)['learning_rate']))
+  np.testing.assert_allclose(rates, [0.5, 0.5, 0.5, 0.1, 0.1], rtol=1e-6)
+  assert float(plateau.best) == 1.0 and float(plateau.bad) == 1.0
+
+
+def _contradictions(epochs: int) -> tf.data.Dataset:
+  """Four images, each in both batches with another label: the loss has a
+  floor it cannot go below."""
+  x = np.random.default_rng(1).uniform(-1, 1, (4, *SHAPE)).astype(np.float32)
+  return tf.data.Dataset.from_tensor_slices(
+      {'x': np.concatenate([x, x]),
+       'y': np.array([0, 1, 2, 0, 1, 2, 0, 1], np.int32)}).batch(4).repeat(
+           epochs)
+
+
+def _sgd_epochs(classifier, epochs: int, rates) -> list[float]:
+  """Eager SGD over `_contradictions(epochs)` at `rates(step)`; the
+  epochs' last-batch cross-entropies."""
+  last = []
+  for step, batch in enumerate(_contradictions(epochs)):
+    with tf.GradientTape() as tape:
+      logits = classifier.model(batch['x'], training=True)
+      ce = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+          labels=batch['y'], logits=logits))
+    grads = tape.gradient(ce, classifier.model.trainable_weights)
+    rate = rates(step, ce)
+    for v, g in zip(classifier.model.trainable_weights, grads):
+      v.assign_sub(rate * g)
+  return last
+
+
+def test_client_plateau_matches_an_eager_replay():
+  # From a model at the loss floor (12 epochs at lr 2 first), round 2's
+  # plain cross-entropy steps stall, and their rate follows
+  # `plateau_update` at every epoch's last step (two batches an epoch).
+  epochs, lr = 8, 2.0
+  settings = gan.GanSettings(NOISE, CLASSES, gan_epochs=1,
+                             local_epochs=epochs, disc_rounds=1,
+                             generator_rounds=1, client_plateau=True)
+  start = _models()
+  _sgd_epochs(start.classifier, 12, lambda step, ce: lr)
+  floor = [v.numpy() for v in start.classifier.model.weights]
+
+  def at_floor():
+    m = _models()
+    for v, value in zip(m.classifier.model.weights, floor):
+      v.assign(value)
+    return m
+
+  sgd = tff.learning.optimizers.build_sgdm(lr)
+  m = at_floor()
+  weights = tf.nest.map_structure(tf.identity, (
+      local_training.model_weights(m.classifier.model),
+      local_training.model_weights(m.generator)))
+  row = [tf.identity(v) for v in dafkd.discriminator_variables(
+      m.discriminator)]
+  result = dafkd.client_round(
+      m, weights, row, _contradictions(epochs), gan.GanOptimizers(sgd, sgd),
+      dafkd.Round(tf.constant(lr), tf.constant(2)), tf.constant(7, tf.int64),
+      settings)
+
+  replay = at_floor()
+  schedule = {'state': gan.initial_optimizer_state(
+      sgd, [tf.Variable(0.0)], tf.constant(lr)),
+              'plateau': dafkd.Plateau.start(), 'cuts': 0}
+
+  def rates(step, ce):
+    rate = float(sgd.get_hparams(schedule['state'])['learning_rate'])
+    if step % 2 == 1:  # The epoch's last step: after its update.
+      schedule['state'], schedule['plateau'] = dafkd.plateau_update(
+          sgd, schedule['state'], schedule['plateau'], ce)
+      schedule['cuts'] += float(
+          sgd.get_hparams(schedule['state'])['learning_rate']) < rate
+    return rate
+
+  _sgd_epochs(replay.classifier, epochs, rates)
+  assert schedule['cuts'] >= 1
+  for got, v, s in zip(result.classifier_delta.trainable,
+                       replay.classifier.model.trainable_weights,
+                       at_floor().classifier.model.trainable_weights):
+    np.testing.assert_allclose(got, v.numpy() - s.numpy(), atol=1e-5)

@@ -134,6 +134,33 @@ class ClientRoundResult(NamedTuple):
   label_counts: Optional[tf.Tensor] = None
 
 
+class Round(NamedTuple):
+  """A client round's place in the schedule.
+
+  Attributes:
+    learning_rate: The joint optimiser's learning rate this round.
+    number: The round (from 0), read by `GanSettings.disc_rounds` and
+      `generator_rounds`; None where no setting reads it.
+  """
+
+  learning_rate: tf.Tensor
+  number: Optional[tf.Tensor] = None
+
+
+class Scoring(NamedTuple):
+  """How the teachers score a pool (`teacher_outputs`).
+
+  Attributes:
+    batch_size: Examples per forward pass.
+    batch_statistics: The extractor's BatchNorm in training mode, each
+      batch normalised by its own statistics (DaFKD's code); else
+      inference mode.
+  """
+
+  batch_size: int = 256
+  batch_statistics: bool = False
+
+
 class PrivatePool(NamedTuple):
   """Appendix B: the pool every client regenerates, and its teacher terms.
 
@@ -273,13 +300,72 @@ def _epoch_window_end(dataset: tf.data.Dataset,
   return tf.where(steps < 0, tf.int64.max, end)
 
 
+class Plateau(NamedTuple):
+  """The client's learning-rate plateau state (float32 scalars).
+
+  Attributes:
+    loss_sum: The sum of the round's epochs' last-batch cross-entropies.
+    epochs: Epochs ended so far.
+    best: The best mean seen (inf at the start).
+    bad: Epochs since it improved.
+  """
+
+  loss_sum: tf.Tensor
+  epochs: tf.Tensor
+  best: tf.Tensor
+  bad: tf.Tensor
+
+  @classmethod
+  def start(cls) -> 'Plateau':
+    zero = tf.constant(0.0)
+    return cls(zero, zero, tf.constant(float('inf')), zero)
+
+
+# torch.optim.lr_scheduler.ReduceLROnPlateau's defaults, as DaFKD's code
+# builds it: mode 'min', factor 0.2, patience 2, relative threshold 1e-4,
+# no cooldown, eps 1e-8.
+PLATEAU_FACTOR, PLATEAU_PATIENCE, PLATEAU_THRESHOLD = 0.2, 2, 1e-4
+PLATEAU_EPS = 1e-8
+
+
+@tf.autograph.experimental.do_not_convert
+def plateau_update(optimizer: tff.learning.optimizers.Optimizer, state,
+                   plateau: Plateau, last_loss: tf.Tensor):
+  """One ReduceLROnPlateau step at the end of a local epoch.
+
+  DaFKD's code steps its clients' scheduler after every epoch with the mean
+  over the round's epochs so far of each epoch's last-batch cross-entropy;
+  after more than `PLATEAU_PATIENCE` epochs without a relative improvement
+  of `PLATEAU_THRESHOLD` it multiplies the learning rate by
+  `PLATEAU_FACTOR` (if that changes it by more than `PLATEAU_EPS`) and
+  counts again.
+
+  Returns:
+    (the optimiser state with the new learning rate, the new `Plateau`).
+  """
+  loss_sum = plateau.loss_sum + last_loss
+  epochs = plateau.epochs + 1.0
+  mean = loss_sum / epochs
+  better = mean < plateau.best * (1.0 - PLATEAU_THRESHOLD)
+  best = tf.where(better, mean, plateau.best)
+  bad = tf.where(better, 0.0, plateau.bad + 1.0)
+  due = bad > PLATEAU_PATIENCE
+  hparams = optimizer.get_hparams(state)
+  lr = tf.cast(hparams['learning_rate'], tf.float32)
+  reduced = lr * PLATEAU_FACTOR
+  hparams['learning_rate'] = tf.where(
+      tf.logical_and(due, lr - reduced > PLATEAU_EPS), reduced, lr)
+  return (optimizer.set_hparams(state, hparams),
+          Plateau(loss_sum, epochs, best, tf.where(due, 0.0, bad)))
+
+
 def _round_switch(limit: int, round_num: Optional[tf.Tensor]) -> tf.Tensor:
   """Whether round `round_num` (from 0) is before `limit` (0: no limit)."""
   if not limit:
     return tf.constant(True)
   if round_num is None:
     raise ValueError('a GAN term limited to the first rounds needs the '
-                     'round number (client_round(..., round_num=))')
+                     'round number (client_round\'s Round.number)')
   return tf.cast(round_num, tf.int64) < limit
 
 
@@ -321,18 +407,17 @@ def client_round(models: gan.GanModels,
                  discriminator_row: Sequence[tf.Tensor],
                  dataset: tf.data.Dataset,
                  optimizers: gan.GanOptimizers,
-                 learning_rate: tf.Tensor,
+                 schedule: Round,
                  seed: tf.Tensor,
                  settings: gan.GanSettings,
                  *,
                  private_pool: Optional[PrivatePool] = None,
-                 negatives_pool: Optional[tf.Tensor] = None,
-                 round_num: Optional[tf.Tensor] = None
+                 negatives_pool: Optional[tf.Tensor] = None
                  ) -> ClientRoundResult:
   """Algorithm 1, lines 16-25, on one client (models built outside).
 
   Optimiser states start fresh each round (as in `local_training`); the joint
-  optimiser's learning rate is set to `learning_rate`.
+  optimiser's learning rate is set to `schedule.learning_rate`.
 
   Args:
     models: The client's `gan.GanModels` (classifier, discriminator and
@@ -342,7 +427,8 @@ def client_round(models: gan.GanModels,
       round (`discriminator_variables` order).
     dataset: Batches `{'x', 'y'}`.
     optimizers: `gan.GanOptimizers` of eq. (9) and eq. (3).
-    learning_rate: This round's joint learning rate.
+    schedule: This round's `Round`: its joint learning rate and its number
+      (read by `settings.disc_rounds` and `settings.generator_rounds`).
     seed: int64 seed word of this client round
       (`tff_kd.federated.tff_types.key_seed`).
     settings: `gan.GanSettings`.
@@ -352,8 +438,6 @@ def client_round(models: gan.GanModels,
     negatives_pool: The oracle-pool ablation: real images [P, ...] of the
       global distribution that replace the generated negatives of eq. (2)
       (a seeded batch of them per GAN step); the generator is not trained.
-    round_num: The round (from 0), read by `settings.disc_rounds` and
-      `settings.generator_rounds`.
 
   Returns:
     A `ClientRoundResult`.
@@ -362,7 +446,8 @@ def client_round(models: gan.GanModels,
       models, weights, discriminator_row)
   variables = gan.gan_variables(*models)
   joint_state = gan.initial_optimizer_state(optimizers.joint,
-                                            variables.joint, learning_rate)
+                                            variables.joint,
+                                            schedule.learning_rate)
   gen_state = gan.initial_optimizer_state(optimizers.generator,
                                           variables.generator)
   first_gan_step = _first_gan_step(dataset, settings)
@@ -371,12 +456,17 @@ def client_round(models: gan.GanModels,
     window_end = (_epoch_window_end(dataset, settings) if settings.gan_epochs
                   else first_gan_step + settings.gan_steps
                   if settings.gan_steps else tf.constant(tf.int64.max))
-    disc_round = _round_switch(settings.disc_rounds, round_num)
-    generator_round = _round_switch(settings.generator_rounds, round_num)
+    disc_round = _round_switch(settings.disc_rounds, schedule.number)
+    generator_round = _round_switch(settings.generator_rounds,
+                                    schedule.number)
+
+  if settings.client_plateau:
+    steps_per_epoch = tf.maximum(
+        dataset.cardinality() // max(settings.local_epochs, 1), 1)
 
   def local_step(state, batch):
     (joint_state, gen_state, num_examples, ce_sum, sums, steps, gan_count,
-     label_counts) = state
+     label_counts) = state[:8]
     states = (joint_state, gen_state)
 
     def gan_step(switches=None):
@@ -405,6 +495,14 @@ def client_round(models: gan.GanModels,
           in_window, gan_step, ce_step)
     else:
       joint_state, gen_state, ce, step_means, is_gan = gan_step()
+    extra = ()
+    if settings.client_plateau:
+      # An epoch's last step: the reference code's plateau schedule.
+      joint_state, plateau = tf.cond(
+          tf.equal((tf.cast(steps, tf.int64) + 1) % steps_per_epoch, 0),
+          lambda: plateau_update(optimizers.joint, joint_state, state[8], ce),
+          lambda: (joint_state, state[8]))
+      extra = (plateau,)
     batch_size = tf.cast(tf.shape(batch['y'])[0], tf.float32)
     return (joint_state, gen_state, num_examples + batch_size,
             ce_sum + ce * batch_size, sums + step_means, steps + 1,
@@ -412,14 +510,15 @@ def client_round(models: gan.GanModels,
             label_counts + tf.math.bincount(
                 tf.cast(batch['y'], tf.int32),
                 minlength=settings.num_classes,
-                maxlength=settings.num_classes, dtype=tf.float32))
+                maxlength=settings.num_classes, dtype=tf.float32), *extra)
 
   (_, _, num_examples, ce_sum, sums, steps, gan_count,
    label_counts) = loops.fold_batches(
        dataset, local_step,
        (joint_state, gen_state, tf.constant(0.0), tf.constant(0.0),
         tf.zeros([len(MEAN_NAMES)]), tf.constant(0), tf.constant(0),
-        tf.zeros([settings.num_classes])))
+        tf.zeros([settings.num_classes]),
+        *((Plateau.start(),) if settings.client_plateau else ())))[:8]
   # The GAN metrics are means over the steps that had GAN terms.
   means = sums / tf.maximum(tf.cast(gan_count, tf.float32), 1.0)
   clf_delta = _delta(clf_vars, clf_start)
@@ -445,10 +544,9 @@ def teacher_outputs(classifier: classifiers.Classifier,
                     discriminator_rows: Sequence[tf.Tensor],
                     valid: tf.Tensor,
                     x: tf.Tensor,
-                    batch_size: int = 256,
+                    scoring: Scoring = Scoring(),
                     labels: Optional[tf.Tensor] = None,
-                    features_in: bool = False,
-                    batch_statistics: bool = False
+                    features_in: bool = False
                     ) -> tuple[tf.Tensor, tf.Tensor]:
   """Every received client's logits s_k and discriminator score f_k on x.
 
@@ -465,13 +563,11 @@ def teacher_outputs(classifier: classifiers.Classifier,
     discriminator_rows: Stacked [M, ...] discriminator values.
     valid: [M] bool, rows that hold a client.
     x: Pool [N, ...].
-    batch_size: Examples per forward pass.
+    scoring: `Scoring`: examples per forward pass and BatchNorm's mode.
     labels: [N] labels of x, read by a projection discriminator (f_k(x_i,
       y_i)); None for DaFKD's.
     features_in: x are generated features (appendix A), which both heads
       read directly.
-    batch_statistics: Score each batch of `batch_size` with the extractor's
-      BatchNorm in training mode (`gan.teacher_outputs`; DaFKD's code).
 
   Returns:
     (logits [M, N, C], scores f_k(x_i) [M, N] in [0, 1]); zeros in invalid
@@ -490,10 +586,9 @@ def teacher_outputs(classifier: classifiers.Classifier,
     teachers_tf.load_row(variables, global_weights, deltas, k)
     for v, d in zip(disc_vars, discriminator_rows):
       v.assign(d[k])
-    logits, scores = gan.teacher_outputs(classifier, discriminator, x,
-                                         labels, batch_size,
-                                         features_in=features_in,
-                                         batch_statistics=batch_statistics)
+    logits, scores = gan.teacher_outputs(
+        classifier, discriminator, x, labels, scoring.batch_size,
+        features_in=features_in, batch_statistics=scoring.batch_statistics)
     scores = tf.reshape(scores, [n])
     keep = tf.cast(valid[k], tf.float32)
     return (logits_out.write(k, keep * logits),
@@ -572,11 +667,11 @@ class ServerSettings(NamedTuple):
   first_distill_round: int = 0
 
   @property
-  def scoring(self) -> dict:
-    """`teacher_outputs`' keyword arguments for how the pool is scored
-    (`batch_statistics`: batches of `distill.batch_size`)."""
-    return (dict(batch_size=self.distill.batch_size, batch_statistics=True)
-            if self.batch_statistics else {})
+  def scoring(self) -> Scoring:
+    """How the pool is scored (`batch_statistics`: batches of
+    `distill.batch_size`)."""
+    return (Scoring(self.distill.batch_size, batch_statistics=True)
+            if self.batch_statistics else Scoring())
 
 
 class Uploads(NamedTuple):
@@ -749,7 +844,7 @@ def server_round(models: gan.GanModels,
     logits, scores = teacher_outputs(
         classifier, discriminator, global_weights[0],
         uploads.classifier_deltas, uploads.discriminator_rows, valid, pool,
-        **settings.scoring, labels=pool_labels, features_in=feature_space)
+        settings.scoring, labels=pool_labels, features_in=feature_space)
     alpha = teacher_weights(scores, valid, correlation=settings.correlation)
     target = distillation.weighted_ensemble(
         logits, alpha, temperature=settings.distill.temperature,

@@ -121,6 +121,9 @@ class ModelSpec(NamedTuple):
     settings: `gan.GanSettings`.
     projection: A projection discriminator head f_k(x, y) instead of
       DaFKD's f_k(x).
+    global_discriminator: One discriminator for every client
+      (`dafkd.discriminator_sharing='global'`): a one-row store that every
+      client reads and that becomes the mean of the round's trained rows.
   """
 
   classifier_fn: Callable[[], classifiers.Classifier]
@@ -129,6 +132,7 @@ class ModelSpec(NamedTuple):
   discriminator_seed: int
   settings: gan.GanSettings
   projection: bool = False
+  global_discriminator: bool = False
 
   def build(self) -> gan.GanModels:
     """(classifier, discriminator, generator), freshly built."""
@@ -150,6 +154,9 @@ class Optimizers(NamedTuple):
       round).
     learning_rate: The joint optimiser's learning rate at round 0 (> 0).
     learning_rate_decay: Its multiplier per round, in (0, 1].
+    local_epochs: The epochs of a client round, over which its plateau
+      schedule and its GAN window in epochs run (`dafkd.client_plateau`,
+      `dafkd.gan_epochs`); 0 where the local work is counted in steps.
   """
 
   joint: tff.learning.optimizers.Optimizer
@@ -157,6 +164,7 @@ class Optimizers(NamedTuple):
   distill: tff.learning.optimizers.Optimizer
   learning_rate: float
   learning_rate_decay: float = 1.0
+  local_epochs: int = 0
 
   @property
   def client(self) -> gan.GanOptimizers:
@@ -217,7 +225,6 @@ def build_client_work(
     private: Optional[PrivateSettings] = None,
     negatives_fn: Optional[Callable[[], tf.Tensor]] = None,
     seed: int = 0,
-    shared_discriminator: bool = False,
 ) -> tff.templates.MeasuredProcess:
   """DaFKD's client work with the per-client discriminator store.
 
@@ -250,9 +257,6 @@ def build_client_work(
       negatives (DaFKD).
     seed: The process seed; with `dataset_fn=None` it seeds each client's
       round as the keys' seed field does (`tff_types.client_input`).
-    shared_discriminator: One discriminator for every client
-      (`dafkd.discriminator_sharing='global'`): a one-row store that every
-      client reads and that becomes the mean of the round's trained rows.
 
   Returns:
     A `tff.templates.MeasuredProcess`.
@@ -261,7 +265,7 @@ def build_client_work(
   data_type = tff_types.client_data_type(element_spec, dataset_fn,
                                         with_id=True)
   store = client_store.ClientStore(
-      lambda: _row_values(spec), 1 if shared_discriminator else num_clients,
+      lambda: _row_values(spec), 1 if spec.global_discriminator else num_clients,
       what='client')
   model_bytes = float(tff_types.payload_bytes(weights_type))
   row_bytes = store.row_bytes
@@ -286,7 +290,8 @@ def build_client_work(
     client_id = client.client_id
     # A shared discriminator is row 0 for everyone; rows that come back to
     # one row are averaged (`client_store.ClientStore`).
-    row_id = tf.zeros_like(client_id) if shared_discriminator else client_id
+    row_id = (tf.zeros_like(client_id) if spec.global_discriminator
+              else client_id)
     row = list(store.read(rows, row_id))
     private_pool = None
     if private is not None:
@@ -295,10 +300,10 @@ def build_client_work(
           private.temperature, private.correlation)
     negatives = None if negatives_fn is None else negatives_fn()
     r = dafkd_tf.client_round(
-        spec.build(), weights, row, client.dataset, optimizers, lr,
+        spec.build(), weights, row, client.dataset, optimizers,
+        dafkd_tf.Round(lr, round_num),
         tff_types.key_seed(client.key), spec.settings,
-        private_pool=private_pool, negatives_pool=negatives,
-        round_num=round_num)
+        private_pool=private_pool, negatives_pool=negatives)
     # The real pool's shape is static: its bytes are known at trace time.
     pool_bytes = (0.0 if negatives is None else
                   float(negatives.shape.num_elements() * negatives.dtype.size))
@@ -648,13 +653,14 @@ def model_spec(classifier_fn: Callable[[], classifiers.Classifier],
       detach_extractor=h.detach_extractor, gan_epochs=h.gan_epochs,
       local_epochs=local_epochs, disc_rounds=h.disc_rounds,
       generator_rounds=h.generator_rounds, gan_passes=h.gan_passes,
-      gp_norm=h.gp_norm)
-  if h.gan_epochs and not local_epochs:
+      gp_norm=h.gp_norm, client_plateau=h.client_plateau)
+  if (h.gan_epochs or h.client_plateau) and not local_epochs:
     raise errors.ConfigError(
-        f'dafkd.gan_epochs={h.gan_epochs} counts local epochs: the clients '
-        'must train in epochs (local.unit=epochs)')
+        'dafkd.gan_epochs and dafkd.client_plateau count local epochs: the '
+        'clients must train in epochs (local.unit=epochs)')
   return ModelSpec(classifier_fn, generator_fn, h.shared_extractor, seed + 2,
-                   settings, projection=h.discriminator == 'projection')
+                   settings, projection=h.discriminator == 'projection',
+                   global_discriminator=h.discriminator_sharing == 'global')
 
 
 def build_dafkd_process(
@@ -669,7 +675,6 @@ def build_dafkd_process(
     hparams: hparams_lib.DaFKDHparams = hparams_lib.DaFKDHparams(),
     server_data: Optional[server_data_lib.ServerData] = None,
     seed: int = 0,
-    local_epochs: int = 0,
 ) -> tff.learning.templates.LearningProcess:
   """Builds DaFKD (Algorithm 1) and its ablations.
 
@@ -693,8 +698,6 @@ def build_dafkd_process(
       and is what `distill_config.validation='labeled'` and
       `accept='no_worse'` use.
     seed: Seed of the discriminator initialisation and the pools.
-    local_epochs: The clients' local epochs per round, for
-      `hparams.gan_epochs` (0: the local work is counted in steps).
 
   Returns:
     A `tff.learning.templates.LearningProcess` taking `(state, keys)`.
@@ -715,7 +718,7 @@ def build_dafkd_process(
   distill_config.check_labeled(0 if server_data is None
                                else server_data.val_size)
   h = hparams
-  spec = model_spec(classifier_fn, h, seed, local_epochs)
+  spec = model_spec(classifier_fn, h, seed, optimizers.local_epochs)
   server = _server_inputs(h, server_data)
   if server.real_pool_fn is not None:
     teachers_tf.check_pool_shape(
@@ -728,8 +731,7 @@ def build_dafkd_process(
       spec, element_spec, dataset_fn, optimizers.client,
       num_clients=num_clients, learning_rate=learning_rate,
       learning_rate_decay=learning_rate_decay, private=private_settings,
-      negatives_fn=server.real_pool_fn, seed=seed,
-      shared_discriminator=h.discriminator_sharing == 'global')
+      negatives_fn=server.real_pool_fn, seed=seed)
   update_type = client_work.next.type_signature.result.result.member.update
   aggregator = build_aggregator(update_type, clients_per_round,
                                private=h.private,
@@ -775,7 +777,9 @@ def optimizers_from_settings(settings: common.Settings) -> Optimizers:
           beta_1=hparams.generator_beta_1, beta_2=hparams.generator_beta_2),
       distill=tff.learning.optimizers.build_adam(
           learning_rate=settings.distill.learning_rate),
-      learning_rate=opt.learning_rate, learning_rate_decay=opt.lr_decay)
+      learning_rate=opt.learning_rate, learning_rate_decay=opt.lr_decay,
+      local_epochs=(settings.local_work.amount
+                    if settings.local_work.unit == 'epochs' else 0))
 
 
 def build_from_settings(
@@ -792,9 +796,7 @@ def build_from_settings(
       clients_per_round=settings.run.clients_per_round,
       optimizers=optimizers_from_settings(settings),
       distill_config=settings.distill, hparams=settings.hparams,
-      server_data=inputs.server_data, seed=settings.run.seed,
-      local_epochs=(settings.local_work.amount
-                    if settings.local_work.unit == 'epochs' else 0))
+      server_data=inputs.server_data, seed=settings.run.seed)
 
 
 METHOD = common.Method(

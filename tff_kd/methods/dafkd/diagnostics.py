@@ -31,6 +31,8 @@ import tensorflow_federated as tff
 
 from tff_kd.core import diagnostics as core_diagnostics
 from tff_kd.core import distillation
+from tff_kd.core import links
+from tff_kd.core import teachers as teachers_tf
 from tff_kd.methods.dafkd import dafkd_tf
 from tff_kd.methods.dafkd import weight_diagnostics
 
@@ -65,6 +67,10 @@ class Diagnostics(NamedTuple):
     score_real: Mean server-mode discriminator score f_k on the validation
       images (received clients).
     score_pool: The same on the distillation pool.
+    teacher_accuracy: The received teachers' mean accuracy on the labeled
+      images (`links.teacher_accuracies`, the shared link column).
+    uniform_logits_accuracy: Accuracy of their plain logit average
+      (FedDF's target, the shared `ensemble_labeled_accuracy_logits`).
     pool_weights: `weight_diagnostics.WeightDiagnostics` of eq. (7)'s alpha
       on the generated pool, with each sample's pseudo label y of G(z, y)
       as its class (the holders of y are the teachers that should get the
@@ -76,6 +82,8 @@ class Diagnostics(NamedTuple):
   pool: weight_diagnostics.PoolQuality
   score_real: tf.Tensor
   score_pool: tf.Tensor
+  teacher_accuracy: tf.Tensor
+  uniform_logits_accuracy: tf.Tensor
   pool_weights: Optional[weight_diagnostics.WeightDiagnostics] = None
 
 
@@ -113,7 +121,7 @@ def diagnose(teachers: dafkd_tf.Teachers, terms: dafkd_tf.PoolTerms,
   logits, scores = dafkd_tf.teacher_outputs(
       models.classifier, models.discriminator, teachers.global_classifier,
       uploads.classifier_deltas, uploads.discriminator_rows, valid,
-      validation.x, labels=validation.y, **settings.scoring)
+      validation.x, settings.scoring, labels=validation.y)
   shares = weight_diagnostics.label_shares(validation.label_counts)
 
   def weights_on(alpha_scores, sample_logits, labels):
@@ -128,6 +136,10 @@ def diagnose(teachers: dafkd_tf.Teachers, terms: dafkd_tf.PoolTerms,
       weights_on(scores, logits, validation.y),
       weight_diagnostics.pool_quality(terms.logits, valid, target),
       _mean_score(scores, valid), _mean_score(terms.scores, valid),
+      links.teacher_accuracies(logits, valid, validation.y),
+      teachers_tf.accuracy(
+          links.uniform_ensemble(logits, valid, ensemble='logits'),
+          validation.y),
       None if terms.labels is None else weights_on(
           terms.scores, terms.logits, terms.labels))
 
@@ -143,10 +155,10 @@ def skipped_diagnostics(pool_labels: bool) -> Diagnostics:
   def nan(cls):
     return cls(*[tf.constant(float('nan'))] * len(cls._fields))
 
+  none = tf.constant(float('nan'))
   return Diagnostics(
       nan(weight_diagnostics.WeightDiagnostics),
-      nan(weight_diagnostics.PoolQuality), tf.constant(float('nan')),
-      tf.constant(float('nan')),
+      nan(weight_diagnostics.PoolQuality), none, none, none, none,
       nan(weight_diagnostics.WeightDiagnostics) if pool_labels else None)
 
 
@@ -193,6 +205,8 @@ def diagnostic_metrics(d: Diagnostics) -> collections.OrderedDict:
       pool_top_class_share=p.top_class_share,
       disc_score_real=d.score_real,
       disc_score_pool=d.score_pool,
+      teacher_labeled_accuracy=d.teacher_accuracy,
+      ensemble_labeled_accuracy_logits=d.uniform_logits_accuracy,
       **pool_weights)
 
 

@@ -551,6 +551,9 @@ class GanSettings(NamedTuple):
       DaFKD's code).
     gp_norm: The gradient penalty's norm ('image' or 'pixel',
       `gradient_penalty`).
+    client_plateau: The joint optimiser's learning rate follows DaFKD's
+      code's ReduceLROnPlateau over the round's `local_epochs` epochs
+      (`dafkd_tf.plateau_update`).
   """
 
   noise_dim: int
@@ -574,6 +577,7 @@ class GanSettings(NamedTuple):
   generator_rounds: int = 0
   gan_passes: str = 'window'
   gp_norm: str = 'image'
+  client_plateau: bool = False
 
 
 class GanModels(NamedTuple):

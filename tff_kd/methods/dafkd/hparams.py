@@ -106,10 +106,10 @@ VARIANTS: Mapping[str, hp.Variant] = types.MappingProxyType({
         '0; 1,600 Adam steps of batch 32 at lr 1e-4 and T = 20, KL mean '
         'over classes, the student in training mode; one discriminator '
         'for every client (here the mean of the round\'s, there one head '
-        'the clients train in turn). Not reproducible here: its '
-        'ReduceLROnPlateau '
-        'schedules, the generator\'s AMSGrad and weight decay, the fixed '
-        'batch orders (docs/methods/dafkd.md, "The reference code").',
+        'the clients train in turn); its clients\' ReduceLROnPlateau. Not '
+        'reproduced: its server\'s ReduceLROnPlateau, the generator\'s '
+        'AMSGrad and weight decay, the fixed batch orders '
+        '(docs/methods/dafkd.md, "The reference code against the paper").',
         keys={'dafkd.generator': 'dcgan', 'dafkd.adv_weight': 2.0,
               'dafkd.gp_weight': 0.3, 'dafkd.gp_norm': 'pixel',
               'dafkd.discriminator_mode': 'batch_update',
@@ -120,6 +120,7 @@ VARIANTS: Mapping[str, hp.Variant] = types.MappingProxyType({
               'dafkd.aggregation': 'examples',
               'dafkd.first_distill_round': 1,
               'dafkd.discriminator_sharing': 'global',
+              'dafkd.client_plateau': True,
               'distill.learning_rate': 1e-4, 'distill.temperature': 20.0,
               'distill.steps': 1600, 'distill.batch_size': 32,
               'distill.kl_reduction': 'mean', 'distill.clip_norm': 0.0,
@@ -206,6 +207,10 @@ class DaFKDHparams(hp.Hparams):
     gp_norm: The gradient penalty's norm: 'image' (WGAN-GP's, over each
       sample) | 'pixel' (the reference code's, over the channels of each
       pixel: every pixel's gradient is pushed to norm 1).
+    client_plateau: The clients' learning rate follows the reference
+      code's ReduceLROnPlateau within a round: x0.2 after 3 epochs in which
+      the mean of the epochs' last-batch cross-entropies does not improve
+      (needs local.unit='epochs').
     adv_weight: Weight of eq. 2 in eq. 9.
     gp_weight: Gradient-penalty weight (reference code 0.3, paper 0).
     discriminator_sharing: 'client' (Algorithm 1, line 18: each client
@@ -296,6 +301,7 @@ class DaFKDHparams(hp.Hparams):
   generator_rounds: int = hp.field(0, hp.non_negative_int)
   gan_passes: str = hp.field('window', hp.one_of(*GAN_PASSES))
   gp_norm: str = hp.field('image', hp.one_of(*GP_NORMS))
+  client_plateau: bool = hp.field(False, hp.boolean)
   adv_weight: float = hp.field(1.0, hp.non_negative_number)
   gp_weight: float = hp.field(0.0, hp.non_negative_number)
   discriminator_sharing: str = hp.field(
@@ -399,6 +405,10 @@ class DaFKDHparams(hp.Hparams):
       raise errors.ConfigError(
           f'dafkd.gan_epochs={self.gan_epochs} counts local epochs, but '
           f'local.unit={settings.local.unit!r}: use dafkd.gan_steps')
+    if self.client_plateau and settings.local.unit != 'epochs':
+      raise errors.ConfigError(
+          'dafkd.client_plateau=True steps its schedule at the end of each '
+          f'local epoch, but local.unit={settings.local.unit!r}')
     if self.twin_student and not settings.server_data.val_size:
       raise errors.ConfigError(
           'dafkd.twin_student=True reports a labeled accuracy: it needs '
