@@ -180,6 +180,9 @@ _ROUNDS = flags.DEFINE_integer('rounds', None,
                                'Rounds of every run (default: the config\'s).')
 _REPORT_ONLY = flags.DEFINE_boolean(
     'report_only', False, 'Rewrite the report from the finished runs.')
+_ROWS = flags.DEFINE_list(
+    'rows', None, 'Run only these of our rows (labels); the report still '
+    'reads every finished run.')
 _RUN = flags.DEFINE_enum(
     'run', 'both', ['both', 'ours', 'theirs'],
     'Which code to run (the report reads every finished run of both).')
@@ -319,7 +322,8 @@ def run_ours(study: Study, seeds: Sequence[int], root: str) -> list:
   plan = experiment.plan_study(study_config(study), entries, seeds,
                                clients='config')
   if not _REPORT_ONLY.value and _RUN.value in ('both', 'ours'):
-    experiment.run_study(plan, root)
+    experiment.run_study([run for run in plan if not _ROWS.value or
+                          run.entry.label in _ROWS.value], root)
   return plan
 
 
