@@ -164,9 +164,11 @@ def _eager_regularised_step(data, clf1, gen1, key):
       CE(f(x), y) + a * 1/B' sum_j CE(h(G(eps_j, yhat_j)), yhat_j)
                  + b * 1/B sum_i KL(softmax(h(G(eps'_i, y_i))) || softmax(f(x_i)))
   with a = max(1e-4, 2 * 0.98) * B'/B, b = max(1e-4, 1 * 0.98) (round 1),
-  yhat_j drawn uniformly over the labels the client holds, G in inference
-  mode and its features constants. Only the random draws reuse TF's
-  stateless samplers, seeded as the client does (key hash, step 0).
+  yhat_j drawn uniformly over every class (the reference's
+  `available_labels` are the federation's, not the client's), G in
+  inference mode and its features constants. Only the random draws reuse
+  TF's stateless samplers, seeded as the client does (key hash, step 0).
+  Returns (the update, the drawn labels yhat, the labels the client holds).
   """
   clf = toy_kd.classifier_fn()
   toy_kd.assign(clf.model, clf1)
@@ -179,11 +181,9 @@ def _eager_regularised_step(data, clf1, gen1, key):
   step_seed = tf.stack([tf.strings.to_hash_bucket_fast(key, 2**62),
                         tf.constant(0, tf.int64)])
   seeds = tf.random.experimental.stateless_split(step_seed, 3)
-  uniform_over_held = np.full([1, 3], -np.inf, np.float32)
-  uniform_over_held[0, held] = 0.0
-  sampled = tf.random.stateless_categorical(uniform_over_held, 4,
+  uniform = np.zeros([1, 3], np.float32)  # Every class, held or not.
+  sampled = tf.random.stateless_categorical(uniform, 4,
                                             seed=seeds[0])[0].numpy()
-  assert set(sampled) <= set(held)  # Labels the client holds, only.
   eps = tf.random.stateless_normal([4, 4], seed=seeds[1])
   eps_y = tf.random.stateless_normal([len(y), 4], seed=seeds[2])
   z_hat = gen([eps, sampled], training=False).numpy()
@@ -201,13 +201,17 @@ def _eager_regularised_step(data, clf1, gen1, key):
         p * (np.log(p) - tf.nn.log_softmax(logits)), axis=-1))
     loss = ce + a * teacher + b * kl
   grads = tape.gradient(loss, clf.model.trainable_weights)
-  return [-toy_kd.LR * g.numpy() for g in grads]
+  return [-toy_kd.LR * g.numpy() for g in grads], sampled, held
 
 
 def test_round1_clients_train_the_regularised_objective(toy):
   data, _, _, out0, out1, (_, keys1) = toy
   clf1, gen1 = out0.state.global_model_weights
-  deltas = [_eager_regularised_step(data, clf1, gen1, k) for k in keys1]
+  steps = [_eager_regularised_step(data, clf1, gen1, k) for k in keys1]
+  deltas = [d for d, _, _ in steps]
+  # The check has teeth: a client draws generated features of a label it
+  # does not hold (the reference's draw over the federation's labels).
+  assert any(set(sampled) - set(held) for _, sampled, held in steps)
   sizes = {int(k.split('|')[0]): len(toy_kd.PARTS[int(k.split('|')[0])])
            for k in keys1}
   n = np.array([sizes[int(k.split('|')[0])] for k in keys1], np.float32)
@@ -349,7 +353,8 @@ def test_link_table_matches_numpy(toy, toy_labeled, round_num):
   if round_num == 0:
     deltas = toy_kd.client_deltas(data, clf, keys[0])
   else:
-    deltas = [_eager_regularised_step(data, clf, gen, k) for k in keys[1]]
+    deltas = [_eager_regularised_step(data, clf, gen, k)[0]
+              for k in keys[1]]
   teachers = np.stack([
       link_checks.np_toy_logits(
           [w + d for w, d in zip(clf.trainable, delta)], VAL_X)
@@ -370,3 +375,58 @@ def test_link_table_matches_numpy(toy, toy_labeled, round_num):
 def test_labeled_images_of_another_shape_are_refused(tmp_path):
   link_checks.assert_labeled_images_of_another_shape_are_refused(
       _build, tmp_path)
+
+
+def test_generated_labels_are_drawn_over_every_class():
+  """A client draws its generated features' labels over every class, the
+  ones it lacks included (the reference's federation-wide
+  `available_labels`), per client and for a fused stack alike."""
+  one = fedgen_tff.generated_label_probs(tf.constant([5, 0, 0], tf.int32))
+  np.testing.assert_array_equal(one, [1.0, 1.0, 1.0])
+  stack = fedgen_tff.generated_label_probs(
+      tf.constant([[0.0, 3.0, 0.0], [2.0, 0.0, 1.0]]))
+  np.testing.assert_array_equal(stack, np.ones([2, 3], np.float32))
+
+
+def test_the_regulariser_teaches_a_client_the_labels_it_lacks(tmp_path):
+  """Client 0 holds labels 0 and 1, never 2. Trained with the generated-
+  feature term (40 steps, alpha = 5, no latent term), its head classifies
+  the generator's features of label 2 as 2 (0.92 of them); its twin
+  without the term (alpha at the 1e-4 floor) never does: the labels it
+  lacks reach a client only through the generator, drawn over every class
+  as the reference draws them."""
+  data = toy_kd.make_data(str(tmp_path))
+  local = toy_kd.LOCAL._replace(unit='steps', amount=40)
+  gen = _generator_fn()
+  eps = tf.random.stateless_normal([64, 4], seed=[5, 6])
+  missing = tf.fill([64], 2)
+  features = gen([eps, missing], training=False)
+
+  def share_predicted_missing(alpha):
+    reg = fedgen_tff.LocalRegularizer(
+        generator_fn=_generator_fn,
+        hparams=fedgen_hparams.FedGenHparams(
+            noise_dim=4, local_alpha=alpha, local_beta=0.0,
+            coefficient_decay=0.98, local_gen_batch_size=8,
+            noise='gaussian', start_round=0, reference_steps=0),
+        batch_size=8, floor=1e-4)
+    work = fedgen_tff.build_client_work(
+        toy_kd.classifier_fn, data.element_spec,
+        tff.learning.optimizers.build_sgdm(toy_kd.LR), num_classes=3,
+        learning_rate=toy_kd.LR, dataset_fn=data.dataset_fn(local),
+        regularizer=reg)
+    clf = toy_kd.classifier_fn()
+    start = toy_kd.values_of(clf.model)
+    weights = (start, toy_kd.values_of(gen))
+    out = work.next(work.initialize(), [weights],
+                    data.keys([0], seed=0, round_num=0))
+    delta = out.result[0].update['delta']
+    toy_kd.assign(clf.model, ModelWeights(
+        [w + d for w, d in zip(start.trainable, delta.trainable)],
+        list(delta.non_trainable)))
+    predicted = tf.argmax(clf.head(features), axis=-1).numpy()
+    return float(np.mean(predicted == 2))
+
+  assert set(toy_kd.Y[toy_kd.PARTS[0]]) == {0, 1}
+  assert share_predicted_missing(5.0) > 0.8
+  assert share_predicted_missing(0.0) < 0.1

@@ -38,7 +38,8 @@ Formulas implemented:
       J_k = CE(f_k(x), y)
             + alpha * 1/B' sum_j CE(h_k(G(eps_j, y_hat_j)), y_hat_j)
             + beta * KL(softmax(h_k(G(eps_i, y_i))) || softmax(f_k(x_i)))
-  with y_hat ~ p_hat(y) (the reference: uniform over the labels seen), G and
+  with y_hat ~ p_hat(y) (the reference: uniform over every label of the
+  federation, `fedgen_tff.generated_label_probs`), G and
   the KL target frozen, the KL averaged over the real batch ("batchmean").
   The paper has only the alpha term (beta = 0). The reference multiplies the
   alpha term by B'/B and decays both coefficients per round,
@@ -408,7 +409,7 @@ def regularized_local_loss(classifier: classifiers.Classifier,
     generator: The broadcast generator `[noise, labels] -> features`.
     batch: `{'x': real images [B, ...], 'y': real int labels [B]}`.
     label_probs: [C] weights of the sampled labels y_hat (reference: uniform
-      over the labels available; the paper: p_hat(y)).
+      over every label of the federation; the paper: p_hat(y)).
     seed: int or shape-[2] stateless seed; vary it per step.
     coefficients: The terms' `Coefficients`.
     hparams: `config.fedgen`: `noise_dim`, `noise` ('gaussian', the paper,
