@@ -66,12 +66,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 class Pin(NamedTuple):
-  """A reference at a commit: the files the study reads, by git blob hash."""
+  """A reference at a commit: the files the study reads, by git blob hash,
+  the study's patch of them (None: run as they are) and its runner."""
 
   repository: str
   commit: str
   files: dict[str, str]
-  patch: str
+  patch: Optional[str]
   runner: str
 
 
@@ -87,7 +88,61 @@ PINS = {
          'trainer/my_model_trainer_MTL.py':
              '56063e3957977e87b1a9c00268b7ba2cf35abfaa'},
         'dafkd.patch', 'reference_dafkd.py'),
+    'fedgen': Pin(
+        'zhuangdizhu/FedGen', 'dd5807c5625404e99035d97e2ef8c712c2e007a6',
+        {f'FLAlgorithms/{name}': blob for name, blob in (
+            ('optimizers/fedoptimizer.py',
+             '326476959541c68a0b982ac3ee099ad95aecc60c'),
+            ('servers/serverFedDistill.py',
+             '44386b7d165df277fe966509a762d4a6e3dbc8a9'),
+            ('servers/serverFedProx.py',
+             '7bf3ac52dd4963c93f1222580b7c9c8c5ea56c61'),
+            ('servers/serveravg.py',
+             '61202e264b86d5467f8fab477bc9225e029cc9cf'),
+            ('servers/serverbase.py',
+             '319bce96ddaffaf589292854b5d15883cfe00d5b'),
+            ('servers/serverpFedEnsemble.py',
+             '303a97d568edf37a69c57d3f64e0700772490281'),
+            ('servers/serverpFedGen.py',
+             '487157c917cbc5f976a4fc51f2a5037edd682825'),
+            ('trainmodel/generator.py',
+             'de81e9002fa3ec9db2d0850aa01e14685826e4ab'),
+            ('trainmodel/models.py',
+             '5141932c9a31fa37af34e32092d917948119dce6'),
+            ('users/userFedDistill.py',
+             '5efabceccd1f2ba6762feb8dbbe7cd3f56606b21'),
+            ('users/userFedProx.py',
+             'fbb625a903048ec5ee06b8a881de1d2e324e8538'),
+            ('users/userGen.py', '66dda17fb3687e48e262ff8adef1348ef01314f8'),
+            ('users/useravg.py', '26c12f90d290236ffe582e8301b87d1e9f5a649b'),
+            ('users/userbase.py', 'fb96fd3b5ed6ac9b9e88913bb27589efba98d73d'),
+            ('users/userpFedEnsemble.py',
+             '0ec8498d903f465ad12ed9112b3aa3b167142cc6'),
+            ('users/userpFedGen.py',
+             '6f6609b3aeeed069ffd03b517ad911d824fcae6d'))} | {
+                 'utils/__init__.py':
+                     'e69de29bb2d1d6434b8b29ae775ad8c2e48c5391',
+                 'utils/model_config.py':
+                     '423654c02967ff5959ece9028c367f1d436afdf5',
+                 'utils/model_utils.py':
+                     '475f021aaca5c516d31917f7f0fe11ed5b26fd40',
+                 'utils/plot_utils.py':
+                     '54b1d4e3cba47b1f361d33f53b9bcc7bcbd53342'},
+        None, 'reference_fedgen.py'),
 }
+
+
+class Regime(NamedTuple):
+  """The local work a reference runner's `--regime` fixes, which the
+  study's config must then have (`check_regime`)."""
+
+  name: str
+  unit: str
+  amount: int
+  optimizer: str
+  learning_rate: float
+  lr_decay: float
+  weight_decay: float = 0.0
 
 
 class Study(NamedTuple):
@@ -101,7 +156,8 @@ class Study(NamedTuple):
     theirs: The reference runner's `--method` values.
     variants: More of our rows, `compare --variant` items
       (`LABEL:METHOD:KEY=VALUE;...`).
-    runner_args: Extra arguments of the reference runner.
+    regime: The reference runner's fixed regime (FedGen's), or None: the
+      runner takes the config's local work as flags (DaFKD's).
   """
 
   reference: str
@@ -110,7 +166,7 @@ class Study(NamedTuple):
   ours: tuple[str, ...]
   theirs: tuple[str, ...]
   variants: tuple[str, ...] = ()
-  runner_args: tuple[str, ...] = ()
+  regime: Optional[Regime] = None
 
 
 STUDIES = {
@@ -153,6 +209,21 @@ STUDIES = {
                 ('broadcast', 'dafkd.pool_generator=broadcast'),
                 ('first_round', 'dafkd.first_distill_round=1'),
                 ('global_head', 'dafkd.discriminator_sharing=global')))),
+    # FedGen in DaFKD's drift regime, and in its own MNIST setting (its
+    # README's: 20 users, Dir(0.1) over 1,500 images a class, 10 a round,
+    # 20 SGD steps, 200 rounds). `fedgen.uniform` is ours with the
+    # reference's noise U[0, 1) (the paper's, our default, is Gaussian).
+    'fedgen_drift': Study(
+        'fedgen', 'configs/dafkd_paper_cpu.py',
+        ('client_optimizer.weight_decay=0',),
+        ('fedavg', 'fedgen'), ('fedavg', 'fedgen'),
+        variants=('fedgen.uniform:fedgen:fedgen.noise=uniform',),
+        regime=Regime('drift', 'epochs', 20, 'adam', 1e-3, 1.0)),
+    'fedgen_own': Study(
+        'fedgen', 'configs/fedgen_mnist.py', (),
+        ('fedavg', 'fedgen'), ('fedavg', 'fedgen'),
+        variants=('fedgen.uniform:fedgen:fedgen.noise=uniform',),
+        regime=Regime('fedgen', 'steps', 20, 'sgd', 0.01, 0.99)),
 }
 
 _STUDY = flags.DEFINE_enum('study', 'dafkd', list(STUDIES),
@@ -250,12 +321,13 @@ def prepare_work(directory: str, pin: Pin, work: str,
   for name in (files or pin.files):
     os.makedirs(os.path.join(work, os.path.dirname(name)), exist_ok=True)
     shutil.copy(os.path.join(directory, name), os.path.join(work, name))
-  proc = subprocess.run(
-      ['patch', '-p1', '--quiet', '-i', os.path.join(HERE, pin.patch)],
-      cwd=work, capture_output=True, text=True, check=False)
-  if proc.returncode:
-    raise StudyError(f'{pin.patch} does not apply to {directory}: '
-                     f'{(proc.stdout + proc.stderr).strip()[:200]}')
+  if pin.patch is not None:
+    proc = subprocess.run(
+        ['patch', '-p1', '--quiet', '-i', os.path.join(HERE, pin.patch)],
+        cwd=work, capture_output=True, text=True, check=False)
+    if proc.returncode:
+      raise StudyError(f'{pin.patch} does not apply to {directory}: '
+                       f'{(proc.stdout + proc.stderr).strip()[:200]}')
   shutil.copy(os.path.join(HERE, pin.runner), work)
 
 
@@ -272,15 +344,31 @@ def study_config(study: Study, seed: Optional[int] = None) -> Any:
   return config
 
 
-def runner_args(config: Any) -> list[str]:
-  """The local work of `config` as the reference runners' flags."""
-  local = config.local
-  if local.unit != 'epochs':
-    raise StudyError(f'local.unit={local.unit!r}: the DaFKD runner takes '
-                     'epochs')
-  return [f'--rounds={config.rounds}', f'--epochs={local.amount}',
-          f'--batch_size={local.batch_size}',
-          f'--lr={config.client_optimizer.learning_rate}']
+def runner_args(study: Study, config: Any) -> list[str]:
+  """The work of `config` as the reference runner's flags.
+
+  Raises:
+    StudyError: the config's local work is not what the runner can run.
+  """
+  local, opt = config.local, config.client_optimizer
+  common_args = [f'--rounds={config.rounds}',
+                 f'--batch_size={local.batch_size}']
+  regime = study.regime
+  if regime is None:  # The DaFKD runner: the config's epochs and Adam.
+    if local.unit != 'epochs' or opt.name != 'adam' or opt.weight_decay:
+      raise StudyError(
+          f'the DaFKD runner trains epochs with plain Adam (the '
+          f'reference\'s clients), not local.unit={local.unit!r} with '
+          f'client_optimizer {opt.name!r}, weight decay {opt.weight_decay}')
+    return [*common_args, f'--epochs={local.amount}',
+            f'--lr={opt.learning_rate}']
+  got = Regime(regime.name, local.unit, local.amount, opt.name,
+               opt.learning_rate, opt.lr_decay, opt.weight_decay)
+  if got != regime:
+    raise StudyError(
+        f'the FedGen runner\'s regime {regime.name!r} is {regime}, the '
+        f'config has {got}: change the config back or the runner')
+  return [*common_args, f'--regime={regime.name}']
 
 
 def run_theirs(study: Study, python: str, work: str, split_path: str,
@@ -291,7 +379,7 @@ def run_theirs(study: Study, python: str, work: str, split_path: str,
   log = out.removesuffix('.json') + '.log'
   cmd = [python, PINS[study.reference].runner, f'--split={split_path}',
          f'--out={out}', f'--method={method}', f'--seed={seed}',
-         *runner_args(config), *study.runner_args]
+         *runner_args(study, config)]
   print(f'theirs: {method} seed {seed} ...', flush=True)
   with open(log, 'w') as f:
     proc = subprocess.run(cmd, cwd=work, stdout=f, stderr=subprocess.STDOUT,
@@ -532,10 +620,10 @@ def main(argv):
     if runs_theirs:
       check_reference(_REFERENCE_DIR.value, pin, files)
       check_python(_REFERENCE_PYTHON.value)
-      if shutil.which('patch') is None:
+      if pin.patch is not None and shutil.which('patch') is None:
         raise StudyError('the study applies its patch with `patch`, which '
                          'is not on PATH')
-      runner_args(study_config(study))
+      runner_args(study, study_config(study))
   except StudyError as e:
     sys.exit(f'parity: error: {e}')
   t0 = time.perf_counter()
