@@ -14,14 +14,17 @@ printed numbers do not depend on (3 s per run).
 
 The numbers depend on TensorFlow's CPU kernels: the README's were measured
 on a 2-core AMD EPYC with AVX-512, where four fresh runs (one in a fresh
-clone with an empty HOME) printed them exactly; with oneDNN's kernels off
-(`TF_ENABLE_ONEDNN_OPTS=0`) the same commands print FedGen's best as
-0.9528. On a processor whose kernels round differently this test can fail
-with no change to the code: the message says so.
+clone with an empty HOME) printed the numbers before FedGen's label fix
+exactly; since it, one CI run in the suite printed FedGen's final one test
+image lower, so each accuracy is compared to within two images
+(`TOLERANCE`). oneDNN's kernels off (`TF_ENABLE_ONEDNN_OPTS=0`) move the
+last digits too. On a processor whose kernels round differently this test
+can fail with no change to the code: the message says so.
 """
 
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -57,12 +60,32 @@ def readme_quickstart_lines() -> list[str]:
   return lines
 
 
+# Two of the digits' 360 test images: TensorFlow's CPU kernels need not
+# sum in one order, and a run beside other work has moved a final accuracy
+# by one image (0.9472 alone, 0.9444 in the suite).
+TOLERANCE = 2 / 360
+_NUMBER = re.compile(r'\d+\.\d+')
+
+
 def _matches(quoted: str, printed: str) -> bool:
-  """Whether a printed line is the README's, `...` for a path's start."""
+  """Whether a printed line is the README's: `...` stands for a path's
+  start, and each accuracy may differ by `TOLERANCE`."""
   head, dots, tail = quoted.partition('...')
-  if not dots:
-    return printed == quoted
-  return printed.startswith(head) and printed.endswith(tail)
+  if dots:
+    return printed.startswith(head) and printed.endswith(tail)
+  if _NUMBER.sub('#', quoted) != _NUMBER.sub('#', printed):
+    return False
+  return all(abs(float(q) - float(p)) <= TOLERANCE + 1e-9 for q, p in
+             zip(_NUMBER.findall(quoted), _NUMBER.findall(printed)))
+
+
+def test_the_match_allows_two_images_and_nothing_else():
+  line = ('  fedgen: final test accuracy 0.9472, best 0.9500 (round 29 of 30, '
+          '1 run)')
+  assert _matches(line, line.replace('0.9472', '0.9444'))
+  assert not _matches(line, line.replace('0.9472', '0.9389'))
+  assert not _matches(line, line.replace('round 29', 'round 28'))
+  assert not _matches(line, line.replace('fedgen', 'fedavg'))
 
 
 @pytest.mark.skipif(shutil.which('make') is None or
