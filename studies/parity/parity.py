@@ -67,13 +67,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 class Pin(NamedTuple):
   """A reference at a commit: the files the study reads, by git blob hash,
-  the study's patch of them (None: run as they are) and its runner."""
+  the study's patch of them (None: run as they are), its runner and the
+  modules its Python must import."""
 
   repository: str
   commit: str
   files: dict[str, str]
   patch: Optional[str]
   runner: str
+  modules: tuple[str, ...] = ('torch', 'numpy')
 
 
 PINS = {
@@ -128,7 +130,9 @@ PINS = {
                      '475f021aaca5c516d31917f7f0fe11ed5b26fd40',
                  'utils/plot_utils.py':
                      '54b1d4e3cba47b1f361d33f53b9bcc7bcbd53342'},
-        None, 'reference_fedgen.py'),
+        None, 'reference_fedgen.py',
+        # Imported by its servers and utils (torchvision the runner stubs).
+        ('torch', 'numpy', 'tqdm', 'h5py')),
 }
 
 
@@ -232,7 +236,8 @@ _SEEDS = flags.DEFINE_list('seeds', ['0', '1', '2'], 'Seeds.')
 _REFERENCE_DIR = flags.DEFINE_string(
     'reference_dir', None, "A checkout of the reference's pinned commit.")
 _REFERENCE_PYTHON = flags.DEFINE_string(
-    'reference_python', None, 'A Python with torch and numpy (the study\'s '
+    'reference_python', None, 'A Python with torch and numpy, and tqdm and '
+    'h5py for FedGen (the study\'s '
     'own venv; see the README).')
 _MANUAL_DIR = flags.DEFINE_string('manual_dir', '../shared/data/mnist',
                                   'The raw MNIST files.')
@@ -297,20 +302,22 @@ def check_reference(directory: Optional[str], pin: Pin,
           f'{expected[:7]}): check out that commit')
 
 
-def check_python(python: Optional[str]) -> None:
-  """Raises `StudyError` unless `python` imports torch and numpy."""
+def check_python(python: Optional[str],
+                 modules: Sequence[str] = ('torch', 'numpy')) -> None:
+  """Raises `StudyError` unless `python` imports `modules`."""
+  names = ', '.join(modules)
   if not python:
-    raise StudyError('--reference_python is required: a Python with torch '
-                     'and numpy (studies/parity/README.md, "Set-up")')
+    raise StudyError(f'--reference_python is required: a Python with '
+                     f'{names} (studies/parity/README.md, "Set-up")')
   try:
-    proc = subprocess.run([python, '-c', 'import torch, numpy'],
+    proc = subprocess.run([python, '-c', f'import {names}'],
                           capture_output=True, text=True, check=False)
   except OSError as e:
     raise StudyError(f'--reference_python={python} cannot run: '
                      f'{e.strerror}') from None
   if proc.returncode:
-    raise StudyError(f'--reference_python={python} cannot import torch and '
-                     f'numpy: {common.error_line(proc.stderr)}')
+    raise StudyError(f'--reference_python={python} cannot import {names}: '
+                     f'{common.error_line(proc.stderr)}')
 
 
 def prepare_work(directory: str, pin: Pin, work: str,
@@ -525,20 +532,24 @@ def table(rows: Sequence[Row]) -> str:
   fedavg = {code: next((r for r in rows if r.code == code and r.is_fedavg),
                        None) for code in ('ours', 'theirs')}
   lines = ['| code | method | seeds | final | per seed | last 5 | Δ FedAvg '
-           '(same code) | s/round |', '|---|---|---|---|---|---|---|---|']
+           '(same code): final | Δ FedAvg: last 5 | s/round |',
+           '|---|---|---|---|---|---|---|---|---|']
   for row in rows:
     seeds = sorted(row.curves)
     base = fedavg[row.code]
-    delta = ''
+    deltas = ['', '']
     if base is not None and not row.is_fedavg:
-      common_seeds = [s for s in seeds if s in base.curves]
-      diffs = [row.curves[s][-1] - base.curves[s][-1] for s in common_seeds]
-      delta = f'{100 * _mean_std(diffs)[0]:+.2f}'
+      both = [s for s in seeds if s in base.curves]
+      for i, stat in enumerate((lambda c: c[-1],
+                                lambda c: sum(c[-LAST:]) / len(c[-LAST:]))):
+        diffs = [stat(row.curves[s]) - stat(base.curves[s]) for s in both]
+        deltas[i] = f'{100 * _mean_std(diffs)[0]:+.2f}'
     lines.append(
         f'| {_who(row.code)} | {row.name} | {", ".join(map(str, seeds))} | '
         f'{_pct(_mean_std(_finals(row)))} | '
         f'{" / ".join(f"{100 * v:.2f}" for v in _finals(row))} | '
-        f'{_pct(_mean_std(_last(row)))} | {delta} | {_per_round(row):.1f} |')
+        f'{_pct(_mean_std(_last(row)))} | {deltas[0]} | {deltas[1]} | '
+        f'{_per_round(row):.1f} |')
   return '\n'.join(lines) + '\n'
 
 
@@ -619,7 +630,7 @@ def main(argv):
   try:
     if runs_theirs:
       check_reference(_REFERENCE_DIR.value, pin, files)
-      check_python(_REFERENCE_PYTHON.value)
+      check_python(_REFERENCE_PYTHON.value, pin.modules)
       if pin.patch is not None and shutil.which('patch') is None:
         raise StudyError('the study applies its patch with `patch`, which '
                          'is not on PATH')

@@ -57,6 +57,11 @@ What it adds is read-only instrumentation, every round, written to
   every weight, and the target is uniform);
 * `seconds`: the round's wall time (instrumentation excluded).
 
+One decomposition switch changes what the reference computes, and is off
+by default: `--no-client_plateau` keeps the clients' learning rate
+constant (their ReduceLROnPlateau never reduces it), as the library's
+FedAvg does.
+
 The discriminator scores and teacher logits of the links are computed on
 copies of the models, in the BatchNorm mode the reference itself uses for
 them (training mode: each batch of 32 normalised by its own statistics),
@@ -343,6 +348,11 @@ def main() -> None:
   parser.add_argument('--temperature', type=float, default=20.0)
   parser.add_argument('--wd', type=float, default=1e-4)
   parser.add_argument('--threads', type=int, default=1)
+  parser.add_argument(
+      '--client_plateau', action=argparse.BooleanOptionalAction,
+      default=True, help="The clients' ReduceLROnPlateau (a decomposition "
+      'switch: --no-client_plateau keeps their lr constant, as the '
+      "library's FedAvg does)")
   flags = parser.parse_args()
 
   torch.set_num_threads(flags.threads)
@@ -370,6 +380,8 @@ def main() -> None:
   class _CountingPlateau(plateau):
 
     def _reduce_lr(self, epoch):  # pylint: disable=arguments-renamed
+      if not (flags.client_plateau or state['in_distill']):
+        return None  # The switch: the clients' lr stays constant.
       reductions[int(state['in_distill'])] += 1
       return super()._reduce_lr(epoch)
 
@@ -441,6 +453,7 @@ def main() -> None:
       records.append(record)
       with open(flags.out + '.tmp', 'w') as f:
         json.dump(dict(method=flags.method, seed=flags.seed,
+                       client_plateau=flags.client_plateau,
                        args=vars(args), rounds=records), f)
       os.replace(flags.out + '.tmp', flags.out)
       print(f'round {round_idx + 1}: test {self.test_acc[-1]:.4f} '

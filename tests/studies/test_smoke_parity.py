@@ -62,8 +62,9 @@ def test_bad_reference_input_is_refused_before_any_run(tmp_path):
                      'out that commit'):
     parity.check_reference(str(tmp_path), pin, files)
   # The library's own Python has no torch, by design.
-  with pytest.raises(parity.StudyError, match='cannot import torch'):
-    parity.check_python(sys.executable)
+  with pytest.raises(parity.StudyError, match='cannot import torch, numpy, '
+                     'tqdm, h5py: ModuleNotFoundError'):
+    parity.check_python(sys.executable, parity.PINS['fedgen'].modules)
   with pytest.raises(parity.StudyError, match='cannot run'):
     parity.check_python(str(tmp_path / 'no_python'))
 
