@@ -441,8 +441,9 @@ def _pct(pair: tuple[float, float]) -> str:
 
 
 # The link columns: (title, our metric, their key); means over rounds >= 2
-# (the reference distils from its second round) and seeds.
-LINKS = (
+# (the reference distils from its second round) and seeds. DaFKD's runner
+# records its server step's links, FedGen's its probes of the round's models.
+DAFKD_LINKS = (
     ('averaged model, labeled', 'distill/labeled_accuracy_before',
      'avg_val_accuracy'),
     ('student, labeled', 'distill/labeled_accuracy_after',
@@ -463,6 +464,15 @@ LINKS = (
     ('disc. score, real', 'distill/disc_score_real', 'disc_score_real'),
     ('disc. score, pool', 'distill/disc_score_pool', 'disc_score_pool'),
 )
+FEDGEN_LINKS = (
+    ('averaged model, labeled', 'distill/labeled_accuracy_before',
+     'avg_probe_accuracy'),
+    ('teachers, labeled', 'distill/teacher_labeled_accuracy',
+     'teacher_probe_accuracy'),
+    ('label-weighted ensemble, labeled', 'distill/ensemble_labeled_accuracy',
+     'ensemble_probe_accuracy'),
+)
+LINKS = {'dafkd': DAFKD_LINKS, 'fedgen': FEDGEN_LINKS}
 
 
 class Row(NamedTuple):
@@ -479,7 +489,8 @@ class Row(NamedTuple):
     return self.name == 'fedavg'
 
 
-def our_rows(plan: list, root: str) -> list[Row]:
+def our_rows(plan: list, root: str, links: Sequence[tuple[str, str, str]]
+             ) -> list[Row]:
   """Our finished runs as rows, in the plan's order."""
   rows: dict[str, Row] = {}
   for run in plan:
@@ -494,11 +505,12 @@ def our_rows(plan: list, root: str) -> list[Row]:
     row.curves[run.seed] = record['accuracy']
     row.seconds[run.seed] = record['train_seconds']
     row.links[run.seed] = {title: record['metrics'].get(key, [])
-                           for title, key, _ in LINKS}
+                           for title, key, _ in links}
   return list(rows.values())
 
 
-def their_rows(records: dict[tuple[str, int], dict]) -> list[Row]:
+def their_rows(records: dict[tuple[str, int], dict],
+               links: Sequence[tuple[str, str, str]]) -> list[Row]:
   """The reference's finished runs as rows."""
   rows: dict[str, Row] = {}
   for (method, seed), record in records.items():
@@ -506,9 +518,13 @@ def their_rows(records: dict[tuple[str, int], dict]) -> list[Row]:
     rounds = record['rounds']
     row.curves[seed] = [r['test_accuracy'] for r in rounds]
     row.seconds[seed] = [r['seconds'] for r in rounds]
+    # FedGen's runner probes the first 1,000 test images where the split
+    # has no labeled server images (its own regime): not a link here.
+    on_labeled = record.get('probe', 'val') == 'val'
     row.links[seed] = {
-        title: [r.get(key, float('nan')) for r in rounds]
-        for title, _, key in LINKS}
+        title: [r.get(key, float('nan')) if on_labeled else float('nan')
+                for r in rounds]
+        for title, _, key in links}
   return list(rows.values())
 
 
@@ -553,7 +569,8 @@ def table(rows: Sequence[Row]) -> str:
   return '\n'.join(lines) + '\n'
 
 
-def links_table(rows: Sequence[Row]) -> str:
+def links_table(rows: Sequence[Row],
+                links: Sequence[tuple[str, str, str]]) -> str:
   """The link means (rounds >= 2, seeds) of the rows that distil."""
   kd = [r for r in rows if not r.is_fedavg]
   if not kd:
@@ -561,11 +578,11 @@ def links_table(rows: Sequence[Row]) -> str:
   header = '| link | ' + ' | '.join(
       f'{_who(r.code)} {r.name}' for r in kd) + ' |'
   lines = [header, '|---|' + '---|' * len(kd)]
-  for title, _, _ in LINKS:
+  for title, _, _ in links:
     cells = []
     for row in kd:
       values = [v for s in row.links for v in row.links[s][title][1:]
-                if v is not None and math.isfinite(v)]
+                if v is not None and math.isfinite(v) and v >= 0]
       cells.append(f'{sum(values) / len(values):.3f}' if values else '')
     lines.append(f'| {title} | ' + ' | '.join(cells) + ' |')
   return '\n'.join(lines) + '\n'
@@ -662,7 +679,8 @@ def main(argv):
         records[(method, seed)] = record
   ours_root = os.path.join(work_dir, 'ours')
   plan = run_ours(study, seeds, ours_root)
-  rows = our_rows(plan, ours_root) + their_rows(records)
+  links = LINKS[study.reference]
+  rows = our_rows(plan, ours_root, links) + their_rows(records, links)
   out = os.path.join(_OUT.value, _STUDY.value)
   os.makedirs(out, exist_ok=True)
   write_rounds(rows, os.path.join(out, 'rounds.csv'))
@@ -672,10 +690,10 @@ def main(argv):
           f'Machine: {common.machine()}  \nConfig: `{study.config}` with '
           f'{", ".join(study.overrides + tuple(_OVERRIDES.value)) or "-"}\n\n'
           + table(rows))
-  links = links_table(rows)
-  if links:
+  link_text = links_table(rows, links)
+  if link_text:
     text += ('\nLinks (means over rounds 2..R and seeds; labeled = the '
-             "server's labeled images):\n\n" + links)
+             "server's labeled images):\n\n" + link_text)
   with open(os.path.join(out, 'table.md'), 'w') as f:
     f.write(text)
   plot(rows, os.path.join(out, 'curves.png'),
