@@ -532,40 +532,47 @@ def _finals(row: Row) -> list[float]:
   return [row.curves[s][-1] for s in sorted(row.curves)]
 
 
-def _last(row: Row) -> list[float]:
-  return [sum(c[-LAST:]) / len(c[-LAST:]) for c in
-          (row.curves[s] for s in sorted(row.curves))]
-
-
 def _per_round(row: Row) -> float:
   """Seconds per round, without round 1 (tracing, warm-up)."""
   values = [t for s in row.seconds for t in row.seconds[s][1:]]
   return sum(values) / len(values) if values else float('nan')
 
 
+def _mean(values: Sequence[float]) -> float:
+  return sum(values) / len(values)
+
+
+# A run's number per statistic: its final round, its last 5, every round.
+STATISTICS = (('final', lambda c: c[-1]),
+              ('last 5', lambda c: _mean(c[-LAST:])),
+              ('all rounds', _mean))
+
+
 def table(rows: Sequence[Row]) -> str:
-  """The Markdown comparison table."""
+  """The Markdown comparison table: per statistic, the mean ± std over
+  seeds and the mean gap to FedAvg of the same code and seed."""
   fedavg = {code: next((r for r in rows if r.code == code and r.is_fedavg),
                        None) for code in ('ours', 'theirs')}
-  lines = ['| code | method | seeds | final | per seed | last 5 | Δ FedAvg '
-           '(same code): final | Δ FedAvg: last 5 | s/round |',
-           '|---|---|---|---|---|---|---|---|---|']
+  names = [name for name, _ in STATISTICS]
+  lines = ['| code | method | seeds | per seed (final) | ' +
+           ' | '.join(names) + ' | Δ FedAvg (same code): ' +
+           ' / '.join(names) + ' | s/round |',
+           '|---|---|---|---|' + '---|' * len(names) + '---|---|']
   for row in rows:
     seeds = sorted(row.curves)
     base = fedavg[row.code]
-    deltas = ['', '']
+    cells = [_pct(_mean_std([stat(row.curves[s]) for s in seeds]))
+             for _, stat in STATISTICS]
+    delta = ''
     if base is not None and not row.is_fedavg:
       both = [s for s in seeds if s in base.curves]
-      for i, stat in enumerate((lambda c: c[-1],
-                                lambda c: sum(c[-LAST:]) / len(c[-LAST:]))):
-        diffs = [stat(row.curves[s]) - stat(base.curves[s]) for s in both]
-        deltas[i] = f'{100 * _mean_std(diffs)[0]:+.2f}'
+      gaps = ([stat(row.curves[s]) - stat(base.curves[s]) for s in both]
+              for _, stat in STATISTICS)
+      delta = ' / '.join(f'{100 * _mean_std(g)[0]:+.2f}' for g in gaps)
     lines.append(
         f'| {_who(row.code)} | {row.name} | {", ".join(map(str, seeds))} | '
-        f'{_pct(_mean_std(_finals(row)))} | '
         f'{" / ".join(f"{100 * v:.2f}" for v in _finals(row))} | '
-        f'{_pct(_mean_std(_last(row)))} | {deltas[0]} | {deltas[1]} | '
-        f'{_per_round(row):.1f} |')
+        + ' | '.join(cells) + f' | {delta} | {_per_round(row):.1f} |')
   return '\n'.join(lines) + '\n'
 
 

@@ -127,7 +127,9 @@ def test_the_study_runs_both_codes_on_one_split(tmp_path):
   assert [r['test_accuracy'] for r in rows if r['code'] == 'theirs'] == [
       '0.5000', '0.6000']
   table = (out / 'table.md').read_text()
-  assert "| authors' | fedavg | 0 | 60.00 ± 0.00 |" in table
+  # Per seed, then final, last 5 (here both rounds) and every round.
+  assert ("| authors' | fedavg | 0 | 60.00 | 60.00 ± 0.00 | 55.00 ± 0.00 | "
+          '55.00 ± 0.00 |') in table
   assert '| ours | fedavg | 0 |' in table
   assert (out / 'curves.png').stat().st_size > 0
   # Finished runs are not run again.
