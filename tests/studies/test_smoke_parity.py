@@ -21,7 +21,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from studies.parity import parity
+from studies.parity import pins
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 # FedGen's drift regime (20 epochs of Adam 1e-3, no decay), on digits.
@@ -44,35 +44,42 @@ with open(flags['out'], 'w') as f:
 
 def _pin(folder: pathlib.Path) -> dict[str, str]:
   (folder / 'model.py').write_text('# the stand-in reference\n')
-  return {'model.py': parity.blob_hash(str(folder / 'model.py'))}
+  return {'model.py': pins.blob_hash(str(folder / 'model.py'))}
 
 
 def test_bad_reference_input_is_refused_before_any_run(tmp_path):
-  pin = parity.PINS['fedgen']
-  with pytest.raises(parity.StudyError, match='--reference_dir is required'):
-    parity.check_reference(None, pin)
-  with pytest.raises(parity.StudyError, match='is not a folder'):
-    parity.check_reference(str(tmp_path / 'missing'), pin)
-  with pytest.raises(parity.StudyError, match='has no FLAlgorithms'):
-    parity.check_reference(str(tmp_path), pin)
+  pin = pins.PINS['fedgen']
+  with pytest.raises(pins.StudyError, match='--reference_dir is required'):
+    pins.check_reference(None, pin)
+  with pytest.raises(pins.StudyError, match='is not a folder'):
+    pins.check_reference(str(tmp_path / 'missing'), pin)
+  with pytest.raises(pins.StudyError, match='has no FLAlgorithms'):
+    pins.check_reference(str(tmp_path), pin)
   files = _pin(tmp_path)
-  parity.check_reference(str(tmp_path), pin, files)
+  pins.check_reference(str(tmp_path), pin, files)
   (tmp_path / 'model.py').write_text('# another commit\n')
-  with pytest.raises(parity.StudyError, match='is not the file of .* check '
+  with pytest.raises(pins.StudyError, match='is not the file of .* check '
                      'out that commit'):
-    parity.check_reference(str(tmp_path), pin, files)
+    pins.check_reference(str(tmp_path), pin, files)
   # The library's own Python has no torch, by design.
-  with pytest.raises(parity.StudyError, match='cannot import torch, numpy, '
+  with pytest.raises(pins.StudyError, match='cannot import torch, numpy, '
                      'tqdm, h5py: ModuleNotFoundError'):
-    parity.check_python(sys.executable, parity.PINS['fedgen'].modules)
-  with pytest.raises(parity.StudyError, match='cannot run'):
-    parity.check_python(str(tmp_path / 'no_python'))
+    pins.check_python(sys.executable, pins.PINS['fedgen'].modules)
+  with pytest.raises(pins.StudyError, match='cannot run'):
+    pins.check_python(str(tmp_path / 'no_python'))
+
+
+def test_the_checks_import_without_the_study_flags():
+  # The study's flags (`out`, `rounds`, `seeds`, ...) would clash with the
+  # binaries' in a pytest worker that imports both (`binaries.plot`).
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  assert 'study' not in flags.FLAGS and 'reference_dir' not in flags.FLAGS
 
 
 def test_blob_hash_is_gits(tmp_path):
   # `git hash-object` of b'hello\n'.
   (tmp_path / 'f').write_bytes(b'hello\n')
-  assert (parity.blob_hash(str(tmp_path / 'f')) ==
+  assert (pins.blob_hash(str(tmp_path / 'f')) ==
           'ce013625030ba8dba906f756967f9e9ca394464a')
 
 
