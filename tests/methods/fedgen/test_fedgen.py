@@ -59,6 +59,22 @@ def _generator_fn():
       noise_dim=4, num_classes=3, feature_dim=4, hidden=8, seed=7)
 
 
+def _regularized_work(data, local, **hparams):
+  """FedGen's client work on `local` with the toy generator's regulariser
+  (`hparams`: the FedGenHparams that differ between the tests)."""
+  reg = fedgen_tff.LocalRegularizer(
+      generator_fn=_generator_fn,
+      hparams=fedgen_hparams.FedGenHparams(
+          noise_dim=4, coefficient_decay=0.98, noise='gaussian',
+          start_round=0, **hparams),
+      batch_size=8, floor=1e-4)
+  return fedgen_tff.build_client_work(
+      toy_kd.classifier_fn, data.element_spec,
+      tff.learning.optimizers.build_sgdm(toy_kd.LR), num_classes=3,
+      learning_rate=toy_kd.LR, dataset_fn=data.dataset_fn(local),
+      regularizer=reg)
+
+
 def _training():
   return fedgen_tff.GeneratorTraining(
       generator_fn=_generator_fn,
@@ -297,18 +313,9 @@ def test_long_rounds_scale_the_regulariser_to_its_reference_steps(tmp_path):
   local = toy_kd.LOCAL._replace(unit='steps', amount=40)
 
   def update(alpha, beta, reference_steps):
-    reg = fedgen_tff.LocalRegularizer(
-        generator_fn=_generator_fn,
-        hparams=fedgen_hparams.FedGenHparams(
-            noise_dim=4, local_alpha=alpha, local_beta=beta,
-            coefficient_decay=0.98, local_gen_batch_size=4, noise='gaussian',
-            start_round=0, reference_steps=reference_steps),
-        batch_size=8, floor=1e-4)
-    work = fedgen_tff.build_client_work(
-        toy_kd.classifier_fn, data.element_spec,
-        tff.learning.optimizers.build_sgdm(toy_kd.LR), num_classes=3,
-        learning_rate=toy_kd.LR, dataset_fn=data.dataset_fn(local),
-        regularizer=reg)
+    work = _regularized_work(data, local, local_alpha=alpha,
+                             local_beta=beta, local_gen_batch_size=4,
+                             reference_steps=reference_steps)
     weights = (toy_kd.values_of(toy_kd.classifier_fn().model),
                toy_kd.values_of(_generator_fn()))
     out = work.next(work.initialize(), [weights],
@@ -403,18 +410,9 @@ def test_the_regulariser_teaches_a_client_the_labels_it_lacks(tmp_path):
   features = gen([eps, missing], training=False)
 
   def share_predicted_missing(alpha):
-    reg = fedgen_tff.LocalRegularizer(
-        generator_fn=_generator_fn,
-        hparams=fedgen_hparams.FedGenHparams(
-            noise_dim=4, local_alpha=alpha, local_beta=0.0,
-            coefficient_decay=0.98, local_gen_batch_size=8,
-            noise='gaussian', start_round=0, reference_steps=0),
-        batch_size=8, floor=1e-4)
-    work = fedgen_tff.build_client_work(
-        toy_kd.classifier_fn, data.element_spec,
-        tff.learning.optimizers.build_sgdm(toy_kd.LR), num_classes=3,
-        learning_rate=toy_kd.LR, dataset_fn=data.dataset_fn(local),
-        regularizer=reg)
+    work = _regularized_work(data, local, local_alpha=alpha,
+                             local_beta=0.0, local_gen_batch_size=8,
+                             reference_steps=0)
     clf = toy_kd.classifier_fn()
     start = toy_kd.values_of(clf.model)
     weights = (start, toy_kd.values_of(gen))
