@@ -106,6 +106,9 @@ class Study(NamedTuple):
   regime: Optional[Regime] = None
 
 
+# The DaFKD reference's server learning rate (its script's `--es_lr`).
+_AUTHORS_LR = 'distill.learning_rate=0.0001;'
+
 STUDIES = {
     # DaFKD's drift regime: Dir(0.05), 20 clients, 8 per round, 20 local
     # epochs of batch 32, 20 rounds. The reference's clients run plain Adam
@@ -121,12 +124,16 @@ STUDIES = {
     # Our `paper_dcgan` with one of the reference code's choices at a time
     # (docs/methods/dafkd.md, "The reference code against the paper"):
     # which of them moves the paper's DaFKD, and through which link.
+    # The `lr_<row>` rows add the same choice to `paper_dcgan` at the
+    # authors' server learning rate (the `distill_lr` row): which of them
+    # cost the ~11 points between that row and the `reference` preset.
     'dafkd_links': Study(
         'dafkd', 'configs/dafkd_paper_cpu.py',
         ('client_optimizer.weight_decay=0',),
         ('fedavg', 'dafkd.paper_dcgan'), (),
         variants=tuple(
-            f'{label}:dafkd:dafkd.variant=paper_dcgan;{keys}'
+            f'{prefix}{label}:dafkd:dafkd.variant=paper_dcgan;{lr}{keys}'
+            for prefix, lr in (('', ''), ('lr_', _AUTHORS_LR))
             for label, keys in (
                 ('distill_lr', 'distill.learning_rate=0.0001'),
                 ('student_bn', 'distill.student_training=True'),
@@ -145,7 +152,8 @@ STUDIES = {
                  'dafkd.adv_weight=2.0'),
                 ('broadcast', 'dafkd.pool_generator=broadcast'),
                 ('first_round', 'dafkd.first_distill_round=1'),
-                ('global_head', 'dafkd.discriminator_sharing=global')))),
+                ('global_head', 'dafkd.discriminator_sharing=global'))
+            if not (prefix and label == 'distill_lr'))),
     # FedGen in DaFKD's drift regime, and in its own MNIST setting (its
     # README's: 20 users, Dir(0.1) over 1,500 images a class, 10 a round,
     # 20 SGD steps, 200 rounds). `fedgen.uniform` is ours with the

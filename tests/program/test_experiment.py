@@ -178,7 +178,7 @@ def _corrupt(root: str, version: int) -> None:
 
 
 def test_corrupt_newest_checkpoint_falls_back_to_the_newest_readable(
-    tmp_path, caplog):
+    finished_run, tmp_path, caplog):
   root = str(tmp_path / 'run')
   experiment.run(_config(rounds=2), root, progress=False)
   _corrupt(root, 2)
@@ -190,9 +190,9 @@ def test_corrupt_newest_checkpoint_falls_back_to_the_newest_readable(
   # Nothing is lost: the unreadable folder is kept aside.
   assert os.listdir(os.path.join(root, 'checkpoints_unreadable')) == [
       'program_state_2']
-  # Resuming from round 1 replays round 2 exactly.
-  straight = experiment.run(_config(rounds=3), str(tmp_path / 'straight'),
-                            progress=False)
+  # Resuming from round 1 replays round 2 exactly: the end of the module's
+  # straight 3-round run of the same config.
+  _, straight = finished_run
   assert result.final['test/accuracy'] == straight.final['test/accuracy']
   assert result.final['test/loss'] == straight.final['test/loss']
 

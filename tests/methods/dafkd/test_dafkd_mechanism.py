@@ -151,8 +151,16 @@ def _rounds(digits, rounds, *, mode='inference', oracle=False,
   return out
 
 
-def test_server_mode_scores_own_data_real_and_generated_fake(digits):
-  own_train, pool = _rounds(digits, 1)[0][:2]
+@pytest.fixture(scope='module')
+def paper_rounds(digits) -> list[_Round]:
+  """Two rounds of the paper's settings, shared by the tests that read
+  them (a round depends only on the rounds before it: the first of two is
+  the one-round run)."""
+  return _rounds(digits, 2)
+
+
+def test_server_mode_scores_own_data_real_and_generated_fake(paper_rounds):
+  own_train, pool = paper_rounds[0][:2]
   assert min(own_train) > 0.3, own_train
   assert min(np.asarray(own_train) - pool) > 0.1, (own_train, pool)
 
@@ -169,18 +177,18 @@ def test_eq7_weights_the_holder_with_the_oracle_pool(digits):
   assert np.mean(own_alpha > 0.5) >= 0.8
 
 
-def test_eq7_weights_the_holder_with_the_generator(digits):
-  own_alpha = _rounds(digits, 2)[-1].own_alpha
+def test_eq7_weights_the_holder_with_the_generator(paper_rounds):
+  own_alpha = paper_rounds[-1].own_alpha
   assert np.mean(own_alpha > 0.5) >= 0.65
 
 
-def test_the_conditional_pool_carries_the_domains(digits):
+def test_the_conditional_pool_carries_the_domains(digits, paper_rounds):
   """The generated pool itself knows the domains only with the conditional
   candidates (labels from the client's batch, aux term, projection head):
   eq. 7 puts the weight on the holder of a pool sample's pseudo label,
   and the averaged classifier calls most of G(z, y) y. The paper's
   unconditional pool, scored the same way, does neither."""
-  paper = _rounds(digits, 2)[-1]
+  paper = paper_rounds[-1]
   conditional = _rounds(digits, 2, conditional=True)[-1]
   assert np.mean(conditional.pool_own_alpha) >= 0.8, conditional
   assert conditional.fidelity >= 0.6, conditional

@@ -76,9 +76,10 @@ def _epochs(epochs: int = 3) -> tf.data.Dataset:
       4).repeat(epochs)
 
 
-def _round(settings, round_num, models_=None):
-  """`client_round` from the seeded models; (result, models)."""
-  sgd = tff.learning.optimizers.build_sgdm(LR)
+def _round(settings, round_num, models_=None, *, dataset=None, lr=LR):
+  """`client_round` from the models' current weights (default: the seeded
+  models; `dataset` default: `_epochs()`); (result, models)."""
+  sgd = tff.learning.optimizers.build_sgdm(lr)
   models_ = models_ or _models()
   weights = tf.nest.map_structure(tf.identity, (
       local_training.model_weights(models_.classifier.model),
@@ -86,8 +87,9 @@ def _round(settings, round_num, models_=None):
   row = [tf.identity(v) for v in dafkd.discriminator_variables(
       models_.discriminator)]
   result = dafkd.client_round(
-      models_, weights, row, _epochs(), gan.GanOptimizers(sgd, sgd),
-      dafkd.Round(tf.constant(LR), tf.constant(round_num)),
+      models_, weights, row, _epochs() if dataset is None else dataset,
+      gan.GanOptimizers(sgd, sgd),
+      dafkd.Round(tf.constant(lr), tf.constant(round_num)),
       tf.constant(7, tf.int64), settings)
   return result, models_
 
@@ -330,18 +332,10 @@ def test_client_plateau_matches_an_eager_replay():
       v.assign(value)
     return m
 
-  sgd = tff.learning.optimizers.build_sgdm(lr)
-  m = at_floor()
-  weights = tf.nest.map_structure(tf.identity, (
-      local_training.model_weights(m.classifier.model),
-      local_training.model_weights(m.generator)))
-  row = [tf.identity(v) for v in dafkd.discriminator_variables(
-      m.discriminator)]
-  result = dafkd.client_round(
-      m, weights, row, _contradictions(epochs), gan.GanOptimizers(sgd, sgd),
-      dafkd.Round(tf.constant(lr), tf.constant(2)), tf.constant(7, tf.int64),
-      settings)
+  result, _ = _round(settings, 2, at_floor(),
+                     dataset=_contradictions(epochs), lr=lr)
 
+  sgd = tff.learning.optimizers.build_sgdm(lr)
   replay = at_floor()
   schedule = {'state': gan.initial_optimizer_state(
       sgd, [tf.Variable(0.0)], tf.constant(lr)),
