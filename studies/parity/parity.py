@@ -107,7 +107,27 @@ class Study(NamedTuple):
 
 
 # The DaFKD reference's server learning rate (its script's `--es_lr`).
-_AUTHORS_LR = 'distill.learning_rate=0.0001;'
+_AUTHORS_LR = 'distill.learning_rate=0.0001'
+
+# The DaFKD reference's other choices the library can make, one key set
+# each (docs/methods/dafkd.md, "The reference code against the paper").
+_DAFKD_CHOICES = (
+    ('student_bn', 'distill.student_training=True'),
+    ('server_bn', 'dafkd.server_batchnorm=batch'),
+    ('bn_update', 'dafkd.discriminator_mode=batch_update;'
+     'dafkd.gan_passes=every_step'),
+    ('gan_windows', 'dafkd.gan_steps=0;dafkd.gan_epochs=5;'
+     'dafkd.disc_rounds=3;dafkd.generator_rounds=5'),
+    ('logits', 'dafkd.ensemble=logits'),
+    ('distill_steps', 'distill.steps=1600;distill.batch_size=32'),
+    ('distill_plain', 'distill.clip_norm=0.0;distill.val_fraction=0.0;'
+     'distill.cosine_decay=False;distill.kl_reduction=mean'),
+    ('penalty', 'dafkd.gp_weight=0.3;dafkd.gp_norm=pixel;'
+     'dafkd.adv_weight=2.0'),
+    ('broadcast', 'dafkd.pool_generator=broadcast'),
+    ('first_round', 'dafkd.first_distill_round=1'),
+    ('global_head', 'dafkd.discriminator_sharing=global'),
+)
 
 STUDIES = {
     # DaFKD's drift regime: Dir(0.05), 20 clients, 8 per round, 20 local
@@ -132,28 +152,11 @@ STUDIES = {
         ('client_optimizer.weight_decay=0',),
         ('fedavg', 'dafkd.paper_dcgan'), (),
         variants=tuple(
-            f'{prefix}{label}:dafkd:dafkd.variant=paper_dcgan;{lr}{keys}'
-            for prefix, lr in (('', ''), ('lr_', _AUTHORS_LR))
+            f'{label}:dafkd:dafkd.variant=paper_dcgan;{keys}'
             for label, keys in (
-                ('distill_lr', 'distill.learning_rate=0.0001'),
-                ('student_bn', 'distill.student_training=True'),
-                ('server_bn', 'dafkd.server_batchnorm=batch'),
-                ('bn_update', 'dafkd.discriminator_mode=batch_update;'
-                 'dafkd.gan_passes=every_step'),
-                ('gan_windows', 'dafkd.gan_steps=0;dafkd.gan_epochs=5;'
-                 'dafkd.disc_rounds=3;dafkd.generator_rounds=5'),
-                ('logits', 'dafkd.ensemble=logits'),
-                ('distill_steps', 'distill.steps=1600;'
-                 'distill.batch_size=32'),
-                ('distill_plain', 'distill.clip_norm=0.0;'
-                 'distill.val_fraction=0.0;distill.cosine_decay=False;'
-                 'distill.kl_reduction=mean'),
-                ('penalty', 'dafkd.gp_weight=0.3;dafkd.gp_norm=pixel;'
-                 'dafkd.adv_weight=2.0'),
-                ('broadcast', 'dafkd.pool_generator=broadcast'),
-                ('first_round', 'dafkd.first_distill_round=1'),
-                ('global_head', 'dafkd.discriminator_sharing=global'))
-            if not (prefix and label == 'distill_lr'))),
+                (('distill_lr', _AUTHORS_LR),) + _DAFKD_CHOICES +
+                tuple((f'lr_{label}', f'{_AUTHORS_LR};{keys}')
+                      for label, keys in _DAFKD_CHOICES)))),
     # FedGen in DaFKD's drift regime, and in its own MNIST setting (its
     # README's: 20 users, Dir(0.1) over 1,500 images a class, 10 a round,
     # 20 SGD steps, 200 rounds). `fedgen.uniform` is ours with the
@@ -423,14 +426,14 @@ def _finals(row: Row) -> list[float]:
   return [row.curves[s][-1] for s in sorted(row.curves)]
 
 
+def _mean(values: Sequence[float]) -> float:
+  return sum(values) / len(values)
+
+
 def _per_round(row: Row) -> float:
   """Seconds per round, without round 1 (tracing, warm-up)."""
   values = [t for s in row.seconds for t in row.seconds[s][1:]]
-  return sum(values) / len(values) if values else float('nan')
-
-
-def _mean(values: Sequence[float]) -> float:
-  return sum(values) / len(values)
+  return _mean(values) if values else float('nan')
 
 
 # A run's number per statistic: its final round, its last 5, every round.
@@ -481,7 +484,7 @@ def links_table(rows: Sequence[Row],
     for row in kd:
       values = [v for s in row.links for v in row.links[s][title][1:]
                 if v is not None and math.isfinite(v) and v >= 0]
-      cells.append(f'{sum(values) / len(values):.3f}' if values else '')
+      cells.append(f'{_mean(values):.3f}' if values else '')
     lines.append(f'| {title} | ' + ' | '.join(cells) + ' |')
   return '\n'.join(lines) + '\n'
 
