@@ -85,6 +85,10 @@ _MANUAL_DIR = flags.DEFINE_string('manual_dir', '../shared/data/mnist',
                                   'Raw MNIST IDX files.')
 _TIMEOUT = flags.DEFINE_integer('timeout_s', 900,
                                 'Seconds before a setting is stopped.')
+_PLOT_FROM = flags.DEFINE_list(
+    'plot_from', [], 'Run nothing: plot the records of these scale.json '
+    'files together into <out>/scale.png (e.g. a study whose DaFKD rows '
+    'ran one per call in a second command).')
 _OUT = flags.DEFINE_string('out', 'studies/scale/results/scale',
                            'Result folder (scale.json, scale.md).')
 _OVERRIDES = common.define_overrides_flag()
@@ -267,6 +271,13 @@ def markdown(records: list[dict], meta: dict) -> str:
 def main(argv):
   del argv
   os.makedirs(_OUT.value, exist_ok=True)
+  if _PLOT_FROM.value:
+    records = []
+    for path in _PLOT_FROM.value:
+      with open(path) as f:
+        records += json.load(f)['records']
+    plot(records, os.path.join(_OUT.value, 'scale.png'))
+    return
   records = []
   scratch = tempfile.mkdtemp(prefix='scale_')
   try:

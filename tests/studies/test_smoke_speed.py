@@ -161,15 +161,18 @@ def test_sidebyside_ours_then_resummarise(tmp_path):
 
 def test_worker_grappler(tmp_path):
   """Every setting once, two teachers on a 16-image pool: the same logits
-  in the plain `tf.function` and in the worker, both compilations."""
+  in the plain `tf.function`, in the worker under each compilation and in
+  this process's session with each set of options."""
   out = tmp_path / 'worker_grappler'
   _run('speed.worker_grappler', '--repeats=1', '--teachers=2', '--pool=16',
        '--calls=1', f'--out={out}', timeout=300)
   result = _json(f'{out}.json')
   assert 'command' in result and 'machine' in result
   runs = {r['mode']: r for r in result['runs']}
-  assert set(runs) == {'plain', 'plain_no_grappler', 'worker_static',
-                       'worker_grappler'}
+  assert set(runs) == {'plain', 'plain_no_grappler', 'plain_one_thread',
+                       'worker_static', 'worker_server', 'worker_grappler',
+                       'session_worker', 'session_l1', 'session_meta',
+                       'session_inter2', 'session_default'}
   sums = [r['logit_sum'] for r in runs.values()]
   assert max(sums) - min(sums) <= 1e-3 * max(1.0, abs(sums[0]))
   assert all(len(r['ms_per_teacher']) == 1 and r['ms_per_teacher'][0] > 0

@@ -7,12 +7,14 @@ with its Python function (`ServerComputation`) so the driver can run it
 (`tff_kd.runtime.server_stage`).
 """
 
+import functools
 from typing import Callable, NamedTuple
 
 import tensorflow_federated as tff
 
 from tff_kd.core import stacking as stacking_tf
 from tff_kd.federated import tff_types
+from tff_kd.runtime import graph_rewrites
 
 
 def build_weights_finalizer(
@@ -77,20 +79,34 @@ class ServerComputation(NamedTuple):
   python_fn: Callable[..., object]
 
 
-def server_computation(*parameter_types) -> Callable[..., ServerComputation]:
+def server_computation(
+    *parameter_types,
+    leave_to_worker: bool = True) -> Callable[..., ServerComputation]:
   """Decorator: `tff.tensorflow.computation` that keeps its Python function.
 
   Args:
     *parameter_types: The computation's parameter types, as for
       `tff.tensorflow.computation`.
+    leave_to_worker: Mark the step so that under `runtime.grappler=
+      'server'` (the default) the worker optimises its `tf.function`s for
+      its devices (`tff_kd.runtime.graph_rewrites.mark_for_worker`); False:
+      TFF's compilation, for a step that the worker's Grappler does not
+      make faster.
 
   Returns:
     A decorator returning a `ServerComputation`.
   """
 
   def wrap(fn):
+
+    @functools.wraps(fn)
+    def marked(*args, **kwargs):
+      graph_rewrites.mark_for_worker()
+      return fn(*args, **kwargs)
+
     return ServerComputation(
-        tff.tensorflow.computation(*parameter_types)(fn), fn)
+        tff.tensorflow.computation(*parameter_types)(
+            marked if leave_to_worker else fn), fn)
 
   return wrap
 

@@ -425,19 +425,22 @@ class RuntimeSettings(hp.Hparams):
       GroupNormalization layers plus weightless, non-random ones (the
       process build names any other layer). Old name: `fuse_clients`
       (True: 'fused'), read until the next release.
-    grappler: Where the local worker's TensorFlow graphs are optimised
-      (`tff_kd.runtime.graph_rewrites`): 'static' (TFF's way: once, when
-      a computation is compiled, and the worker runs every `tf.function`
-      unoptimised) | 'worker' (the worker optimises each `tf.function`
-      when it first runs it, for its own devices, e.g. a convolution,
-      its bias and its ReLU fused into one kernel). 'worker' more than
-      halved FedDF's server step at K = 100 (1.89 to 0.84 s,
-      studies/scale/README.md, "The worker's graph rewrites"), but not
-      every round is faster (FedGen's were 0.22 / 0.34 s at K = 10 / 100
-      and 0.26 / 0.41 s with it) and the first round pays the
-      optimisation (about 1 s); its fused kernels change float round-off,
-      so its rounds are not bit-identical to 'static''s. The local runtime
-      only (not secure sums, not remote workers).
+    grappler: Where the worker's TensorFlow graphs are optimised
+      (`tff_kd.runtime.graph_rewrites`): 'server' (TFF's way, once when a
+      computation is compiled, except the KD methods' server steps, whose
+      `tf.function`s the worker optimises when it first runs them, for its
+      own devices: e.g. a convolution, its bias and its ReLU fused into
+      one kernel) | 'static' (TFF's way for every graph: the worker runs
+      every `tf.function` unoptimised) | 'worker' (the worker optimises
+      every graph's functions, the clients' training too). 'server'
+      halves the teacher-heavy server steps at K = 100 against 'static'
+      (studies/speed/README.md, "The server step in TFF's runtime"); its
+      fused kernels change float round-off, so its KD rounds are not
+      bit-identical to 'static''s (FedAvg's and FedProx's are: they have
+      no server step). 'worker' was not faster for every method (FedGen's
+      rounds were 0.22 / 0.34 s at K = 10 / 100 under 'static', 0.26 /
+      0.41 s with it). Every context compiles with it: the local runtime,
+      the test context (secure sums) and remote workers.
   """
 
   SECTION: ClassVar[str] = 'runtime'
@@ -454,7 +457,8 @@ class RuntimeSettings(hp.Hparams):
   clients_per_call: int = hp.field(1, hp.positive_int)
   client_execution: str = hp.field('sequential',
                                    hp.one_of(*execution.EXECUTIONS))
-  grappler: str = hp.field('static', hp.one_of(*graph_rewrites.MODES))
+  grappler: str = hp.field(graph_rewrites.DEFAULT,
+                            hp.one_of(*graph_rewrites.MODES))
 
   @property
   def worker_addresses(self) -> list[str]:
@@ -478,13 +482,6 @@ class RuntimeSettings(hp.Hparams):
   def check_settings(self, settings: 'Settings') -> None:
     method = settings.method
     workers.check_supported(settings.needs_secure_sum, self.workers)
-    if self.grappler != 'static' and (settings.needs_secure_sum or
-                                      self.workers):
-      raise errors.ConfigError(
-          f'runtime.grappler={self.grappler!r} is for the local runtime; '
-          + ("this run's secure sums need TFF's test context" if
-             settings.needs_secure_sum else 'remote workers')
-          + " compile TFF's way. Use 'static'")
     if self.server_device != server_stage.IN_RUNTIME and (
         not method.server_step):
       raise errors.ConfigError(

@@ -621,7 +621,8 @@ def set_context(settings: settings_lib.Settings) -> None:
   addresses = settings.runtime.worker_addresses
   if addresses:
     workers.set_remote_context(addresses,
-                               timeout_s=settings.runtime.worker_timeout_s)
+                               timeout_s=settings.runtime.worker_timeout_s,
+                               grappler=settings.runtime.grappler)
   else:
     context.set_context_for(
         settings.needs_secure_sum,

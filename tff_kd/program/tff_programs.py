@@ -51,6 +51,7 @@ from tff_kd.federated import tff_types
 from tff_kd.program import experiment as experiment_lib
 from tff_kd.program import sampling
 from tff_kd.runtime import context
+from tff_kd.runtime import graph_rewrites
 
 
 class ClientDataSourceIterator(tff.program.FederatedDataSourceIterator):
@@ -288,7 +289,8 @@ class _NativeContext(tff.program.NativeFederatedContext):
         references, comp.type_signature.result)
 
 
-def native_context(**kwargs: Any) -> tff.program.NativeFederatedContext:
+def native_context(*, grappler: str = graph_rewrites.DEFAULT,
+                   **kwargs: Any) -> tff.program.NativeFederatedContext:
   """An async local C++ context wrapped for TFF's program logic.
 
   `tff.learning.programs.train_model` awaits value references, so it needs
@@ -298,10 +300,15 @@ def native_context(**kwargs: Any) -> tff.program.NativeFederatedContext:
   which TFF 0.87's own does not (see `_materialize`). Install it around
   `train_model`, e.g.
   `with tff.framework.get_context_stack().install(native_context()): ...`.
-  Its `worker_binary` is reaped and set up like the synchronous context's:
+  It compiles as the synchronous context does (`grappler`,
+  `runtime.grappler`), so its rounds are those of `experiment.run`. Its
+  `worker_binary` is reaped and set up like the synchronous context's:
   `kwargs` as in `tff_kd.runtime.context.setup_local_worker`.
+
+  Raises:
+    ValueError: an unknown `grappler`, before the worker starts.
   """
+  compiler_fn = graph_rewrites.compiler_for(grappler)
   calls = context.setup_local_worker(**kwargs)
   return _NativeContext(
-      tff.backends.native.create_async_local_cpp_execution_context(
-          max_concurrent_computation_calls=calls))
+      graph_rewrites.local_context(calls, compiler_fn, sync=False))

@@ -380,34 +380,24 @@ def setup_local_worker(*, concurrent_clients: int = 0,
   return calls
 
 
-def set_local_context(*, grappler: str = 'static', **kwargs: Any) -> None:
+def set_local_context(*, grappler: str = 'server', **kwargs: Any) -> None:
   """Installs TFF's synchronous local C++ context, with the reaper.
 
   Args:
     grappler: Where the computations' graphs are optimised
-      (`tff_kd.runtime.graph_rewrites`): 'static' (TFF's way, once in this
-      process) | 'worker' (by the worker, for its devices).
+      (`tff_kd.runtime.graph_rewrites`): 'server' (TFF's way, once in this
+      process, except the KD server steps, which the worker optimises for
+      its devices) | 'static' (all TFF's way) | 'worker' (all by the
+      worker).
     **kwargs: As in `setup_local_worker`.
 
   Raises:
     ValueError: an unknown `grappler`.
   """
-  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
-  from tff_kd.runtime import graph_rewrites  # pylint: disable=g-import-not-at-top
-
-  if grappler not in graph_rewrites.MODES:
-    raise ValueError(f'grappler={grappler!r}; choose one of '
-                     f"{', '.join(graph_rewrites.MODES)}")
-  calls = setup_local_worker(**kwargs)
-  if grappler == 'static':
-    tff.backends.native.set_sync_local_cpp_execution_context(
-        max_concurrent_computation_calls=calls)
-  else:
-    tff.framework.set_default_context(
-        graph_rewrites.sync_local_context(calls))
+  _install_local(_compiler_fn(grappler), **kwargs)
 
 
-def set_test_context(*, grappler: str = 'static', **kwargs: Any) -> None:
+def set_test_context(*, grappler: str = 'server', **kwargs: Any) -> None:
   """Installs TFF's synchronous *test* C++ context, with the reaper.
 
   The same runtime as `set_local_context` (and the same arguments), but it
@@ -415,19 +405,35 @@ def set_test_context(*, grappler: str = 'static', **kwargs: Any) -> None:
   (`tff.federated_secure_sum_bitwidth`, used by
   `tff.aggregators.SecureSumFactory`) by rewriting them to plain sums, as
   simulation needs; the local context rejects them. DaFKD's private mode
-  (appendix B) runs under it. It compiles TFF's way only.
+  (appendix B) runs under it.
 
   Raises:
-    ValueError: a `grappler` other than 'static'.
+    ValueError: an unknown `grappler`.
   """
+  _install_local(_compiler_fn(grappler, test=True), **kwargs)
+
+
+def _compiler_fn(grappler: str, *, test: bool = False) -> Any:
+  """The `compiler_fn` of `runtime.grappler=grappler`, for the test
+  context (secure sums) if `test`.
+
+  Raises:
+    ValueError: an unknown `grappler`.
+  """
+  from tff_kd.runtime import graph_rewrites  # pylint: disable=g-import-not-at-top
+
+  return (graph_rewrites.test_compiler_for(grappler) if test else
+          graph_rewrites.compiler_for(grappler))
+
+
+def _install_local(compiler_fn: Any, **kwargs: Any) -> None:
+  """Installs a local C++ context compiling with `compiler_fn`; `kwargs`
+  as in `setup_local_worker`."""
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  from tff_kd.runtime import graph_rewrites  # pylint: disable=g-import-not-at-top
 
-  if grappler != 'static':
-    raise ValueError(f"grappler={grappler!r}: TFF's test context compiles "
-                     "its own way ('static')")
-
-  tff.backends.test.set_sync_test_cpp_execution_context(
-      max_concurrent_computation_calls=setup_local_worker(**kwargs))
+  tff.framework.set_default_context(graph_rewrites.local_context(
+      setup_local_worker(**kwargs), compiler_fn))
 
 
 def compiler_cache() -> Any:

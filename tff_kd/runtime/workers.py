@@ -43,7 +43,6 @@ from absl import logging
 import grpc
 import portpicker
 import tensorflow_federated as tff
-from tensorflow_federated.python.core.backends.native import compiler
 from tensorflow_federated.python.core.environments.tensorflow_frontend import tensorflow_computation
 from tensorflow_federated.python.core.impl.execution_contexts import async_execution_context
 from tensorflow_federated.python.core.impl.executor_stacks import python_executor_stacks
@@ -53,6 +52,7 @@ from tensorflow_federated.python.core.impl.executors import remote_executor_grpc
 
 from tff_kd import errors
 from tff_kd.runtime import context
+from tff_kd.runtime import graph_rewrites
 
 # Models and client stacks travel as single messages.
 _GRPC_OPTIONS = (('grpc.max_send_message_length', -1),
@@ -146,8 +146,9 @@ def _grpc_message(e: Exception) -> str:
   return (details() if callable(details) else str(cause)).splitlines()[0]
 
 
-def _worker_context(address: str,
-                    timeout_s: float) -> async_execution_context.AsyncExecutionContext:
+def _worker_context(
+    address: str, timeout_s: float,
+    grappler: str) -> async_execution_context.AsyncExecutionContext:
   stub = _WorkerStub(address, timeout_s)
 
   def stack_fn(cardinalities):
@@ -162,17 +163,19 @@ def _worker_context(address: str,
   return async_execution_context.AsyncExecutionContext(
       executor_fn=python_executor_stacks.ResourceManagingExecutorFactory(
           executor_stack_fn=stack_fn),
-      compiler_fn=compiler.desugar_and_transform_to_native,
+      compiler_fn=graph_rewrites.compiler_for(grappler),
       transform_args=tensorflow_computation.transform_args,
       transform_result=tensorflow_computation.transform_result)
 
 
-def remote_context(workers: Sequence[str], *, timeout_s: float = 60.0):
+def remote_context(workers: Sequence[str], *, timeout_s: float = 60.0,
+                   grappler: str = graph_rewrites.DEFAULT):
   """A synchronous TFF context that runs rounds on `workers`.
 
   Args:
     workers: 'host:port' addresses of running worker services.
     timeout_s: How long a worker may stay unreachable before `WorkerError`.
+    grappler: `runtime.grappler` (`tff_kd.runtime.graph_rewrites`).
 
   Returns:
     A TFF `MergeableCompExecutionContext`; install it with
@@ -184,14 +187,14 @@ def remote_context(workers: Sequence[str], *, timeout_s: float = 60.0):
     raise errors.ConfigError(
         f'runtime.worker_timeout_s must be > 0, got {timeout_s!r}')
   return tff.backends.native.create_mergeable_comp_execution_context(
-      [_worker_context(a, timeout_s) for a in workers])
+      [_worker_context(a, timeout_s, grappler) for a in workers])
 
 
-def set_remote_context(workers: Sequence[str], *,
-                       timeout_s: float = 60.0) -> None:
+def set_remote_context(workers: Sequence[str], *, timeout_s: float = 60.0,
+                       grappler: str = graph_rewrites.DEFAULT) -> None:
   """Installs `remote_context(workers)` as TFF's default context."""
   tff.framework.get_context_stack().set_default_context(
-      remote_context(workers, timeout_s=timeout_s))
+      remote_context(workers, timeout_s=timeout_s, grappler=grappler))
 
 
 def worker_binary() -> str:
