@@ -8,6 +8,7 @@ import tensorflow as tf
 
 from tff_kd import errors
 from tff_kd.models import classifiers
+from tff_kd.models import generators
 
 
 def _cnn(norm='batch', seed=0, input_shape=(28, 28, 1)):
@@ -223,3 +224,52 @@ def test_unknown_norm_is_a_config_error():
     classifiers.build_classifier('cnn', input_shape=(28, 28, 1),
                                  num_classes=10, norm='layer')
   assert 'group' in str(e.value) and '\n' not in str(e.value)
+
+
+def _built_in_a_graph(build, **kwargs):
+  """(the ops, the initial weights by name, the config, the architecture
+  digest, the outputs in training and inference mode on fixed images) of a
+  model `build(**kwargs)` constructs in a graph, Keras' names fresh."""
+  tf.keras.backend.clear_session()
+  graph = tf.Graph()
+  with graph.as_default():
+    built = build(**kwargs)
+    model = getattr(built, 'model', built)
+    ops = len(graph.get_operations())
+    inputs = [tf.constant(np.random.default_rng(0).random(
+        [4, *i.shape[1:]]).astype(np.float32)) for i in model.inputs]
+    inputs = inputs[0] if len(inputs) == 1 else inputs
+    outputs = [model(inputs, training=t) for t in (True, False)]
+    with tf.compat.v1.Session(graph=graph) as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      weights = {v.name: session.run(v) for v in model.weights}
+      values = session.run(outputs)
+  return ops, weights, model.get_config(), classifiers.architecture_digest(
+      model) if hasattr(built, 'model') else None, values
+
+
+@pytest.mark.parametrize('build,kwargs', [
+    (classifiers.build_classifier,
+     {'name': 'cnn', 'input_shape': (8, 8, 1), 'num_classes': 10,
+      'seed': 3}),
+    (classifiers.build_classifier,
+     {'name': 'resnet11', 'input_shape': (8, 8, 1), 'num_classes': 10}),
+    (generators.build_dcgan_generator,
+     {'noise_dim': 8, 'num_classes': 10, 'image_shape': (8, 8, 1)}),
+], ids=['cnn', 'resnet11', 'dcgan'])
+def test_inference_construction_builds_the_same_model_with_fewer_ops(
+    build, kwargs):
+  """`base.constructs_keras_models`: the same weights (values and names),
+  config, digest and outputs in both modes as the undecorated builder, from
+  a graph with fewer ops (no BatchNormalization `tf.cond`s built only to
+  infer shapes)."""
+  ops, weights, config, digest, values = _built_in_a_graph(build, **kwargs)
+  ops_0, weights_0, config_0, digest_0, values_0 = _built_in_a_graph(
+      build.__wrapped__, **kwargs)
+  assert ops < ops_0
+  assert list(weights) == list(weights_0)
+  for name in weights:
+    np.testing.assert_array_equal(weights[name], weights_0[name], name)
+  assert config == config_0 and digest == digest_0
+  for a, b in zip(values, values_0):
+    np.testing.assert_array_equal(a, b)

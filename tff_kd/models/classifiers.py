@@ -81,6 +81,7 @@ import tensorflow as tf
 
 from tff_kd import errors
 from tff_kd.models import py_models
+from tff_kd.models import base
 from tff_kd.models.base import Classifier  # What every builder returns.
 # The text-only names and checks (no TensorFlow), re-exported here.
 from tff_kd.models.names import APPLICATIONS
@@ -264,6 +265,7 @@ def _application_features(app: str, inputs: tf.Tensor,
   return backbone(x)
 
 
+@base.constructs_keras_models
 def build_classifier(name: str, *, input_shape: Sequence[int],
                      num_classes: int, norm: str = 'batch', seed: int = 0,
                      backbone_weights: Optional[str] = None,

@@ -51,6 +51,7 @@ from typing import Callable, NamedTuple, Sequence
 import tensorflow as tf
 
 from tff_kd import errors
+from tff_kd.models import base
 from tff_kd.models import classifiers
 # The classifiers' seed dispenser; reused so that generators and
 # discriminator heads are seeded the same way as the classifiers.
@@ -124,6 +125,7 @@ def _check_positive(**values) -> None:
       raise errors.ConfigError(f'{name} must be an integer >= 1, got {value!r}')
 
 
+@base.constructs_keras_models
 def build_image_generator(*,
                           noise_dim: int,
                           num_classes: int,
@@ -183,6 +185,7 @@ def build_image_generator(*,
   return tf.keras.Model([noise, labels], images, name='image_generator')
 
 
+@base.constructs_keras_models
 def build_dcgan_generator(*,
                           noise_dim: int,
                           num_classes: int,
@@ -244,6 +247,7 @@ def build_dcgan_generator(*,
   return tf.keras.Model([noise, labels], images, name='dcgan_generator')
 
 
+@base.constructs_keras_models
 def build_feature_generator(*,
                             noise_dim: int = 32,
                             num_classes: int,
@@ -335,6 +339,7 @@ class DiscriminatorHead(NamedTuple):
     return self.head(self.inputs(features, labels), training=training)
 
 
+@base.constructs_keras_models
 def build_discriminator_head(
     classifier: classifiers.Classifier,
     *,
