@@ -75,8 +75,23 @@ _POOL = flags.DEFINE_integer('pool', 2000, 'N, the pool images (28x28x1).')
 _CALLS = flags.DEFINE_integer('calls', 4, 'Timed calls per process.')
 _OUT = flags.DEFINE_string('out', 'studies/speed/results/worker_grappler',
                            'Result prefix (.json, .md).')
-_CHILD = flags.DEFINE_enum('child', None, _MODES,
-                           'Run one setting and print its JSON (internal).')
+_CHILD = flags.DEFINE_list(
+    'child', None, 'Run these settings in turn, here, and print their JSON '
+    'list (internal).')
+_FRESH = flags.DEFINE_boolean(
+    'fresh', True, 'Each setting in a fresh process (the measurement). '
+    "--nofresh: the settings in two processes, one for the setting that "
+    "sets the process's threads and one for the rest in turn (a check that "
+    'every setting runs and gives the same logits, not a measurement: a '
+    "setting's time then depends on the ones before it).")
+# `--nofresh`'s processes: a setting that changes the process's TensorFlow
+# set-up runs first in its process (inter-op threads) or last (Grappler
+# off for every function after it); the worker settings each start and
+# stop their own worker.
+_SHARED_PROCESSES = (('plain_one_thread',),
+                     tuple(m for m in _MODES if m not in (
+                         'plain_one_thread', 'plain_no_grappler')) +
+                     ('plain_no_grappler',))
 
 
 def _child(mode: str) -> dict:
@@ -129,7 +144,8 @@ def _child(mode: str) -> dict:
                   'worker_grappler': 'worker'}[mode])
     fn = tff.tensorflow.computation(
         specs[0], specs[1], tff.TensorType(np.float32, x.shape))(score)
-    process = psutil.Process().children(recursive=True)[0]
+    (process,) = [p for p in psutil.Process().children(recursive=True)
+                  if 'worker_binary' in p.name()]
   elif mode.startswith('session'):
     fn = _session_fn(mode, tff.tensorflow.computation(
         specs[0], specs[1], tff.TensorType(np.float32, x.shape))(score))
@@ -144,6 +160,8 @@ def _child(mode: str) -> dict:
     total, seconds = fn(trainable, non_trainable, x)
     times.append(float(seconds))
   cpu = sum(process.cpu_times()[:2]) - cpu
+  if mode.startswith('worker'):
+    context.shutdown()
   return {'mode': mode, 'ms_per_teacher': [1000 * t / k for t in times[1:]],
           'cpu_ms_per_teacher': 1000 * cpu / (k * _CALLS.value),
           'logit_sum': float(total)}
@@ -207,9 +225,12 @@ def _report(result: dict) -> str:
       '', f"Command: `{result['command']}`", '',
       f"Machine: {result['machine']}. {result['teachers']} small-CNN "
       f"teachers (`teachers.stacked_logits`) on {result['pool']} images, "
-      'one thread per op, timestamps inside the graph; each setting a '
-      'fresh process, alternated; per process the median of the calls '
-      'after the first.', '',
+      'one thread per op, timestamps inside the graph; '
+      + ('each setting a fresh process, alternated'
+         if result.get('fresh_processes', True) else
+         'the settings in two processes, in turn (`--nofresh`: a check, '
+         'not a measurement)')
+      + '; per process the median of the calls after the first.', '',
       '| setting | ms per teacher, per process | median | ratio to '
       '`plain` within each repeat | CPU ms per teacher, median | logit sum |',
       '|---|---|---|---|---|---|']
@@ -232,19 +253,26 @@ def _report(result: dict) -> str:
 def main(argv) -> None:
   del argv
   if _CHILD.value:
-    print(json.dumps(_child(_CHILD.value)))
+    unknown = sorted(set(_CHILD.value) - set(_MODES))
+    if unknown:
+      raise app.UsageError(f'--child: unknown settings {unknown}')
+    print(json.dumps([_child(mode) for mode in _CHILD.value]))
     return
   runs = []
+  processes = (tuple((mode,) for mode in _MODES) if _FRESH.value else
+               _SHARED_PROCESSES)
   for _ in range(_REPEATS.value):
-    for mode in _MODES:
-      runs.append(common.run_child(
-          'speed.worker_grappler', f'--child={mode}',
+    for modes in processes:
+      runs += common.run_child(
+          'speed.worker_grappler', f'--child={",".join(modes)}',
           f'--teachers={_TEACHERS.value}', f'--pool={_POOL.value}',
-          f'--calls={_CALLS.value}'))
-      print(mode, runs[-1]['ms_per_teacher'], flush=True)
+          f'--calls={_CALLS.value}')
+      for run in runs[-len(modes):]:
+        print(run['mode'], run['ms_per_teacher'], flush=True)
   result = {'command': common.command('speed.worker_grappler'),
             'machine': common.machine(), 'teachers': _TEACHERS.value,
-            'pool': _POOL.value, 'runs': runs}
+            'pool': _POOL.value, 'fresh_processes': _FRESH.value,
+            'runs': runs}
   print(common.write_result(_OUT.value, result, _report))
 
 

@@ -158,7 +158,9 @@ def test_dafkd_runs_with_resnet11(tmp_path):
                        'server_data.proxy': 'split',
                        'server_data.proxy_size': 100,
                        'server_data.val_size': 50,
-                       'distill.steps': 3, 'distill.batch_size': 16}),
+                       'distill.steps': 3, 'distill.batch_size': 16,
+                       # A few local steps: the wiring, not the learning.
+                       'local.unit': 'steps', 'local.amount': 4}),
       str(tmp_path), progress=False)
   row = result.history[-1]
   assert row['distill/alpha_sum_error'] < 1e-5
