@@ -14,7 +14,6 @@ from typing import Any, Sequence
 
 import ml_collections
 import numpy as np
-import tensorflow as tf
 
 from configs import digits
 from tff_kd.methods import registry
@@ -80,10 +79,9 @@ def load_state(exp, root_dir: str):
 def saved_leaves(root_dir: str,
                  part: str | None = None) -> tuple[int, list[np.ndarray]]:
   """A run folder's newest checkpoint read as it was saved, without building
-  the method's process: (its round, every leaf of the state in `tf.nest`
-  order, as numpy). The leaves and their order are those of
-  `experiment.load_state`'s state (checked by hand for every registered
-  method and `VARIANTS` entry).
+  the method's process: (its round, every leaf of the state in TFF's
+  flattening order, as numpy). The leaves and their order are those of
+  `experiment.load_state`'s state (`checkpoints.read_version_leaves`).
 
   `part` names one field of the state instead, e.g. 'global_model_weights':
   for a homogeneous process of `tff_kd.federated.composer` its leaves are
@@ -94,9 +92,9 @@ def saved_leaves(root_dir: str,
   assert version is not None, f'no checkpoint in {root_dir}'
   path = checkpoints.CheckpointManager(
       os.path.join(root_dir, 'checkpoints')).path_for_version(version)
-  value = tf.saved_model.load(path)()
+  leaves = checkpoints.read_version_leaves(path)
   if part is not None:
-    value = getattr(value, part)
-  return version, [
-      np.asarray(v.read_value() if isinstance(v, tf.Variable) else v)
-      for v in tf.nest.flatten(value)]
+    leaves = [(n, v) for n, v in leaves
+              if n == part or n.startswith(f'{part}/')]
+    assert leaves, f'no field {part!r} in the state at {path}'
+  return version, [np.asarray(v) for _, v in leaves]

@@ -16,6 +16,7 @@ from tests.conftest import live_workers
 from tests.helpers import digits_config as _config
 from tests.program.test_resume import logged_losses
 from tff_kd.program import experiment
+from tff_kd.program import state_files
 
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
@@ -74,7 +75,7 @@ def test_corrupt_checkpoint_trains_nothing(tmp_path):
   # tests/program/test_experiment.py).
   for version in (0, 1, 2):
     with open(os.path.join(root, 'checkpoints', f'program_state_{version}',
-                           'saved_model.pb'), 'wb') as f:
+                           state_files.STATE_FILE), 'wb') as f:
       f.write(b'\x00garbage' * 10)
   with open(os.path.join(root, 'metrics.csv')) as f:
     metrics = f.read()

@@ -18,6 +18,7 @@ from tests.helpers import digits_config as _config
 from tests.methods import link_checks
 from tff_kd import errors
 from tff_kd.program import experiment
+from tff_kd.program import state_files
 
 
 @pytest.mark.parametrize('key,value,match', [
@@ -172,7 +173,7 @@ def test_resume_ignores_other_methods_settings_and_new_default_keys(
 
 def _corrupt(root: str, version: int) -> None:
   path = os.path.join(root, 'checkpoints', f'program_state_{version}',
-                      'saved_model.pb')
+                      state_files.STATE_FILE)
   with open(path, 'wb') as f:
     f.write(b'\x00garbage' * 10)
 

@@ -1,6 +1,9 @@
 """TFF's own program logic drives every tff_kd method.
 
-`tff.learning.programs.train_model`, with TFF's `FileProgramStateManager`, a
+`tff.learning.programs.train_model`, with a program-state manager (TFF's
+`FileProgramStateManager` in FedAvg's case, the library's drop-in
+`checkpoints.CheckpointManager` in the others': its own file format, the
+data iterator's `Serializable` state included), a
 train-metrics release manager, an evaluation manager (TFF's `build_fed_eval`
 on the test set; FedAvg's case, as it reads only the global model, which
 every method's `get_model_weights` gives) and `ClientDataSource`, trains
@@ -27,6 +30,7 @@ from tff_kd.runtime import aio
 from tff_kd.program import checkpoints
 from tff_kd.program import experiment
 from tff_kd.program import sampling
+from tff_kd.program import state_files
 from tff_kd.program import tff_programs
 
 
@@ -40,13 +44,19 @@ class _Recorder(tff.program.ReleaseManager):
     self.released[key] = value
 
 
+def _manager(root: str, method: str) -> tff.program.FileProgramStateManager:
+  """TFF's own state manager for FedAvg, the library's for the others."""
+  cls = (tff.program.FileProgramStateManager if method == 'fedavg' else
+         checkpoints.CheckpointManager)
+  return cls(os.path.join(root, 'checkpoints'))
+
+
 def _train(exp, process, root: str, rounds: int, recorder,
            eval_recorder=None) -> None:
   source = tff_programs.ClientDataSource.for_process(
       process, exp.client_data, exp.settings.local_work,
       seed=exp.settings.run.seed)
-  manager = tff.program.FileProgramStateManager(
-      os.path.join(root, 'checkpoints'))
+  manager = _manager(root, exp.settings.run.method)
   initial = process.set_model_weights(
       process.initialize(), checkpoints.seeded_initial_weights(exp.model_fn))
   with tff.framework.get_context_stack().install(
@@ -83,8 +93,7 @@ def _keyed_rounds(exp):
 
 def _saved_state(exp, process, root: str):
   """`train_model`'s newest program state in `root`."""
-  manager = tff.program.FileProgramStateManager(
-      os.path.join(root, 'checkpoints'))
+  manager = _manager(root, exp.settings.run.method)
   version = aio.run_sync(manager.get_versions())[-1]
   return aio.run_sync(manager.load(
       version, tff.learning.programs.ProgramState(
@@ -150,6 +159,8 @@ def test_train_model_trains_and_resumes_like_experiment_run(
   assert float(train['num_excluded']) == 0.0
   saved = _saved_state(exp, process, program_root)
   assert saved.round_number == 3
+  assert state_files.exists(os.path.join(
+      program_root, 'checkpoints', 'program_state_3')) == (method != 'fedavg')
   assert saved.data_iterator.round_num == 3
   if method == 'fedd3a':
     straight_root = str(tmp_path / 'straight')
