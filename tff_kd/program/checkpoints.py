@@ -96,8 +96,9 @@ class CheckpointManager(tff.program.FileProgramStateManager):
       raise tff.program.ProgramStateExistsError(version=version,
                                                 path=self._own_root_dir)
     state = await tff.program.materialize_value(program_state)
-    state = _map_leaves(lambda v: v.to_bytes() if isinstance(
-        v, serializable.Serializable) else v, state)
+    state = structure_utils.map_structure(
+        lambda v: v.to_bytes()
+        if isinstance(v, serializable.Serializable) else v, state)
     await asyncio.get_running_loop().run_in_executor(
         None, _write_version, state, path)
     logging.info('Program state saved: %s', path)
@@ -125,15 +126,11 @@ class CheckpointManager(tff.program.FileProgramStateManager):
         None, state_files.read_named_leaves, file)
     state_files.check_like(leaves, structure, file)
     state = state_files.unflatten_like(structure, leaves)
-    state = _map_leaves(
+    state = structure_utils.map_structure(
         lambda s, v: type(s).from_bytes(v)
         if isinstance(s, serializable.Serializable) else v, structure, state)
     logging.info('Program state loaded: %s', path)
     return state
-
-
-def _map_leaves(fn, *structures):
-  return structure_utils.map_structure(fn, *structures)
 
 
 def _write_version(state: Any, path: str) -> None:
@@ -159,7 +156,7 @@ def read_version_leaves(folder: str) -> list[tuple[str, Any]]:
     return state_files.read_named_leaves(
         os.path.join(folder, state_files.STATE_FILE))
   value = tf.saved_model.load(folder)()
-  value = _map_leaves(
+  value = structure_utils.map_structure(
       lambda v: v.read_value().numpy() if isinstance(v, tf.Variable) else
       (v.numpy() if isinstance(v, tf.Tensor) else v), value)
   return state_files.named_leaves(value)

@@ -162,10 +162,10 @@ def check_like(leaves: Sequence[tuple[str, Any]], structure: Any,
     if isinstance(want, (bytes, str)) or want is None or hasattr(
         want, 'to_bytes'):
       continue  # Serialized values and None: no dtype to compare.
+    # The experiment's leaf as `write` would store it (Python scalars get
+    # TF's dtypes).
     got, wanted = _describe(value), _describe(
-        tf.convert_to_tensor(want).numpy() if isinstance(
-            want, (bool, int, float)) and not isinstance(want, np.generic)
-        else want)
+        _decode(*_encode(want_name, want)))
     if name != want_name or got != wanted:
       raise ValueError(f'{path}: leaf {name} is {got}, this experiment\'s '
                        f'{want_name} is {wanted}')
